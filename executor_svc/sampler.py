@@ -30,7 +30,7 @@ Order of operations (as in vLLM), all in float32:
 Random stream: for the token at position ``pos = len(token_ids)`` of a request
 with seed ``s``, ``key = splitmix64(splitmix64(s) ^ pos)`` (on the host, in
 exact unsigned 64-bit arithmetic), and the uniform of vocabulary entry ``v`` is
-the top 24 bits of ``splitmix64(key + (v + 1) * golden)`` plus 1/2, over 2**24,
+the top 23 bits of ``splitmix64(key + (v + 1) * golden)`` plus 1/2, over 2**23,
 computed with wrapping int64 tensor ops on the device (``sampling_ops``). No
 generator is shared, so a sequence gets the same tokens alone or in any batch,
 on CPU or CUDA, and after moving to another executor.

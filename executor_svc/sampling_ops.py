@@ -53,10 +53,10 @@ def _shr(z: torch.Tensor, shift: int) -> torch.Tensor:
 def hash_uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Uniforms in (0, 1), one per (row, vocabulary index), from integer ops only.
 
-    ``u[b, v]`` is the top 24 bits of ``splitmix64(keys[b] + (v + 1) * golden)``
+    ``u[b, v]`` is the top 23 bits of ``splitmix64(keys[b] + (v + 1) * golden)``
     (unsigned arithmetic mod 2**64, done in wrapping int64 tensors), plus one
-    half, over 2**24. The values are exact float32 numbers, identical on every
-    device.
+    half, over 2**23. Those 24 significant bits are exact in float32, so the
+    values are identical on every device and never 0 or 1.
 
     Args:
         keys: [B] int64 stream keys (``stream_key``).
@@ -70,8 +70,8 @@ def hash_uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     z = (z ^ _shr(z, 30)) * _to_signed64(_MIX1)
     z = (z ^ _shr(z, 27)) * _to_signed64(_MIX2)
     z = z ^ _shr(z, 31)
-    top24 = _shr(z, 40).to(torch.float32)
-    return (top24 + 0.5) * (1.0 / (1 << 24))
+    top23 = _shr(z, 41).to(torch.float32)
+    return (top23 + 0.5) * (1.0 / (1 << 23))
 
 
 def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
