@@ -1,0 +1,47 @@
+"""Paged attention backends behind one interface.
+
+A backend has ``prepare(meta) -> state`` (once per step) and
+``forward(q, k, v, k_cache, v_cache, state, scale) -> out`` (once per layer;
+writes the step's K/V into the cache at ``meta.slot_mapping`` then attends).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
+from executor_svc.attention.torch_backend import TorchAttentionBackend
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+
+def triton_available() -> bool:
+    """True when the triton package is importable (it is not needed on CPU)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def get_backend(name: str, device: torch.device, dtype: torch.dtype):
+    """Returns the attention backend for a device.
+
+    ``auto`` picks the Triton kernels on CUDA when triton is installed, else the
+    torch backend.
+
+    Raises:
+        ValueError: an unknown name, or triton asked for without CUDA / triton.
+    """
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; use one of {', '.join(BACKEND_NAMES)}")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and triton_available() else "torch"
+    if name == "triton":
+        if device.type != "cuda" or not triton_available():
+            raise ValueError("attention backend 'triton' needs a CUDA device and the triton package")
+        from executor_svc.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(dtype)
+    return TorchAttentionBackend(dtype)
+
+
+__all__ = ["AttentionMetadata", "PrefillSpan", "TorchAttentionBackend", "get_backend", "triton_available"]

@@ -1,0 +1,146 @@
+"""Paged attention in plain torch, for CPU (and CUDA without Triton).
+
+KV cache layout per layer: ``[num_kv_heads, num_blocks, block_size, head_dim]``.
+Gathering a block table along dim 1 then gives ``[kv_heads, B, L, head_dim]``
+contiguous, so decode runs as one batched matmul over (kv head, sequence) with
+the GQA group as the query dimension, with no transpose copy.
+
+Decode tokens of all sequences: one gather + masked matmul/softmax/matmul per
+layer. Prefill chunks: one SDPA per sequence; a chunk with no cached prefix and
+no sliding window attends to its fresh K/V directly (no gather).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from executor_svc.attention.metadata import AttentionMetadata
+
+
+@dataclasses.dataclass
+class TorchStepState:
+    """Per-step tensors shared by all layers."""
+
+    meta: AttentionMetadata
+    decode_block_tables: torch.Tensor | None  # [D, max_blocks]
+    decode_mask: torch.Tensor | None  # [1, D, 1, L] additive, compute dtype
+    prefill_masks: list[torch.Tensor | None]  # per span: [n, ctx] bool, None = plain causal
+    prefill_block_ids: list[torch.Tensor]  # per span: [num_blocks]
+
+
+class TorchAttentionBackend:
+    """Flattened mixed-batch paged attention written with torch ops."""
+
+    name = "torch"
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+    def prepare(self, meta: AttentionMetadata) -> TorchStepState:
+        """Builds block-table views and masks once for the step."""
+        num_decode = meta.num_decode_seqs
+        decode_tables, decode_mask = None, None
+        if num_decode:
+            ctx = meta.context_lens[:num_decode]
+            max_blocks = (int(ctx.max()) + meta.block_size - 1) // meta.block_size
+            decode_tables = meta.block_tables[:num_decode, :max_blocks]
+            decode_mask = _decode_mask(ctx, max_blocks * meta.block_size, meta.sliding_window, self.dtype)
+        masks, block_ids = [], []
+        for span in meta.prefills:
+            block_ids.append(meta.block_tables[span.seq_index, : span.num_blocks])
+            plain = span.num_cached_tokens == 0 and (
+                meta.sliding_window is None or span.num_query_tokens <= meta.sliding_window
+            )
+            masks.append(None if plain else _prefill_mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, meta.slot_mapping.device))
+        return TorchStepState(meta, decode_tables, decode_mask, masks, block_ids)
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H, Dh]
+        k: torch.Tensor,  # [T, KVH, Dh]
+        v: torch.Tensor,  # [T, KVH, Dh]
+        k_cache: torch.Tensor,  # [KVH, NB, BS, Dh]
+        v_cache: torch.Tensor,
+        state: TorchStepState,
+        scale: float,
+    ) -> torch.Tensor:  # [T, H * Dh]
+        """Writes this step's K/V into the cache, then attends over the cache."""
+        write_kv(k, v, k_cache, v_cache, state.meta.slot_mapping)
+        num_tokens, num_heads, head_dim = q.shape
+        out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+        num_decode = state.meta.num_decode_seqs
+        if num_decode:
+            out[:num_decode] = _decode(q[:num_decode], k_cache, v_cache, state, scale)
+        for span, mask, block_ids in zip(state.meta.prefills, state.prefill_masks, state.prefill_block_ids):
+            rows = slice(span.query_start, span.query_start + span.num_query_tokens)
+            out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, span.context_len, mask, block_ids, scale)
+        return out.view(num_tokens, num_heads * head_dim)
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """Stores K/V rows [T, KVH, Dh] at their slots, in place."""
+    num_kv_heads, _, _, head_dim = k_cache.shape
+    k_flat = k_cache.view(num_kv_heads, -1, head_dim)  # [KVH, NB * BS, Dh]
+    v_flat = v_cache.view(num_kv_heads, -1, head_dim)
+    k_flat.index_copy_(1, slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
+    v_flat.index_copy_(1, slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
+
+
+def _decode(q, k_cache, v_cache, state: TorchStepState, scale: float) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged context."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[0]
+    group = num_heads // num_kv_heads
+    tables = state.decode_block_tables  # [D, MB]
+    keys = k_cache[:, tables].flatten(2, 3).to(q.dtype)  # [KVH, D, L, Dh]
+    values = v_cache[:, tables].flatten(2, 3).to(q.dtype)
+    queries = q.view(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1)  # [KVH, D, G, Dh]
+    scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale  # [KVH, D, G, L]
+    scores += state.decode_mask
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, values)  # [KVH, D, G, Dh]
+    return out.transpose(0, 1).reshape(num_seqs, num_heads, head_dim)
+
+
+def _prefill(q, k, v, k_cache, v_cache, context_len, mask, block_ids, scale) -> torch.Tensor:
+    """Causal attention of one chunk over its cached prefix and itself."""
+    num_query, num_heads, head_dim = q.shape
+    if mask is None:
+        keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, Dh]
+    else:
+        keys = k_cache[:, block_ids].flatten(1, 2)[:, :context_len].to(q.dtype)  # [KVH, ctx, Dh]
+        values = v_cache[:, block_ids].flatten(1, 2)[:, :context_len].to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )  # [1, H, n, Dh]
+    return out[0].transpose(0, 1)
+
+
+def _decode_mask(context_lens, length, sliding_window, dtype) -> torch.Tensor:
+    """Additive mask [1, D, 1, L]: 0 where a key position is visible, -inf elsewhere."""
+    key_pos = torch.arange(length, device=context_lens.device)
+    visible = key_pos[None, :] < context_lens[:, None]  # [D, L]
+    if sliding_window is not None:
+        visible &= key_pos[None, :] >= (context_lens[:, None] - sliding_window)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=context_lens.device)
+    mask.masked_fill_(~visible, float("-inf"))
+    return mask[None, :, None, :]
+
+
+def _prefill_mask(num_cached, num_query, sliding_window, device) -> torch.Tensor:
+    """Boolean mask [n, ctx]: query i (position num_cached + i) sees key j."""
+    query_pos = torch.arange(num_cached, num_cached + num_query, device=device)[:, None]
+    key_pos = torch.arange(num_cached + num_query, device=device)[None, :]
+    visible = key_pos <= query_pos
+    if sliding_window is not None:
+        visible &= key_pos > query_pos - sliding_window
+    return visible

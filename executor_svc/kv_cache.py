@@ -1,0 +1,83 @@
+"""The paged KV cache: preallocated once, indexed by block id, written in place.
+
+Per layer, K and V are ``[num_kv_heads, num_blocks, block_size, head_dim]``
+views of one tensor ``[num_layers, 2, num_kv_heads, num_blocks, block_size,
+head_dim]``. Slot ``s = block_id * block_size + offset`` addresses one token.
+The scheduler owns which block holds what; this module only stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+# Without an explicit budget on CPU, take a fraction of available RAM up to this.
+CPU_DEFAULT_MAX_BYTES = 4 * 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheSpec:
+    """Shape of one token's KV over all layers."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K and V of one block over all layers."""
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.block_size * self.head_dim * element_size
+
+
+class KVCache:
+    """Preallocated paged K/V storage for every layer."""
+
+    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device):
+        if num_blocks < 1:
+            raise ValueError(f"KV cache budget leaves {num_blocks} blocks; need at least 1")
+        self.spec = spec
+        self.num_blocks = num_blocks
+        # Zeroed, so padded block-table entries read finite values (masked out).
+        self.storage = torch.zeros(
+            spec.num_layers, 2, spec.num_kv_heads, num_blocks, spec.block_size, spec.head_dim,
+            dtype=spec.dtype, device=device,
+        )
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer, each [KVH, NB, BS, Dh]."""
+        return self.storage[index, 0], self.storage[index, 1]
+
+    def token_kv(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [KVH, Dh] stored at one slot (for tests and debugging)."""
+        block_id, offset = divmod(slot, self.spec.block_size)
+        k_cache, v_cache = self.layer(layer)
+        return k_cache[:, block_id, offset], v_cache[:, block_id, offset]
+
+
+def num_blocks_for_budget(
+    spec: KVCacheSpec,
+    device: torch.device,
+    memory_bytes: int | None,
+    memory_fraction: float,
+) -> int:
+    """Blocks that fit a byte budget, or a fraction of free device memory."""
+    if memory_bytes is None:
+        memory_bytes = int(_free_memory_bytes(device) * memory_fraction)
+        if device.type == "cpu":
+            memory_bytes = min(memory_bytes, CPU_DEFAULT_MAX_BYTES)
+    return int(memory_bytes // spec.bytes_per_block)
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")

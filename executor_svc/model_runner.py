@@ -1,0 +1,258 @@
+"""ModelRunner: a step plan in, one batched forward + sampling, tokens out.
+
+The runner keeps its own copy of each sequence (token ids, block table, tokens
+computed) and follows the plan exactly: it makes no scheduling decision and
+owns no block accounting. A plan error hits only the sequence it concerns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import structlog
+import torch
+
+from executor_svc import types as t
+from executor_svc.attention import get_backend
+from executor_svc.device import dtype_name, resolve_device, resolve_dtype
+from executor_svc.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from executor_svc.model_config import ModelConfig
+from executor_svc.models import LlamaModel
+from executor_svc.step_batch import SequenceState, StepBatch, build_step_batch
+from executor_svc.weights import load_checkpoint, validate_tensors
+
+log = structlog.get_logger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerInfo:
+    """What Describe reports about the loaded model and its KV cache."""
+
+    model_name: str
+    architecture: str
+    dtype: str
+    kv_cache_dtype: str
+    device: str
+    block_size: int
+    num_kv_blocks: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+
+class PlanError(ValueError):
+    """A step plan entry this runner cannot follow (reported per sequence)."""
+
+
+class ModelRunner:
+    """Holds the model, the paged KV cache and per-sequence state."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        device: str = "auto",
+        block_size: int = 16,
+        kv_cache_memory_bytes: int | None = None,
+        kv_cache_memory_fraction: float = 0.85,
+        max_model_len: int | None = None,
+        attention_backend: str = "auto",
+        max_num_batched_tokens: int = 8192,
+    ):
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.kv_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
+        checkpoint = load_checkpoint(model_path)
+        self.config = ModelConfig.from_dict(checkpoint.config)
+        tensors = validate_tensors(self.config, checkpoint.tensors)
+        self.max_model_len = max_model_len or self.config.max_position_embeddings
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.model = LlamaModel(self.config, tensors, self.dtype, self.device, self.max_model_len)
+        del tensors, checkpoint.tensors
+        spec = KVCacheSpec(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, block_size, self.kv_dtype)
+        num_blocks = num_blocks_for_budget(spec, self.device, kv_cache_memory_bytes, kv_cache_memory_fraction)
+        self.kv_cache = KVCache(spec, num_blocks, self.device)
+        self.backend = get_backend(attention_backend, self.device, self.dtype)
+        self.block_size = block_size
+        self.info = RunnerInfo(
+            model_name=checkpoint.name,
+            architecture=self.config.architecture,
+            dtype=dtype_name(self.dtype),
+            kv_cache_dtype=dtype_name(self.kv_dtype),
+            device=str(self.device),
+            block_size=block_size,
+            num_kv_blocks=num_blocks,
+            max_model_len=self.max_model_len,
+            vocab_size=self.config.vocab_size,
+            eos_token_ids=_eos_token_ids(model_path, self.config),
+            bos_token_id=self.config.bos_token_id,
+        )
+        self._seqs: dict[int, SequenceState] = {}
+        self._sample_fn = None  # resolved on first use
+
+    # -- public API ---------------------------------------------------------
+
+    def num_sequences(self) -> int:
+        """Sequences whose state this runner holds."""
+        return len(self._seqs)
+
+    def has_sequence(self, seq_id: int) -> bool:
+        """Whether the runner holds state for seq_id."""
+        return seq_id in self._seqs
+
+    def reset(self) -> None:
+        """Drops every sequence (a new scheduler stream starts from scratch)."""
+        self._seqs.clear()
+
+    def execute(self, step: t.StepInput) -> t.StepOutput:
+        """Runs one step plan: one forward over all scheduled tokens, then sampling."""
+        start_ns = time.perf_counter_ns()
+        for seq_id in step.dropped_seq_ids:
+            self._seqs.pop(seq_id, None)
+        errors: list[t.SeqError] = []
+        scheduled = self._apply_plan(step, errors)
+        if not scheduled:
+            return t.StepOutput(step_id=step.step_id, errors=tuple(errors), prepare_ns=time.perf_counter_ns() - start_ns)
+        try:
+            with torch.inference_mode():
+                return self._run(step.step_id, scheduled, errors, start_ns)
+        except Exception as exc:  # one bad step must not kill the executor
+            log.exception("step_failed", step_id=step.step_id)
+            for state, _ in scheduled:
+                self._seqs.pop(state.seq_id, None)
+                errors.append(t.SeqError(state.seq_id, f"step failed: {type(exc).__name__}: {exc}"))
+            return t.StepOutput(step_id=step.step_id, errors=tuple(errors))
+
+    def warmup(self) -> None:
+        """One small prefill + decode through every layer; KV contents are restored."""
+        num_tokens = min(8, self.kv_cache.num_blocks * self.block_size - 1)
+        if num_tokens < 1:
+            return
+        num_blocks = -(-(num_tokens + 1) // self.block_size)
+        block_ids = tuple(range(num_blocks))
+        saved = self.kv_cache.storage[:, :, :, :num_blocks].clone()
+        state = SequenceState(-1, "warmup", list(range(num_tokens)), num_tokens, t.SamplingParams(temperature=0.0), list(block_ids), 0)
+        with torch.inference_mode():
+            for num_scheduled in (num_tokens, 1):
+                batch = build_step_batch([(state, num_scheduled)], self.block_size, self.device, self.config.sliding_window)
+                hidden = self._forward(batch)
+                self.model.compute_logits(hidden[batch.sample_rows])
+                state.num_computed_tokens += num_scheduled
+                state.token_ids.append(0)
+            self.kv_cache.storage[:, :, :, :num_blocks] = saved
+
+    # -- plan handling ------------------------------------------------------
+
+    def _apply_plan(self, step: t.StepInput, errors: list[t.SeqError]) -> list[tuple[SequenceState, int]]:
+        """Registers new sequences, extends block tables, validates; returns (state, n) to run."""
+        scheduled: list[tuple[SequenceState, int]] = []
+        seen: set[int] = set()
+        entries = [(new.seq_id, new) for new in step.new_seqs] + [(s.seq_id, s) for s in step.scheduled_seqs]
+        for seq_id, entry in entries:
+            try:
+                if seq_id in seen:
+                    raise PlanError(f"sequence {seq_id} appears twice in step {step.step_id}")
+                seen.add(seq_id)
+                state, num_scheduled = self._admit(entry)
+                if num_scheduled:
+                    scheduled.append((state, num_scheduled))
+            except PlanError as exc:
+                self._seqs.pop(seq_id, None)
+                errors.append(t.SeqError(seq_id, str(exc)))
+        return scheduled
+
+    def _admit(self, entry: t.NewSequence | t.ScheduledSequence) -> tuple[SequenceState, int]:
+        if isinstance(entry, t.NewSequence):
+            self._check_block_ids(entry.block_ids)
+            if not 0 <= entry.num_computed_tokens <= len(entry.token_ids):
+                raise PlanError(f"num_computed_tokens {entry.num_computed_tokens} outside [0, {len(entry.token_ids)}]")
+            state = SequenceState(
+                entry.seq_id, entry.request_id, list(entry.token_ids), entry.num_prompt_tokens,
+                entry.sampling, list(entry.block_ids), entry.num_computed_tokens,
+            )
+            self._seqs[entry.seq_id] = state  # a known seq_id is replaced (preempted, resent)
+        else:
+            state = self._seqs.get(entry.seq_id)
+            if state is None:
+                raise PlanError(f"unknown sequence {entry.seq_id}")
+            self._check_block_ids(entry.new_block_ids)
+            state.block_table.extend(entry.new_block_ids)
+        self._check_schedule(state, entry.num_scheduled_tokens)
+        return state, entry.num_scheduled_tokens
+
+    def _check_block_ids(self, block_ids) -> None:
+        num_blocks = self.kv_cache.num_blocks
+        for block_id in block_ids:
+            if not 0 <= block_id < num_blocks:
+                raise PlanError(f"block id {block_id} out of range [0, {num_blocks})")
+
+    def _check_schedule(self, state: SequenceState, num_scheduled: int) -> None:
+        end = state.num_computed_tokens + num_scheduled
+        if num_scheduled < 0:
+            raise PlanError(f"num_scheduled_tokens {num_scheduled} is negative")
+        if end > len(state.token_ids):
+            raise PlanError(f"scheduled up to token {end} but the sequence has {len(state.token_ids)} tokens")
+        if end > self.max_model_len:
+            raise PlanError(f"scheduled up to token {end}, beyond max_model_len {self.max_model_len}")
+        if end > len(state.block_table) * self.block_size:
+            raise PlanError(f"{len(state.block_table)} blocks of {self.block_size} cannot hold {end} tokens")
+
+    # -- the step -----------------------------------------------------------
+
+    def _run(self, step_id, scheduled, errors, start_ns) -> t.StepOutput:
+        batch = build_step_batch(scheduled, self.block_size, self.device, self.config.sliding_window)
+        prepared_ns = time.perf_counter_ns()
+        hidden = self._forward(batch)
+        logits = self.model.compute_logits(hidden[batch.sample_rows]).float()  # [N, V]
+        if logits.is_cuda:
+            torch.cuda.synchronize()
+        forward_done_ns = time.perf_counter_ns()
+        for state, num_scheduled in scheduled:
+            state.num_computed_tokens += num_scheduled
+        outputs = self._sample(batch.sample_states, logits)
+        end_ns = time.perf_counter_ns()
+        return t.StepOutput(
+            step_id=step_id,
+            outputs=tuple(outputs),
+            errors=tuple(errors),
+            num_scheduled_tokens=batch.num_tokens,
+            prepare_ns=prepared_ns - start_ns,
+            forward_ns=forward_done_ns - prepared_ns,
+            sample_ns=end_ns - forward_done_ns,
+        )
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        attn_state = self.backend.prepare(batch.attn_meta)
+        return self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, attn_state)
+
+    def _sample(self, states: list[SequenceState], logits: torch.Tensor) -> list[t.SeqOutput]:
+        if not states:
+            return []
+        if self._sample_fn is None:
+            from executor_svc.sampler import SampleRequest, sample
+
+            self._sample_fn = (sample, SampleRequest)
+        sample, request_cls = self._sample_fn
+        requests = [request_cls(s.sampling, s.token_ids, s.num_prompt_tokens) for s in states]
+        outputs = []
+        for state, sampled in zip(states, sample(logits, requests)):
+            state.token_ids.append(sampled.token_id)
+            logprobs = () if sampled.logprob is None else (sampled.logprob,)
+            outputs.append(t.SeqOutput(state.seq_id, (sampled.token_id,), logprobs))
+        return outputs
+
+
+def _eos_token_ids(model_path: str, config: ModelConfig) -> tuple[int, ...]:
+    """EOS ids of config.json, then those of generation_config.json, deduplicated."""
+    ids = list(config.eos_token_ids)
+    gen_file = Path(model_path) / "generation_config.json"
+    if gen_file.is_file():
+        value = json.loads(gen_file.read_text()).get("eos_token_id")
+        ids += value if isinstance(value, list) else ([] if value is None else [value])
+    return tuple(dict.fromkeys(int(i) for i in ids))

@@ -1,0 +1,121 @@
+"""Per-sequence executor state and the tensors of one step, built vectorised.
+
+Everything a forward needs (input ids, positions, slot mapping, padded block
+tables) is computed here once per step, never per layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from executor_svc import types as t
+from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
+
+
+@dataclasses.dataclass
+class SequenceState:
+    """The executor's own copy of one sequence."""
+
+    seq_id: int
+    request_id: str
+    token_ids: list[int]  # prompt, then generated (sampled tokens appended here)
+    num_prompt_tokens: int
+    sampling: t.SamplingParams
+    block_table: list[int]
+    num_computed_tokens: int  # tokens whose KV is in the cache
+
+
+@dataclasses.dataclass
+class StepBatch:
+    """The flattened inputs of one forward."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    attn_meta: AttentionMetadata
+    sample_rows: torch.Tensor  # [N] int64, rows of the hidden states to sample
+    sample_states: list[SequenceState]  # the N sequences, in sample_rows order
+
+    @property
+    def num_tokens(self) -> int:
+        """Flattened tokens of the step."""
+        return int(self.input_ids.shape[0])
+
+
+def build_step_batch(
+    scheduled: list[tuple[SequenceState, int]],
+    block_size: int,
+    device: torch.device,
+    sliding_window: int | None,
+) -> StepBatch:
+    """Lays out the scheduled tokens, decode (one token) sequences first."""
+    ordered = [e for e in scheduled if e[1] == 1] + [e for e in scheduled if e[1] != 1]
+    num_decode = sum(1 for _, n in ordered if n == 1)
+    input_ids: list[int] = []
+    flat_blocks: list[int] = []
+    starts, counts, block_counts, sample_rows, sample_states = [], [], [], [], []
+    for state, num_scheduled in ordered:
+        start = state.num_computed_tokens
+        end = start + num_scheduled
+        input_ids.extend(state.token_ids[start:end])
+        num_blocks = -(-end // block_size)
+        flat_blocks.extend(state.block_table[:num_blocks])
+        starts.append(start)
+        counts.append(num_scheduled)
+        block_counts.append(num_blocks)
+        if end == len(state.token_ids):
+            sample_rows.append(len(input_ids) - 1)
+            sample_states.append(state)
+    counts_t = torch.tensor(counts, dtype=torch.int64)
+    starts_t = torch.tensor(starts, dtype=torch.int64)
+    query_start_loc = torch.zeros(len(ordered) + 1, dtype=torch.int64)
+    torch.cumsum(counts_t, 0, out=query_start_loc[1:])
+    seq_of_token = torch.repeat_interleave(torch.arange(len(ordered)), counts_t)  # [T]
+    positions = torch.arange(len(input_ids)) + (starts_t - query_start_loc[:-1])[seq_of_token]
+    block_tables = _padded_block_tables(flat_blocks, block_counts)  # [S, MB]
+    slot_mapping = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+    prefills = _prefill_spans(ordered, num_decode, query_start_loc, block_counts)
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping.to(device),
+        block_tables=block_tables.to(device),
+        context_lens=(starts_t + counts_t).to(device),
+        query_start_loc=query_start_loc.to(device),
+        num_decode_seqs=num_decode,
+        max_context_len=max(s + n for s, n in zip(starts, counts)),
+        prefills=prefills,
+        block_size=block_size,
+        sliding_window=sliding_window,
+    )
+    return StepBatch(
+        input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device),
+        positions=positions.to(device),
+        attn_meta=meta,
+        sample_rows=torch.tensor(sample_rows, dtype=torch.int64).to(device),
+        sample_states=sample_states,
+    )
+
+
+def _padded_block_tables(flat_blocks: list[int], block_counts: list[int]) -> torch.Tensor:
+    """Block tables [S, max_blocks] from their concatenation, padded with block 0."""
+    counts = torch.tensor(block_counts, dtype=torch.int64)
+    tables = torch.zeros(len(block_counts), max(block_counts), dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(block_counts)), counts)
+    firsts = torch.cumsum(counts, 0) - counts
+    cols = torch.arange(len(flat_blocks)) - firsts[rows]
+    tables[rows, cols] = torch.tensor(flat_blocks, dtype=torch.int64)
+    return tables
+
+
+def _prefill_spans(ordered, num_decode, query_start_loc, block_counts) -> tuple[PrefillSpan, ...]:
+    starts = query_start_loc.tolist()
+    return tuple(
+        PrefillSpan(
+            seq_index=i,
+            query_start=starts[i],
+            num_query_tokens=ordered[i][1],
+            num_cached_tokens=ordered[i][0].num_computed_tokens,
+            num_blocks=block_counts[i],
+        )
+        for i in range(num_decode, len(ordered))
+    )

@@ -1,0 +1,113 @@
+"""Loading checkpoint tensors: Hugging Face safetensors folders or GGUF files.
+
+Every tensor the model needs is checked by name and shape before the model is
+built, so a wrong or truncated checkpoint fails at start naming the tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from executor_svc.model_config import ModelConfig
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A model's HF config dict and its tensors under HF names."""
+
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    name: str
+
+
+def load_checkpoint(model_path: str | Path) -> Checkpoint:
+    """Reads config and tensors from a HF folder or a ``.gguf`` file.
+
+    Raises:
+        FileNotFoundError: no config.json / safetensors where expected.
+    """
+    path = Path(model_path)
+    if path.suffix == ".gguf":
+        from executor_svc.gguf_loader import load_gguf  # only GGUF users need it
+
+        loaded = load_gguf(path)
+        return Checkpoint(dict(loaded.config), dict(loaded.tensors), path.stem)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"no config.json in {path}")
+    config = json.loads(config_file.read_text())
+    return Checkpoint(config, _load_safetensors(path), path.name)
+
+
+def _load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    index_file = folder / "model.safetensors.index.json"
+    if index_file.is_file():
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file_name in files:
+        file_path = folder / file_name
+        if not file_path.is_file():
+            raise FileNotFoundError(f"safetensors file {file_name} named by the index is missing in {folder}")
+        tensors.update(load_file(str(file_path)))
+    return tensors
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name the model reads, with its shape."""
+    hidden, head_dim, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    q_size, kv_size = config.num_heads * head_dim, config.num_kv_heads * head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (q_size, hidden),
+            p + "self_attn.k_proj.weight": (kv_size, hidden),
+            p + "self_attn.v_proj.weight": (kv_size, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q_size),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+        })
+        if config.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q_size,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv_size,)
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
+    return shapes
+
+
+def validate_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checks names and shapes; returns the tensors (lm_head tied when needed).
+
+    Raises:
+        ValueError: a missing tensor or one with an unexpected shape, by name.
+    """
+    for name, shape in expected_shapes(config).items():
+        if name not in tensors:
+            raise ValueError(f"checkpoint is missing tensor {name!r} (expected shape {list(shape)})")
+        actual = tuple(tensors[name].shape)
+        if actual != shape:
+            raise ValueError(f"tensor {name!r} has shape {list(actual)}, expected {list(shape)}")
+    if config.tie_word_embeddings:
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
+    return tensors
