@@ -1,0 +1,55 @@
+"""Executor configuration: one dataclass, filled from flags and PAGODA_* env."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from pagoda.runtime.flags import parse_config, parse_size
+
+
+def _help(text: str, **extra) -> dict:
+    return {"help": text, **extra}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorConfig:
+    """Settings of one executor process (see docs/configuration.md)."""
+
+    host: str = dataclasses.field(default="127.0.0.1", metadata=_help("address to bind"))
+    port: int = dataclasses.field(default=50061, metadata=_help("gRPC port"))
+    model: str = dataclasses.field(default="default", metadata=_help("checkpoint folder, .gguf file, or 'default'"))
+    model_name: str = dataclasses.field(default="", metadata=_help("name reported to clients"))
+    model_cache_dir: str = dataclasses.field(default="", metadata=_help("cache for the default model"))
+    dtype: str = dataclasses.field(default="auto", metadata=_help("float32, bfloat16, float16 or auto"))
+    kv_cache_dtype: str = dataclasses.field(default="auto", metadata=_help("KV cache dtype or auto (= dtype)"))
+    kv_cache_memory: int | None = dataclasses.field(
+        default=None, metadata=_help("bytes for the KV cache (default 1GiB on CPU)", parse=parse_size))
+    kv_cache_memory_fraction: float = dataclasses.field(
+        default=0.85, metadata=_help("CUDA: fraction of free memory for the KV cache"))
+    block_size: int = dataclasses.field(default=16, metadata=_help("tokens per KV block"))
+    max_model_len: int | None = dataclasses.field(default=None, metadata=_help("cap on context length"))
+    device: str = dataclasses.field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
+    attention_backend: str = dataclasses.field(default="auto", metadata=_help("torch, triton or auto"))
+    num_threads: int | None = dataclasses.field(default=None, metadata=_help("torch intra-op threads"))
+    max_num_batched_tokens: int = dataclasses.field(
+        default=8192, metadata=_help("largest step the executor accepts (sizes scratch buffers)"))
+    max_message_bytes: int = dataclasses.field(
+        default=64 * 2**20, metadata=_help("largest plan message accepted", parse=parse_size))
+    metrics_port: int = dataclasses.field(default=0, metadata=_help("Prometheus port, 0 = off"))
+    log_format: str = dataclasses.field(default="auto", metadata=_help("json, console or auto"))
+    drain_timeout_s: float = dataclasses.field(default=30.0, metadata=_help("SIGTERM: time to finish work"))
+    tls_cert: str = dataclasses.field(default="", metadata=_help("server certificate (PEM)"))
+    tls_key: str = dataclasses.field(default="", metadata=_help("server private key (PEM)"))
+    tls_ca: str = dataclasses.field(default="", metadata=_help("CA that must sign client certificates (mTLS)"))
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError("--block-size must be positive")
+        if not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValueError("--kv-cache-memory-fraction must be in (0, 1]")
+
+
+def load_config(argv: Sequence[str] | None = None) -> ExecutorConfig:
+    """Parse flags and environment into an ExecutorConfig."""
+    return parse_config(ExecutorConfig, argv, "pagoda-executor", "Pagoda executor: model, KV cache, paged attention.")

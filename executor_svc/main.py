@@ -1,0 +1,114 @@
+"""`pagoda-executor`: load the model, size the KV cache, serve the Executor API."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import signal
+import sys
+from collections.abc import Sequence
+
+import grpc
+import structlog
+import torch
+from pagoda.runtime import grpc_server
+from pagoda.runtime.logs import configure_logging
+from pagoda.v1 import executor_pb2, executor_pb2_grpc
+
+from executor_svc.config import ExecutorConfig, load_config
+from executor_svc.metrics import ExecutorMetrics
+from executor_svc.model_cache import resolve_model
+from executor_svc.model_runner import ModelRunner
+from executor_svc.server import ExecutorServicer
+from executor_svc.tokenizer_files import TokenizerFiles, from_gguf, read_tokenizer_files
+
+log = structlog.get_logger("executor")
+SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
+CPU_DEFAULT_KV_BYTES = 2**30
+
+
+def load_tokenizer_files(model_path: str) -> TokenizerFiles:
+    """Tokenizer files from a checkpoint folder or from the GGUF metadata."""
+    if model_path.endswith(".gguf"):
+        from executor_svc.gguf_loader import load_gguf
+
+        return from_gguf(load_gguf(model_path))
+    return read_tokenizer_files(pathlib.Path(model_path))
+
+
+def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
+    """Load weights and allocate the KV cache once."""
+    kv_bytes = config.kv_cache_memory
+    on_cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+    if kv_bytes is None and not on_cuda:
+        kv_bytes = CPU_DEFAULT_KV_BYTES
+    return ModelRunner(
+        model_path, dtype=config.dtype, kv_cache_dtype=config.kv_cache_dtype, device=config.device,
+        block_size=config.block_size, kv_cache_memory_bytes=kv_bytes,
+        kv_cache_memory_fraction=config.kv_cache_memory_fraction, max_model_len=config.max_model_len,
+        attention_backend=config.attention_backend, max_num_batched_tokens=config.max_num_batched_tokens,
+    )
+
+
+async def serve(config: ExecutorConfig) -> None:
+    """Start serving health at once, load the model, then serve Execute until SIGTERM drains."""
+    options = [*grpc_server.KEEPALIVE_OPTIONS, *grpc_server.message_size_options(config.max_message_bytes)]
+    server = grpc.aio.server(options=options)
+    health = grpc_server.add_health_and_reflection(server, [SERVICE_NAME])
+    await grpc_server.set_serving(health, [SERVICE_NAME], False)
+    credentials = grpc_server.server_credentials(config.tls_cert, config.tls_key, config.tls_ca)
+    port = grpc_server.add_port(server, f"{config.host}:{config.port}", credentials)
+    await server.start()
+    log.info("executor_listening", address=f"{config.host}:{port}", tls=credentials is not None)
+
+    model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None)
+    tokenizer = await asyncio.to_thread(load_tokenizer_files, model_path)
+    runner = await asyncio.to_thread(build_runner, config, model_path)
+    await asyncio.to_thread(runner.warmup)
+    metrics = ExecutorMetrics(runner.info.num_kv_blocks)
+    if config.metrics_port:
+        metrics.serve(config.host, config.metrics_port)
+    model_name = config.model_name or runner.info.model_name
+    servicer = ExecutorServicer(runner, tokenizer, model_name, metrics)
+    executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
+    await grpc_server.set_serving(health, [SERVICE_NAME], True)
+    log.info("executor_ready", model=model_name, **{k: v for k, v in vars(runner.info).items() if k != "eos_token_ids"})
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await drain(servicer, health, config.drain_timeout_s)
+    await server.stop(grace=2.0)
+    log.info("executor_stopped")
+
+
+async def drain(servicer: ExecutorServicer, health, timeout_s: float) -> None:
+    """Report draining, go NOT_SERVING, and wait for held sequences to finish."""
+    servicer.draining = True
+    await grpc_server.set_serving(health, [SERVICE_NAME], False)
+    log.info("executor_draining", num_sequences=servicer.runner.num_sequences(), timeout_s=timeout_s)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while servicer.has_active_stream and servicer.runner.num_sequences() > 0:
+        if asyncio.get_running_loop().time() > deadline:
+            log.warning("drain_timeout", num_sequences=servicer.runner.num_sequences())
+            break
+        await asyncio.sleep(0.05)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point."""
+    config = load_config(argv)
+    configure_logging(config.log_format)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    try:
+        asyncio.run(serve(config))
+    except Exception:
+        log.exception("executor_failed")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Prometheus metrics of one executor (names follow vLLM's where they exist)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from executor_svc.types import StepOutput
+
+_MS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class ExecutorMetrics:
+    """Step-level metrics, registered in their own registry."""
+
+    def __init__(self, num_kv_blocks: int) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.forward_s = Histogram("pagoda_executor_forward_seconds", "Model forward time per step", buckets=_MS_BUCKETS, registry=r)
+        self.sample_s = Histogram("pagoda_executor_sample_seconds", "Sampling time per step", buckets=_MS_BUCKETS, registry=r)
+        self.step_s = Histogram("pagoda_executor_step_seconds", "Whole step time inside the executor", buckets=_MS_BUCKETS, registry=r)
+        self.idle_s = Histogram("pagoda_executor_idle_seconds", "Wait for the next plan after a step", buckets=_MS_BUCKETS, registry=r)
+        self.tokens_per_step = Histogram("pagoda_executor_tokens_per_step", "Tokens computed per step", buckets=_TOKEN_BUCKETS, registry=r)
+        self.steps = Counter("pagoda_executor_steps", "Steps executed", registry=r)
+        self.tokens = Counter("pagoda_executor_tokens", "Tokens computed", registry=r)
+        self.seq_errors = Counter("pagoda_executor_sequence_errors", "Sequences that failed alone", registry=r)
+        self.num_sequences = Gauge("pagoda_executor_num_sequences", "Sequences held", registry=r)
+        self.kv_blocks = Gauge("pagoda_executor_kv_blocks", "KV cache blocks allocated", registry=r)
+        self.kv_blocks.set(num_kv_blocks)
+
+    def observe_step(self, out: StepOutput, step_ns: int, idle_ns: int, num_sequences: int) -> None:
+        """Record one step."""
+        self.forward_s.observe(out.forward_ns / 1e9)
+        self.sample_s.observe(out.sample_ns / 1e9)
+        self.step_s.observe(step_ns / 1e9)
+        self.idle_s.observe(idle_ns / 1e9)
+        self.tokens_per_step.observe(out.num_scheduled_tokens)
+        self.steps.inc()
+        self.tokens.inc(out.num_scheduled_tokens)
+        self.seq_errors.inc(len(out.errors))
+        self.num_sequences.set(num_sequences)
+
+    def serve(self, host: str, port: int) -> None:
+        """Expose /metrics on host:port (a daemon thread)."""
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,93 @@
+"""The Executor gRPC servicer: a thin edge around ModelRunner.
+
+Each Execute message is converted, run on a worker thread (so health checks and
+the next plan's arrival proceed meanwhile), and answered with one StepResult.
+A new Execute stream supersedes the previous one: the executor forgets every
+sequence, because the scheduler that opened it resends what it wants computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import grpc
+import structlog
+from pagoda.v1 import executor_pb2, executor_pb2_grpc
+
+from executor_svc import pb_convert
+from executor_svc.metrics import ExecutorMetrics
+from executor_svc.model_runner import ModelRunner
+from executor_svc.tokenizer_files import TokenizerFiles
+
+log = structlog.get_logger("executor")
+
+
+class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
+    """Describe and Execute over one ModelRunner."""
+
+    def __init__(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str,
+                 metrics: ExecutorMetrics | None = None) -> None:
+        self.runner = runner
+        self.incarnation_id = uuid.uuid4().hex
+        self.draining = False
+        self._metrics = metrics
+        self._lock = asyncio.Lock()
+        self._stream_generation = 0
+        self._active_streams = 0
+        info = runner.info
+        self._info = executor_pb2.ExecutorInfo(
+            incarnation_id=self.incarnation_id, model_name=model_name, architecture=info.architecture,
+            dtype=info.dtype, kv_cache_dtype=info.kv_cache_dtype, device=info.device,
+            block_size=info.block_size, num_kv_blocks=info.num_kv_blocks, max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size, eos_token_ids=list(tokenizer.eos_token_ids or info.eos_token_ids),
+            tokenizer_json=tokenizer.tokenizer_json, chat_template=tokenizer.chat_template or "",
+            bos_token=tokenizer.bos_token or "", eos_token=tokenizer.eos_token or "",
+        )
+
+    @property
+    def has_active_stream(self) -> bool:
+        """Whether a scheduler is connected."""
+        return self._active_streams > 0
+
+    async def Describe(self, request, context) -> executor_pb2.ExecutorInfo:
+        info = executor_pb2.ExecutorInfo()
+        info.CopyFrom(self._info)
+        info.draining = self.draining
+        return info
+
+    async def Execute(self, request_iterator, context):
+        self._stream_generation += 1
+        generation = self._stream_generation
+        self._active_streams += 1
+        peer = context.peer()
+        log.info("scheduler_connected", peer=peer, generation=generation)
+        try:
+            async with self._lock:
+                await asyncio.to_thread(self.runner.reset)
+            finished_at = time.perf_counter_ns()
+            async for plan in request_iterator:
+                if generation != self._stream_generation:
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "superseded by a newer Execute stream")
+                received_at = time.perf_counter_ns()
+                result = await self._run_step(plan, idle_ns=received_at - finished_at, started_ns=received_at)
+                finished_at = time.perf_counter_ns()
+                yield result
+        finally:
+            self._active_streams -= 1
+            log.info("scheduler_disconnected", peer=peer, generation=generation)
+
+    async def _run_step(self, plan: executor_pb2.StepPlan, idle_ns: int, started_ns: int) -> executor_pb2.StepResult:
+        step = pb_convert.step_from_pb(plan)
+        for seq in step.new_seqs:
+            log.debug("sequence_added", request_id=seq.request_id, seq_id=seq.seq_id,
+                      num_tokens=len(seq.token_ids), num_computed_tokens=seq.num_computed_tokens)
+        async with self._lock:
+            out = await asyncio.to_thread(self.runner.execute, step)
+        for err in out.errors:
+            log.error("sequence_failed", seq_id=err.seq_id, error=err.message)
+        step_ns = time.perf_counter_ns() - started_ns
+        if self._metrics is not None:
+            self._metrics.observe_step(out, step_ns, idle_ns, self.runner.num_sequences())
+        return pb_convert.result_to_pb(out, self.incarnation_id, step_ns, idle_ns, self.draining)

@@ -1,0 +1,72 @@
+"""What both gRPC servers share: health, reflection, TLS credentials, limits."""
+
+from __future__ import annotations
+
+import pathlib
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+# Keepalive so a dead peer is noticed in seconds, not at the next TCP timeout.
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+]
+
+
+def message_size_options(max_bytes: int) -> list[tuple[str, int]]:
+    """Channel/server options bounding message sizes both ways."""
+    return [("grpc.max_receive_message_length", max_bytes), ("grpc.max_send_message_length", max_bytes)]
+
+
+def add_health_and_reflection(server: grpc.aio.Server, service_names: list[str]) -> health.aio.HealthServicer:
+    """Register grpc.health.v1 (all NOT_SERVING until told) and reflection."""
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    return servicer
+
+
+async def set_serving(servicer: health.aio.HealthServicer, service_names: list[str], serving: bool) -> None:
+    """Set the overall ("") and per-service health status."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ["", *service_names]:
+        await servicer.set(name, status)
+
+
+def _read(path: str | None) -> bytes | None:
+    return pathlib.Path(path).read_bytes() if path else None
+
+
+def server_credentials(cert: str | None, key: str | None, client_ca: str | None = None) -> grpc.ServerCredentials | None:
+    """TLS server credentials; with `client_ca`, client certificates are required (mTLS)."""
+    if not cert and not key:
+        if client_ca:
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key")
+        return None
+    if not (cert and key):
+        raise ValueError("TLS needs both a certificate and a key")
+    return grpc.ssl_server_credentials(
+        [(_read(key), _read(cert))], root_certificates=_read(client_ca), require_client_auth=bool(client_ca)
+    )
+
+
+def channel_credentials(ca: str | None, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials | None:
+    """TLS channel credentials (server CA, optional client certificate for mTLS)."""
+    if not (ca or cert or key):
+        return None
+    if bool(cert) != bool(key):
+        raise ValueError("a client certificate needs both cert and key")
+    return grpc.ssl_channel_credentials(root_certificates=_read(ca), private_key=_read(key), certificate_chain=_read(cert))
+
+
+def add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind `address`, with TLS when credentials are given; returns the port."""
+    if credentials is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, credentials)

@@ -1,0 +1,35 @@
+"""structlog setup shared by both services: JSON lines in production, a
+readable console format on a terminal; `request_id` travels in contextvars."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
+    """Configure structlog and the stdlib root logger.
+
+    Args:
+        log_format: "json", "console", or "auto" (console when stderr is a tty).
+        level: log level name.
+    """
+    use_console = log_format == "console" or (log_format == "auto" and sys.stderr.isatty())
+    renderer = structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
+    numeric_level = logging.getLevelName(level.upper())
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info if not use_console else structlog.dev.set_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=numeric_level, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")

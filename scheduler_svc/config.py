@@ -1,0 +1,64 @@
+"""Scheduler configuration: one dataclass, filled from flags and PAGODA_* env."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from pagoda.runtime.flags import parse_config, parse_size
+
+
+def _f(default, text: str, **extra):
+    return dataclasses.field(default=default, metadata={"help": text, **extra})
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerServiceConfig:
+    """Settings of the scheduler process (see docs/configuration.md)."""
+
+    host: str = _f("127.0.0.1", "address to bind")
+    port: int = _f(50051, "client gRPC port")
+    executors: str = _f("127.0.0.1:50061", "comma-separated executor host:port list")
+    dns_refresh_s: float = _f(10.0, "executor address re-resolution period")
+    max_num_seqs: int = _f(256, "running sequences per executor")
+    max_num_batched_tokens: int = _f(2048, "token budget per step")
+    max_model_len: int | None = _f(None, "cap on prompt + output tokens")
+    max_prompt_tokens: int | None = _f(None, "longest accepted prompt (default max model len - 1)")
+    max_new_tokens: int = _f(4096, "cap on max_tokens")
+    default_max_tokens: int = _f(256, "max_tokens when a request leaves it unset")
+    max_waiting_requests: int = _f(1024, "waiting-queue bound")
+    max_message_bytes: int = _f(4 * 2**20, "largest client message", parse=parse_size)
+    max_stop_strings: int = _f(16, "most stop strings per request")
+    max_stop_string_len: int = _f(256, "longest stop string (characters)")
+    max_logprobs: int = _f(20, "most top logprobs per token")
+    request_timeout_s: float = _f(600.0, "deadline of a request without one")
+    enable_prefix_caching: bool = _f(True, "automatic prefix caching")
+    step_timeout_s: float = _f(60.0, "watchdog: longest step before the executor is unhealthy")
+    metrics_port: int = _f(0, "Prometheus port, 0 = off")
+    http_port: int = _f(0, "OpenAI-compatible HTTP port, 0 = off")
+    api_keys_file: str = _f("", "file with one API key per line")
+    api_keys: str = _f("", "comma-separated API keys")
+    log_format: str = _f("auto", "json, console or auto")
+    drain_timeout_s: float = _f(30.0, "SIGTERM: time for in-flight requests to finish")
+    tls_cert: str = _f("", "client API certificate (PEM)")
+    tls_key: str = _f("", "client API private key (PEM)")
+    executor_tls_ca: str = _f("", "CA of the executors' certificates")
+    executor_tls_cert: str = _f("", "client certificate presented to executors")
+    executor_tls_key: str = _f("", "key of that certificate")
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens", "default_max_tokens",
+                     "max_waiting_requests"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+
+    @property
+    def executor_targets(self) -> list[str]:
+        """The executor entries as given (host:port each)."""
+        return [t.strip() for t in self.executors.split(",") if t.strip()]
+
+
+def load_config(argv: Sequence[str] | None = None) -> SchedulerServiceConfig:
+    """Parse flags and environment into the config."""
+    return parse_config(SchedulerServiceConfig, argv, "pagoda-scheduler",
+                        "Pagoda scheduler: client API, batching, KV block accounting.")

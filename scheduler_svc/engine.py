@@ -1,0 +1,313 @@
+"""The engine: admits requests, places them on executors, streams outputs.
+
+It owns one ExecutorWorker (and so one scheduler core and block pool) per
+executor address, the per-request state, and the recovery rule: sequences of a
+lost executor are placed again, with what they generated so far, on a live one.
+Both client edges (gRPC, HTTP) call `generate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+
+from scheduler_svc import validation
+from scheduler_svc.config import SchedulerServiceConfig
+from scheduler_svc.discovery import resolve_targets
+from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
+from scheduler_svc.executor_worker import ExecutorWorker, WorkerState
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.output_processor import RequestState
+from scheduler_svc.request import GenerationRequest, PromptInput, RequestOutput
+from scheduler_svc.router import choose_worker
+from scheduler_svc.scheduler import SchedulerConfig, SeqUpdate
+from scheduler_svc.sequence import Sequence
+from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.types import ExecutorInfo, FinishReason, StepPlan, StepResult
+
+log = structlog.get_logger("scheduler")
+
+
+class Engine:
+    """Requests in, token streams out, over any number of executors."""
+
+    def __init__(self, config: SchedulerServiceConfig, metrics: SchedulerMetrics | None = None,
+                 executor_credentials=None) -> None:
+        self.config = config
+        self.metrics = metrics or SchedulerMetrics()
+        self.workers: dict[str, ExecutorWorker] = {}
+        self.model: ExecutorInfo | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.limits: validation.Limits | None = None
+        self.draining = False
+        self.on_health_change: Callable[[bool], None] = lambda serving: None
+        self._requests: dict[int, RequestState] = {}
+        self._orphans: collections.OrderedDict[int, Sequence] = collections.OrderedDict()
+        self._seq_ids = itertools.count(1)
+        self._model_ready = asyncio.Event()
+        self._credentials = executor_credentials
+        self._discovery_task: asyncio.Task | None = None
+        self._serving = False
+
+    # ----- lifecycle -------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resolve executor addresses and start a worker for each."""
+        await self._refresh_workers()
+        self._discovery_task = asyncio.create_task(self._discovery_loop())
+
+    async def stop(self) -> None:
+        if self._discovery_task:
+            self._discovery_task.cancel()
+        await asyncio.gather(*(w.stop() for w in self.workers.values()), return_exceptions=True)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Admit nothing new; wait for in-flight requests up to timeout_s."""
+        self.draining = True
+        self._update_health()
+        deadline = time.monotonic() + timeout_s
+        while self._requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for state in list(self._requests.values()):
+            self.abort(state)
+            state.fail(FinishReason.ABORT, "server shut down")
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.dns_refresh_s)
+            try:
+                await self._refresh_workers()
+            except Exception:
+                log.exception("executor_discovery_failed")
+
+    async def _refresh_workers(self) -> None:
+        addresses = await resolve_targets(self.config.executor_targets)
+        for address in addresses:
+            if address not in self.workers:
+                worker = ExecutorWorker(address, self, self._scheduler_config, self.config.step_timeout_s,
+                                        self._credentials)
+                self.workers[address] = worker
+                worker.start()
+                log.info("executor_discovered", executor=address)
+        for address, worker in list(self.workers.items()):
+            if address not in addresses and worker.state is WorkerState.DEAD:
+                del self.workers[address]
+                await worker.stop()
+                log.info("executor_removed", executor=address)
+
+    def _scheduler_config(self, info: ExecutorInfo) -> SchedulerConfig:
+        return SchedulerConfig(
+            num_blocks=info.num_kv_blocks, block_size=info.block_size,
+            max_num_seqs=self.config.max_num_seqs, max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=self._max_model_len(info), enable_prefix_caching=self.config.enable_prefix_caching,
+            eos_token_ids=tuple(info.eos_token_ids),
+        )
+
+    def _max_model_len(self, info: ExecutorInfo) -> int:
+        cap = self.config.max_model_len
+        return min(info.max_model_len, cap) if cap else info.max_model_len
+
+    # ----- health ----------------------------------------------------------
+
+    @property
+    def is_serving(self) -> bool:
+        """At least one executor accepts work and we are not draining."""
+        return not self.draining and any(w.accepts_new for w in self.workers.values())
+
+    def _update_health(self) -> None:
+        serving = self.is_serving
+        if serving != self._serving:
+            self._serving = serving
+            log.info("health_changed", serving=serving)
+            self.on_health_change(serving)
+
+    # ----- requests --------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        """Validate, admit and stream one request; cancelling the iterator aborts it."""
+        validation.check_request_fields(request)
+        if self.draining:
+            raise Unavailable("the server is shutting down")
+        arrival_ns = time.monotonic_ns()
+        deadline = time.monotonic() + (request.timeout_s or self.config.request_timeout_s)
+        await self._wait_for_model(deadline)
+        state = self._admit(request, arrival_ns)
+        log.info("request_admitted", request_id=request.request_id, seq_id=state.seq.seq_id,
+                 num_prompt_tokens=len(state.seq.prompt_token_ids), max_tokens=state.seq.stopping.max_tokens)
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                try:
+                    out = await asyncio.wait_for(state.outputs.get(), timeout=max(remaining, 0))
+                except asyncio.TimeoutError:
+                    raise DeadlineExceeded(f"request timed out after {request.timeout_s or self.config.request_timeout_s}s") from None
+                yield out
+                if out.finished:
+                    return
+        finally:
+            self._release(state)
+
+    async def _wait_for_model(self, deadline: float) -> None:
+        if self._model_ready.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._model_ready.wait(), timeout=max(deadline - time.monotonic(), 0))
+        except asyncio.TimeoutError:
+            raise Unavailable("no executor has connected yet") from None
+
+    def _admit(self, request: GenerationRequest, arrival_ns: int) -> RequestState:
+        assert self.limits is not None and self.tokenizer is not None
+        token_ids = self._tokenize(request.prompt)
+        validation.check_prompt_tokens(token_ids, self.limits)
+        sampling = validation.sampling_params(request, self.limits)
+        stopping = validation.stopping_criteria(request, len(token_ids), self.limits)
+        if self.num_waiting >= self.config.max_waiting_requests:
+            self.metrics.rejected.inc()
+            raise Overloaded(f"{self.num_waiting} requests are waiting (limit {self.config.max_waiting_requests})")
+        seq = Sequence(
+            seq_id=next(self._seq_ids), request_id=request.request_id, prompt_token_ids=list(token_ids),
+            sampling=sampling, stopping=stopping, priority=request.priority, cache_salt=request.cache_salt,
+            arrival_time_s=arrival_ns / 1e9,
+        )
+        self._check_fits(seq)
+        state = RequestState(seq, self.tokenizer, request.skip_special_tokens, arrival_ns)
+        self._requests[seq.seq_id] = state
+        self._place(state)
+        self.metrics.on_admitted(len(token_ids))
+        return state
+
+    def _tokenize(self, prompt: PromptInput) -> list[int]:
+        assert self.tokenizer is not None
+        if prompt.token_ids is not None:
+            return list(prompt.token_ids)
+        if prompt.text is not None:
+            return self.tokenizer.encode(prompt.text, add_special_tokens=True)
+        messages = [{"role": m.role, "content": m.content} for m in prompt.messages or ()]
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=prompt.add_generation_prompt)
+        except ValueError as exc:
+            raise InvalidRequest("chat", str(exc)) from None
+
+    def _check_fits(self, seq: Sequence) -> None:
+        live = [w for w in self.workers.values() if w.scheduler is not None]
+        if live and not any(w.scheduler.can_fit(len(seq.prompt_token_ids), seq.stopping.max_tokens) for w in live):
+            raise InvalidRequest(
+                "stopping.max_tokens", f"prompt ({len(seq.prompt_token_ids)} tokens) + max_tokens "
+                f"({seq.stopping.max_tokens}) needs more KV cache than an executor has")
+
+    def _place(self, state: RequestState) -> None:
+        """Queue the sequence on the best executor, or keep it until one is ready."""
+        try:
+            worker, hit = choose_worker(list(self.workers.values()), state.seq.all_token_ids, state.seq.cache_salt)
+        except LookupError:
+            state.worker = None
+            self._orphans[state.seq.seq_id] = state.seq
+            return
+        self._orphans.pop(state.seq.seq_id, None)
+        state.worker = worker
+        worker.add(state.seq)
+        log.debug("request_routed", request_id=state.request_id, executor=worker.address, prefix_hit_tokens=hit)
+
+    def abort(self, state: RequestState) -> None:
+        """Stop computing for a request (cancelled, timed out, or shutting down)."""
+        self._orphans.pop(state.seq.seq_id, None)
+        worker = state.worker
+        if worker is not None and worker.scheduler is not None:
+            worker.scheduler.abort(state.seq.seq_id)
+            worker.wake()
+
+    def _release(self, state: RequestState) -> None:
+        if not state.finished:
+            self.abort(state)
+            state.finished = True
+            self.metrics.on_finished(state, FinishReason.ABORT)
+            log.info("request_aborted", request_id=state.request_id)
+        self._requests.pop(state.seq.seq_id, None)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running anywhere (queued or without an executor)."""
+        queued = sum(w.scheduler.num_waiting for w in self.workers.values() if w.scheduler is not None)
+        return queued + len(self._orphans)
+
+    @property
+    def num_running(self) -> int:
+        return sum(w.scheduler.num_running for w in self.workers.values() if w.scheduler is not None)
+
+    # ----- WorkerListener --------------------------------------------------
+
+    def on_worker_ready(self, worker: ExecutorWorker, info: ExecutorInfo) -> bool:
+        if self.model is None:
+            self._set_model(info)
+        elif (info.model_name, info.vocab_size) != (self.model.model_name, self.model.vocab_size):
+            log.error("executor_model_mismatch", executor=worker.address, model=info.model_name,
+                      expected=self.model.model_name)
+            return False
+        for seq_id in list(self._orphans):
+            state = self._requests.get(seq_id)
+            if state is not None:
+                self._place(state)
+        self._update_health()
+        return True
+
+    def _set_model(self, info: ExecutorInfo) -> None:
+        self.model = info
+        self.tokenizer = Tokenizer.from_info(info.tokenizer_json, info.chat_template or None,
+                                             info.bos_token or None, info.eos_token or None)
+        max_len = self._max_model_len(info)
+        self.limits = validation.Limits(
+            max_model_len=max_len, vocab_size=info.vocab_size,
+            max_prompt_tokens=min(self.config.max_prompt_tokens or max_len - 1, max_len - 1),
+            max_new_tokens=self.config.max_new_tokens, default_max_tokens=self.config.default_max_tokens,
+            max_stop_strings=self.config.max_stop_strings, max_stop_string_len=self.config.max_stop_string_len,
+            max_logprobs=self.config.max_logprobs,
+        )
+        self._model_ready.set()
+        log.info("model_known", model=info.model_name, max_model_len=max_len, vocab_size=info.vocab_size)
+
+    def on_step(self, worker: ExecutorWorker, plan: StepPlan, result: StepResult, duration_s: float) -> None:
+        now = time.monotonic_ns()
+        for new in plan.new_seqs:
+            state = self._requests.get(new.seq_id)
+            if state is not None and state.first_scheduled_ns is None:
+                state.first_scheduled_ns = now
+        self.metrics.on_step(plan, result, duration_s)
+
+    def on_updates(self, worker: ExecutorWorker, updates: list[SeqUpdate], result: StepResult) -> None:
+        for error in result.errors:
+            state = self._requests.get(error.seq_id)
+            if worker.scheduler is not None:
+                worker.scheduler.finish(error.seq_id, FinishReason.ERROR)
+            if state is not None:
+                log.error("sequence_failed", request_id=state.request_id, error=error.message)
+                state.fail(FinishReason.ERROR, error.message)
+                self.metrics.on_finished(state, FinishReason.ERROR)
+        for update in updates:
+            state = self._requests.get(update.seq.seq_id)
+            if state is None or state.finished:
+                continue
+            stop = state.on_update(update)
+            if stop is not None and worker.scheduler is not None:
+                worker.scheduler.finish(update.seq.seq_id, FinishReason.STOP, stop)
+            self.metrics.on_tokens(state, len(update.new_token_ids))
+            if state.finished:
+                self.metrics.on_finished(state, update.seq.finish_reason or FinishReason.STOP)
+        if updates or result.errors:
+            worker.wake()
+
+    def on_worker_lost(self, worker: ExecutorWorker, seqs: list[Sequence]) -> None:
+        moved = 0
+        for seq in seqs:
+            state = self._requests.get(seq.seq_id)
+            if state is not None and not state.finished:
+                self._place(state)
+                moved += 1
+        if moved:
+            log.warning("sequences_moved", from_executor=worker.address, num_sequences=moved,
+                        num_without_executor=len(self._orphans))
+        self._update_health()

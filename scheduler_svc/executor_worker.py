@@ -1,0 +1,199 @@
+"""One executor as the scheduler drives it: connection, scheduler core, step loop.
+
+The loop keeps up to two plans in flight (plan N+1 is sent before result N
+arrives), so the executor finds its next plan waiting when it finishes a step.
+When the stream breaks, every unfinished sequence is handed back to the engine
+to be recomputed elsewhere, and the worker reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import time
+from typing import Protocol
+
+import grpc
+import structlog
+from pagoda.runtime.grpc_server import KEEPALIVE_OPTIONS, message_size_options
+from pagoda.v1 import executor_pb2, executor_pb2_grpc
+
+from scheduler_svc.executor_pb_convert import info_from_pb, plan_to_pb, result_from_pb
+from scheduler_svc.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from scheduler_svc.sequence import Sequence
+from scheduler_svc.types import ExecutorInfo, StepPlan, StepResult
+
+log = structlog.get_logger("scheduler")
+MAX_IN_FLIGHT = 2
+EXECUTOR_MESSAGE_BYTES = 256 * 2**20
+
+
+class WorkerState(enum.Enum):
+    CONNECTING = "CONNECTING"
+    READY = "READY"
+    DRAINING = "DRAINING"
+    DEAD = "DEAD"
+
+
+class WorkerListener(Protocol):
+    """What the engine does with what a worker learns."""
+
+    def on_worker_ready(self, worker: "ExecutorWorker", info: ExecutorInfo) -> bool: ...
+    def on_updates(self, worker: "ExecutorWorker", updates: list[SeqUpdate], result: StepResult) -> None: ...
+    def on_worker_lost(self, worker: "ExecutorWorker", seqs: list[Sequence]) -> None: ...
+    def on_step(self, worker: "ExecutorWorker", plan: StepPlan, result: StepResult, duration_s: float) -> None: ...
+
+
+class ExecutorWorker:
+    """Drives one executor at `address`."""
+
+    def __init__(self, address: str, listener: WorkerListener, make_config, step_timeout_s: float,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.address = address
+        self.state = WorkerState.CONNECTING
+        self.info: ExecutorInfo | None = None
+        self.scheduler: Scheduler | None = None
+        self.removed = False
+        self._listener = listener
+        self._make_config = make_config  # ExecutorInfo -> SchedulerConfig
+        self._step_timeout_s = step_timeout_s
+        self._credentials = credentials
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.last_step_end_s = time.monotonic()
+
+    @property
+    def accepts_new(self) -> bool:
+        """READY and not draining."""
+        return self.state is WorkerState.READY and self.scheduler is not None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"executor-{self.address}")
+
+    async def stop(self) -> None:
+        self.removed = True
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence on this executor."""
+        assert self.scheduler is not None
+        self.scheduler.add(seq)
+        self._wakeup.set()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def load(self) -> tuple[int, float]:
+        """(queued + running sequences, KV usage) for the router."""
+        if self.scheduler is None:
+            return (1 << 30, 1.0)
+        return (self.scheduler.num_running + self.scheduler.num_waiting, self.scheduler.kv_cache_usage)
+
+    def _channel(self) -> grpc.aio.Channel:
+        options = [*KEEPALIVE_OPTIONS, *message_size_options(EXECUTOR_MESSAGE_BYTES)]
+        if self._credentials is not None:
+            return grpc.aio.secure_channel(self.address, self._credentials, options=options)
+        return grpc.aio.insecure_channel(self.address, options=options)
+
+    async def _run(self) -> None:
+        backoff_s = 0.2
+        while not self.removed:
+            try:
+                async with self._channel() as channel:
+                    stub = executor_pb2_grpc.ExecutorStub(channel)
+                    if await self._connect(stub):
+                        backoff_s = 0.2
+                        await self._step_loop(stub)
+            except asyncio.CancelledError:
+                self._lose("scheduler stopping")
+                raise
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError, ConnectionError) as exc:
+                self._lose(_describe_error(exc))
+            except Exception:  # a bug must not kill the worker silently
+                log.exception("executor_worker_crashed", executor=self.address)
+                self._lose("worker error")
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 5.0)
+
+    async def _connect(self, stub: executor_pb2_grpc.ExecutorStub) -> bool:
+        self.state = WorkerState.CONNECTING
+        info = info_from_pb(await stub.Describe(executor_pb2.DescribeRequest(), timeout=10, wait_for_ready=True))
+        if info.draining:
+            log.info("executor_draining_skip", executor=self.address)
+            await asyncio.sleep(1.0)
+            return False
+        self.info = info
+        self.scheduler = Scheduler(self._make_config(info))
+        self.state = WorkerState.READY
+        if not self._listener.on_worker_ready(self, info):
+            self.state, self.scheduler = WorkerState.DEAD, None
+            await asyncio.sleep(5.0)
+            return False
+        log.info("executor_ready", executor=self.address, incarnation_id=info.incarnation_id,
+                 num_kv_blocks=info.num_kv_blocks, block_size=info.block_size, model=info.model_name)
+        return True
+
+    async def _step_loop(self, stub: executor_pb2_grpc.ExecutorStub) -> None:
+        call = stub.Execute()
+        in_flight: collections.deque[tuple[StepPlan, float]] = collections.deque()
+        try:
+            while True:
+                for plan in self._schedule_more(in_flight):
+                    await call.write(plan_to_pb(plan))
+                if not in_flight:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                msg = await asyncio.wait_for(call.read(), timeout=self._step_timeout_s)
+                if msg is grpc.aio.EOF:
+                    raise ConnectionError("executor closed the stream")
+                plan, sent_at = in_flight.popleft()
+                self._on_result(plan, result_from_pb(msg), time.monotonic() - sent_at)
+        finally:
+            call.cancel()
+
+    def _schedule_more(self, in_flight: collections.deque) -> list[StepPlan]:
+        """Schedule plans until MAX_IN_FLIGHT are out or there is nothing to do."""
+        new_plans = []
+        while len(in_flight) < MAX_IN_FLIGHT and self.scheduler is not None:
+            plan = self.scheduler.schedule()
+            if not plan.has_work and not plan.dropped_seq_ids:
+                break
+            in_flight.append((plan, time.monotonic()))
+            new_plans.append(plan)
+        return new_plans
+
+    def _on_result(self, plan: StepPlan, result: StepResult, duration_s: float) -> None:
+        assert self.info is not None and self.scheduler is not None
+        if result.incarnation_id != self.info.incarnation_id:
+            raise ConnectionError("executor restarted (new incarnation)")
+        if result.step_id != plan.step_id:
+            raise ConnectionError(f"result for step {result.step_id}, expected {plan.step_id}")
+        if result.draining and self.state is WorkerState.READY:
+            self.state = WorkerState.DRAINING
+            log.info("executor_draining", executor=self.address)
+        updates = self.scheduler.update(result)
+        self.last_step_end_s = time.monotonic()
+        self._listener.on_step(self, plan, result, duration_s)
+        self._listener.on_updates(self, updates, result)
+
+    def _lose(self, reason: str) -> None:
+        """Hand every unfinished sequence back to the engine."""
+        was = self.state
+        self.state = WorkerState.DEAD
+        seqs = self.scheduler.take_all() if self.scheduler is not None else []
+        self.scheduler = None
+        if was is not WorkerState.DEAD:
+            log.warning("executor_lost", executor=self.address, reason=reason, num_sequences=len(seqs))
+        self._listener.on_worker_lost(self, seqs)
+
+
+def _describe_error(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, asyncio.TimeoutError):
+        return "step timed out (watchdog)"
+    return str(exc) or type(exc).__name__

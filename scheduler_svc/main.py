@@ -1,0 +1,79 @@
+"""`pagoda-scheduler`: the client API, batching, and KV block accounting."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+import grpc
+import structlog
+from pagoda.runtime import grpc_server
+from pagoda.runtime.logs import configure_logging
+from pagoda.v1 import generation_pb2, generation_pb2_grpc
+
+from scheduler_svc.config import SchedulerServiceConfig, load_config
+from scheduler_svc.engine import Engine
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.server import GenerationServicer
+
+log = structlog.get_logger("scheduler")
+SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+
+
+async def serve(config: SchedulerServiceConfig) -> None:
+    """Serve until SIGTERM/SIGINT, then drain."""
+    metrics = SchedulerMetrics()
+    executor_creds = grpc_server.channel_credentials(
+        config.executor_tls_ca, config.executor_tls_cert, config.executor_tls_key)
+    engine = Engine(config, metrics, executor_creds)
+    options = [*grpc_server.KEEPALIVE_OPTIONS, *grpc_server.message_size_options(config.max_message_bytes)]
+    server = grpc.aio.server(options=options)
+    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
+    health = grpc_server.add_health_and_reflection(server, [SERVICE_NAME])
+    await grpc_server.set_serving(health, [SERVICE_NAME], False)
+    loop = asyncio.get_running_loop()
+    engine.on_health_change = lambda serving: loop.create_task(
+        grpc_server.set_serving(health, [SERVICE_NAME], serving))
+    credentials = grpc_server.server_credentials(config.tls_cert, config.tls_key)
+    port = grpc_server.add_port(server, f"{config.host}:{config.port}", credentials)
+    await server.start()
+    if config.metrics_port:
+        metrics.serve(config.host, config.metrics_port)
+    await engine.start()
+    log.info("scheduler_listening", address=f"{config.host}:{port}", executors=config.executors,
+             tls=credentials is not None)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    gauges = loop.create_task(_sample_gauges(engine, metrics))
+    await stop.wait()
+    log.info("scheduler_draining", timeout_s=config.drain_timeout_s)
+    await engine.drain(config.drain_timeout_s)
+    await server.stop(grace=1.0)
+    gauges.cancel()
+    await engine.stop()
+    log.info("scheduler_stopped")
+
+
+async def _sample_gauges(engine: Engine, metrics: SchedulerMetrics) -> None:
+    while True:
+        metrics.sample_gauges(engine)
+        await asyncio.sleep(0.5)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point."""
+    config = load_config(argv)
+    configure_logging(config.log_format)
+    try:
+        asyncio.run(serve(config))
+    except Exception:
+        log.exception("scheduler_failed")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Prometheus metrics of the scheduler, named after vLLM's so dashboards fit."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from scheduler_svc.types import FinishReason, StepPlan, StepResult
+
+if TYPE_CHECKING:
+    from scheduler_svc.output_processor import RequestState
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                    10.0, 20.0, 40.0, 80.0, 160.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+P = "pagoda:"
+
+
+class SchedulerMetrics:
+    """Request and step metrics in their own registry (so tests can build many)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.num_requests_running = Gauge(P + "num_requests_running", "Requests running on executors", registry=r)
+        self.num_requests_waiting = Gauge(P + "num_requests_waiting", "Requests waiting", registry=r)
+        self.kv_cache_usage_perc = Gauge(P + "kv_cache_usage_perc", "KV cache usage (0-1)", registry=r)
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens admitted", registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "Tokens generated", registry=r)
+        self.request_success = Counter(P + "request_success", "Finished requests", ["finished_reason"], registry=r)
+        self.rejected = Counter(P + "requests_rejected", "Requests refused because the queue was full", registry=r)
+        self.prefix_cache_queries = Counter(P + "prefix_cache_queries", "Prefix cache queries (tokens)", registry=r)
+        self.prefix_cache_hits = Counter(P + "prefix_cache_hits", "Prefix cache hits (tokens)", registry=r)
+        self.num_preemptions = Counter(P + "num_preemptions", "Preemptions", registry=r)
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(P + "inter_token_latency_seconds", "Inter-token latency", buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "End-to-end latency", buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(P + "request_queue_time_seconds", "Time waiting before first scheduled", buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_duration = Histogram(P + "step_duration_seconds", "Plan sent to result received", buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(P + "step_batch_tokens", "Tokens per step", buckets=_BATCH_BUCKETS, registry=r)
+        self.batch_seqs = Histogram(P + "step_batch_sequences", "Sequences per step", buckets=_BATCH_BUCKETS, registry=r)
+        self._last_token_ns: dict[int, int] = {}
+
+    def on_admitted(self, num_prompt_tokens: int) -> None:
+        self.prompt_tokens.inc(num_prompt_tokens)
+
+    def on_step(self, plan: StepPlan, result: StepResult, duration_s: float) -> None:
+        self.step_duration.observe(duration_s)
+        self.batch_size.observe(plan.num_scheduled_tokens)
+        self.batch_seqs.observe(len(plan.new_seqs) + len(plan.scheduled_seqs))
+
+    def on_tokens(self, state: "RequestState", num_tokens: int) -> None:
+        """Count generated tokens and the gap since the request's previous ones."""
+        if num_tokens <= 0:
+            return
+        self.generation_tokens.inc(num_tokens)
+        now = time.monotonic_ns()
+        last = self._last_token_ns.get(state.seq.seq_id)
+        if last is None:
+            self.ttft.observe((now - state.arrival_ns) / 1e9)
+        else:
+            self.itl.observe((now - last) / 1e9 / num_tokens)
+        self._last_token_ns[state.seq.seq_id] = now
+
+    def on_finished(self, state: "RequestState", reason: FinishReason) -> None:
+        now = time.monotonic_ns()
+        self._last_token_ns.pop(state.seq.seq_id, None)
+        self.request_success.labels(finished_reason=reason.value).inc()
+        self.e2e.observe((now - state.arrival_ns) / 1e9)
+        if state.first_scheduled_ns is not None:
+            self.queue_time.observe((state.first_scheduled_ns - state.arrival_ns) / 1e9)
+
+    def sample_gauges(self, engine) -> None:
+        """Refresh gauges and scheduler-owned counters from the engine."""
+        self.num_requests_running.set(engine.num_running)
+        self.num_requests_waiting.set(engine.num_waiting)
+        live = [w.scheduler for w in engine.workers.values() if w.scheduler is not None]
+        total = sum(s.num_blocks for s in live) if live else 0
+        used = sum(s.num_blocks - s.num_free_blocks for s in live)
+        self.kv_cache_usage_perc.set(used / total if total else 0.0)
+
+    def serve(self, host: str, port: int) -> None:
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,86 @@
+"""Per-request state on the way out: detokenize, check stop strings, stream.
+
+A RequestState turns the scheduler's token-level SeqUpdates into text deltas
+for the client, and tells the engine when a stop string ends the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from scheduler_svc.detokenizer import IncrementalDetokenizer
+from scheduler_svc.request import RequestOutput, RequestTimings, Usage
+from scheduler_svc.scheduler import SeqUpdate
+from scheduler_svc.sequence import Sequence
+from scheduler_svc.stop_checker import StopChecker
+from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.types import FinishReason
+
+
+class RequestState:
+    """Everything the engine tracks for one in-flight request."""
+
+    def __init__(self, seq: Sequence, tokenizer: Tokenizer, skip_special_tokens: bool, arrival_ns: int) -> None:
+        self.seq = seq
+        self.arrival_ns = arrival_ns
+        self.first_token_ns: int | None = None
+        self.first_scheduled_ns: int | None = None
+        self.outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.worker = None  # the ExecutorWorker holding the sequence
+        self.finished = False
+        self._detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_token_ids, skip_special_tokens)
+        self._stop_checker = StopChecker(seq.stopping.stop, seq.stopping.include_stop_str_in_output)
+        self._sent_prompt = False
+
+    @property
+    def request_id(self) -> str:
+        return self.seq.request_id
+
+    def on_update(self, update: SeqUpdate) -> str | None:
+        """Stream the new tokens; returns the stop string that ended the request, if any."""
+        now = time.monotonic_ns()
+        if self.first_token_ns is None and update.new_token_ids:
+            self.first_token_ns = now
+        text = self._detokenizer.add(update.new_token_ids)
+        emitted, matched = self._stop_checker.process(text)
+        if matched is not None:
+            self._finish(emitted, update, FinishReason.STOP, matched)
+            return matched
+        if update.finished:
+            tail = self._stop_checker.process(self._detokenizer.flush())[0] + self._stop_checker.flush()
+            self._finish(emitted + tail, update, self.seq.finish_reason, self.seq.stop_reason)
+        else:
+            self._put(emitted, update)
+        return None
+
+    def fail(self, reason: FinishReason, message: str = "") -> None:
+        """End the stream without further tokens (abort, executor error)."""
+        if not self.finished:
+            self.finished = True
+            self.outputs.put_nowait(self._output("", (), (), reason, None, message))
+
+    def _put(self, text: str, update: SeqUpdate) -> None:
+        if text or update.new_token_ids:
+            self.outputs.put_nowait(self._output(text, update.new_token_ids, update.logprobs, None, None))
+
+    def _finish(self, text: str, update: SeqUpdate, reason: FinishReason | None, stop_reason) -> None:
+        self.finished = True
+        self.outputs.put_nowait(
+            self._output(text, update.new_token_ids, update.logprobs, reason or FinishReason.STOP, stop_reason))
+
+    def _output(self, text, token_ids, logprobs, reason, stop_reason, error: str = "") -> RequestOutput:
+        prompt_ids = () if self._sent_prompt else tuple(self.seq.prompt_token_ids)
+        self._sent_prompt = True
+        usage = timings = None
+        if reason is not None:
+            usage = Usage(len(self.seq.prompt_token_ids), len(self.seq.output_token_ids), self.seq.num_cached_tokens)
+            timings = self._timings()
+        return RequestOutput(self.request_id, text, tuple(token_ids), tuple(logprobs), reason, stop_reason,
+                             usage, timings, prompt_ids, error)
+
+    def _timings(self) -> RequestTimings:
+        now = time.monotonic_ns()
+        scheduled = self.first_scheduled_ns or now
+        first = self.first_token_ns or now
+        return RequestTimings(scheduled - self.arrival_ns, first - self.arrival_ns, now - self.arrival_ns)

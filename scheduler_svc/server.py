@@ -1,0 +1,136 @@
+"""The Generation gRPC servicer: the client API's edge over the Engine.
+
+Converts protos, maps engine errors onto gRPC statuses, and carries the request
+id (field, `x-request-id` metadata, or a fresh one) into every log line.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+import structlog
+from pagoda.v1 import generation_pb2, generation_pb2_grpc
+
+from scheduler_svc import client_pb_convert as convert
+from scheduler_svc.engine import Engine
+from scheduler_svc.errors import (
+    DeadlineExceeded, ExecutorFailure, InvalidRequest, Overloaded, RequestError, Unavailable,
+)
+from scheduler_svc.request import PromptInput
+from scheduler_svc.types import FinishReason
+
+log = structlog.get_logger("scheduler")
+
+STATUS_OF_ERROR = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ExecutorFailure: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_of(exc: RequestError) -> grpc.StatusCode:
+    return STATUS_OF_ERROR.get(type(exc), grpc.StatusCode.INTERNAL)
+
+
+def request_id_of(request_id: str, context: grpc.aio.ServicerContext) -> str:
+    """The client's id (field, then metadata), else a new one."""
+    if request_id:
+        return request_id
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id" and value:
+            return str(value)[:256]
+    return uuid.uuid4().hex
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    """Generate, model info, tokenize/detokenize and status."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def Generate(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        request_id = request_id_of(request.request_id, context)
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            gen_request = convert.request_from_pb(request, request_id, context.time_remaining())
+            async for out in self.engine.generate(gen_request):
+                if out.finish_reason is FinishReason.ERROR:
+                    await context.abort(grpc.StatusCode.INTERNAL,
+                                        f"request {request_id} failed in the executor: {out.error}")
+                yield convert.output_to_pb(out)
+        except RequestError as exc:
+            log.info("request_rejected", status=status_of(exc).name, error=str(exc))
+            await context.abort(status_of(exc), str(exc))
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+
+    async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
+        model, limits = self.engine.model, self.engine.limits
+        if model is None or limits is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
+        return generation_pb2.ModelInfo(
+            model_name=model.model_name, architecture=model.architecture, dtype=model.dtype,
+            max_model_len=limits.max_model_len, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids,
+            has_chat_template=bool(model.chat_template), max_prompt_tokens=limits.max_prompt_tokens,
+            max_new_tokens=limits.max_new_tokens)
+
+    async def Tokenize(self, request, context) -> generation_pb2.TokenizeResponse:
+        tokenizer = await self._tokenizer(context)
+        prompt = convert.prompt_from_pb(request)
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        try:
+            if prompt.messages is not None:
+                messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=prompt.add_generation_prompt)
+            elif prompt.text is not None:
+                ids = tokenizer.encode(prompt.text, add_special_tokens=add_special)
+            else:
+                raise ValueError("set text or chat")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return generation_pb2.TokenizeResponse(token_ids=ids)
+
+    async def Detokenize(self, request, context) -> generation_pb2.DetokenizeResponse:
+        tokenizer = await self._tokenizer(context)
+        bad = next((t for t in request.token_ids if not 0 <= t < tokenizer.vocab_size), None)
+        if bad is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token_ids: {bad} is outside the vocabulary")
+        skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+        return generation_pb2.DetokenizeResponse(text=tokenizer.decode(list(request.token_ids), skip))
+
+    async def GetStatus(self, request, context) -> generation_pb2.ServerStatus:
+        return status_to_pb(self.engine)
+
+    async def _tokenizer(self, context):
+        if self.engine.tokenizer is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
+        return self.engine.tokenizer
+
+
+def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
+    """Queues, KV usage and executors, summed over executors."""
+    executors = []
+    for worker in engine.workers.values():
+        s = worker.scheduler
+        executors.append(generation_pb2.ExecutorStatus(
+            address=worker.address, incarnation_id=worker.info.incarnation_id if worker.info else "",
+            state=worker.state.value, num_running=s.num_running if s else 0, num_waiting=s.num_waiting if s else 0,
+            num_kv_blocks=s.num_blocks if s else 0, num_free_kv_blocks=s.num_free_blocks if s else 0,
+            kv_cache_usage=s.kv_cache_usage if s else 0.0))
+    total = sum(e.num_kv_blocks for e in executors)
+    used = sum(e.num_kv_blocks - e.num_free_kv_blocks for e in executors)
+    m = engine.metrics
+    return generation_pb2.ServerStatus(
+        num_running=engine.num_running, num_waiting=engine.num_waiting,
+        kv_cache_usage=used / total if total else 0.0, executors=executors,
+        num_requests_total=int(sum(s.value for s in _samples(m.request_success))),
+        num_preemptions_total=int(m.num_preemptions._value.get()),
+        prefix_cache_queries_total=int(m.prefix_cache_queries._value.get()),
+        prefix_cache_hits_total=int(m.prefix_cache_hits._value.get()))
+
+
+def _samples(counter):
+    return [s for metric in counter.collect() for s in metric.samples if s.name.endswith("_total")]
