@@ -1,0 +1,24 @@
+"""Real processes: a scheduler and executors started by the launcher."""
+
+from __future__ import annotations
+
+import pytest
+
+from support.tiny_model import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama with a trained tokenizer and chat template."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_system(tiny_model_dir, tmp_path_factory):
+    """One executor (fp32, 64 KV blocks of 16) and a scheduler on the tiny model."""
+    from pagoda_client.launcher import Launcher
+
+    logs = tmp_path_factory.mktemp("logs")
+    with Launcher(str(tiny_model_dir), num_executors=1, dtype="float32", kv_cache_memory="256KiB",
+                  log_dir=logs, startup_timeout_s=120) as system:
+        yield system
