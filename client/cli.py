@@ -1,0 +1,232 @@
+"""The ``pagoda`` command: generate, chat, models, status, serve, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pagoda_client.cli_bench import add_bench_arguments, run_bench
+from pagoda_client.client import DEFAULT_TARGET, Client
+from pagoda_client.errors import PagodaError
+from pagoda_client.types import GenerationResult, TlsConfig
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _connection_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_argument_group("connection")
+    group.add_argument("--target", default=os.environ.get("PAGODA_TARGET", DEFAULT_TARGET),
+                       help="scheduler host:port (default $PAGODA_TARGET or %(default)s)")
+    group.add_argument("--api-key", default=os.environ.get("PAGODA_API_KEY"), help="default $PAGODA_API_KEY")
+    group.add_argument("--tls", action="store_true", help="use TLS (system roots unless --tls-ca)")
+    group.add_argument("--tls-ca", help="CA certificate (PEM) of the server")
+    group.add_argument("--tls-cert", help="client certificate (PEM), for mTLS")
+    group.add_argument("--tls-key", help="client key (PEM), for mTLS")
+    group.add_argument("--tls-server-name", help="expected server name in its certificate")
+    group.add_argument("--timeout", type=float, default=None, help="deadline of each call in seconds")
+    return parser
+
+
+def _sampling_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", type=int)
+    group.add_argument("--temperature", type=float)
+    group.add_argument("--top-p", type=float)
+    group.add_argument("--top-k", type=int)
+    group.add_argument("--min-p", type=float)
+    group.add_argument("--repetition-penalty", type=float)
+    group.add_argument("--presence-penalty", type=float)
+    group.add_argument("--frequency-penalty", type=float)
+    group.add_argument("--seed", type=int)
+    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    group.add_argument("--stop-token-ids", type=_token_ids, default=[])
+    group.add_argument("--ignore-eos", action="store_true")
+    group.add_argument("--priority", type=int, default=0)
+    group.add_argument("--request-id")
+    group.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``pagoda``."""
+    from pagoda_client.cli_serve import add_serve_arguments
+
+    parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM serving: client, launcher, benchmark")
+    commands = parser.add_subparsers(dest="command", required=True)
+    connection, sampling = _connection_parser(), _sampling_parser()
+    generate = commands.add_parser("generate", parents=[connection, sampling], help="complete a prompt")
+    generate.add_argument("prompt", nargs="?", help="prompt text (or --token-ids)")
+    generate.add_argument("--token-ids", type=_token_ids, help="prompt as comma-separated token ids")
+    chat = commands.add_parser("chat", parents=[connection, sampling],
+                               help="chat with the model (interactive when no message is given)")
+    chat.add_argument("message", nargs="?")
+    chat.add_argument("--system", help="system message")
+    models = commands.add_parser("models", parents=[connection], help="what model the server serves")
+    models.add_argument("--json", action="store_true")
+    status = commands.add_parser("status", parents=[connection], help="queues, KV usage, executors")
+    status.add_argument("--json", action="store_true")
+    add_serve_arguments(commands.add_parser("serve", help="start a scheduler and N executors locally"))
+    add_bench_arguments(commands.add_parser("bench", parents=[connection], help="serving benchmark"))
+    return parser
+
+
+def connection_of(args: argparse.Namespace) -> dict[str, Any]:
+    """Target, API key and TLS settings from the parsed flags."""
+    tls: bool | TlsConfig = False
+    if args.tls or args.tls_ca or args.tls_cert:
+        tls = TlsConfig(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+    return {"target": args.target, "api_key": args.api_key, "tls": tls}
+
+
+def _client(args: argparse.Namespace) -> Client:
+    connection = connection_of(args)
+    return Client(connection["target"], api_key=connection["api_key"], tls=connection["tls"], timeout=args.timeout)
+
+
+def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of ``Client.stream`` from the sampling flags."""
+    return {
+        "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+        "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
+        "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
+        "seed": args.seed, "stop": args.stop or None, "stop_token_ids": args.stop_token_ids or None,
+        "ignore_eos": args.ignore_eos, "priority": args.priority, "request_id": args.request_id,
+    }
+
+
+def stream_to(client: Client, out: Any, as_json: bool, **kwargs: Any) -> GenerationResult:
+    """Run one generation, streaming text to ``out`` (or one JSON object)."""
+    result = GenerationResult()
+    with client.stream(**kwargs) as deltas:
+        for delta in deltas:
+            result.add(delta)
+            if not as_json:
+                out.write(delta.text)
+                out.flush()
+    if as_json:
+        keys = ("text", "token_ids", "finish_reason", "usage", "stop_reason", "request_id", "timings")
+        document = {k: v for k, v in result.to_dict().items() if k in keys}
+        out.write(json.dumps(document) + "\n")
+    else:
+        out.write("\n")
+    return result
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """``pagoda generate``."""
+    if (args.prompt is None) == (args.token_ids is None):
+        raise ValueError("give a prompt or --token-ids (not both)")
+    with _client(args) as client:
+        stream_to(client, sys.stdout, args.json, prompt=args.prompt, token_ids=args.token_ids,
+                  **generation_kwargs(args))
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """``pagoda chat``: one-shot with a message, else a REPL keeping history."""
+    history: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+    with _client(args) as client:
+        if args.message is not None:
+            history.append({"role": "user", "content": args.message})
+            stream_to(client, sys.stdout, args.json, messages=history, **generation_kwargs(args))
+            return 0
+        return chat_repl(client, history, args)
+
+
+def chat_repl(client: Client, history: list[dict[str, str]], args: argparse.Namespace) -> int:
+    """Read user lines until EOF or /exit; each reply joins the history."""
+    print("pagoda chat: type a message, /exit to quit, Ctrl-C to stop a reply.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            result = stream_to(client, sys.stdout, False, messages=history, **generation_kwargs(args))
+        except KeyboardInterrupt:
+            print("\n[interrupted]", file=sys.stderr)
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": result.text})
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """``pagoda models``."""
+    with _client(args) as client:
+        info = client.model_info()
+    if args.json:
+        print(json.dumps(info.__dict__ | {"eos_token_ids": list(info.eos_token_ids)}))
+        return 0
+    for key, value in info.__dict__.items():
+        print(f"{key:<20}{value}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``pagoda status``."""
+    with _client(args) as client:
+        status = client.status()
+    if args.json:
+        document = status.__dict__ | {"executors": [e.__dict__ for e in status.executors]}
+        print(json.dumps(document))
+        return 0
+    print(f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
+          f"requests {status.num_requests_total}  preemptions {status.num_preemptions_total}  "
+          f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens")
+    print(f"{'executor':<22}{'state':<11}{'running':>8}{'waiting':>8}{'free/total blocks':>20}{'kv':>8}")
+    for e in status.executors:
+        blocks = f"{e.num_free_kv_blocks}/{e.num_kv_blocks}"
+        print(f"{e.address:<22}{e.state:<11}{e.num_running:>8}{e.num_waiting:>8}{blocks:>20}{e.kv_cache_usage:>8.1%}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``pagoda bench``."""
+    return run_bench(args, connection_of(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``pagoda``; returns (and exits with) the exit code."""
+    from pagoda_client.cli_serve import cmd_serve, split_passthrough
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, passthrough = split_passthrough(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(own)
+    if unknown and args.command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    commands = {"generate": cmd_generate, "chat": cmd_chat, "models": cmd_models, "status": cmd_status,
+                "bench": cmd_bench}
+    try:
+        if args.command == "serve":
+            return cmd_serve(args, unknown + passthrough)
+        return commands[args.command](args)
+    except PagodaError as error:
+        print(f"error: {error.code.name}: {error.message}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

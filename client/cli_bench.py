@@ -1,0 +1,162 @@
+"""``pagoda bench``: load generator with a Hugging Face baseline side by side."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pagoda_client.bench_metrics import RequestRecord, compute_metrics, parse_goodput
+from pagoda_client.bench_report import format_report, write_json, write_plots
+from pagoda_client.bench_workload import (
+    BenchRequest,
+    arrival_times,
+    parse_range,
+    prefix_workload,
+    random_workload,
+    sharegpt_workload,
+)
+from pagoda_client.progress import ProgressBar
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``pagoda bench`` (connection flags are added by the caller)."""
+    parser.add_argument("--backend", choices=("pagoda", "hf"), default="pagoda")
+    parser.add_argument("--workload", "--dataset-name", dest="workload", choices=("random", "sharegpt", "prefix"),
+                        default="random")
+    parser.add_argument("--dataset-path", help="ShareGPT JSON file (sharegpt workload)")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len-range", type=parse_range, default=(16, 512), metavar="LOW:HIGH")
+    parser.add_argument("--output-len-range", type=parse_range, default=(16, 256), metavar="LOW:HIGH")
+    parser.add_argument("--prefix-len", type=int, default=512, help="shared prefix tokens (prefix workload)")
+    parser.add_argument("--suffix-len-range", type=parse_range, default=(16, 64), metavar="LOW:HIGH")
+    parser.add_argument("--sharegpt-output-len", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (inf: all at once)")
+    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1: Poisson)")
+    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
+    parser.add_argument("--json", dest="json_path", metavar="PATH", help="write metrics and per-request records")
+    parser.add_argument("--plot", dest="plot_dir", metavar="DIR", help="write PNG charts (needs matplotlib)")
+    parser.add_argument("--model", default="default", help="checkpoint folder for --backend hf / --compare-hf")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="dtype of the HF baseline")
+    parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument("--compare-hf", action="store_true", help="run pagoda, then the HF baseline")
+    parser.add_argument("--max-duration-s", type=float, default=600.0, help="bound on each run's wall time")
+    parser.add_argument("--request-timeout-s", type=float, default=None)
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def is_loopback(target: str) -> bool:
+    """Whether ``host:port`` names this machine."""
+    host = target.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_workload(args: argparse.Namespace, vocab_size: int, eos_ids: tuple[int, ...],
+                   tokenize: Callable[[str], list[int]]) -> list[BenchRequest]:
+    """The requests of ``args.workload``."""
+    if args.workload == "random":
+        return random_workload(args.num_prompts, args.input_len_range, args.output_len_range, args.seed,
+                               vocab_size, eos_ids)
+    if args.workload == "prefix":
+        return prefix_workload(args.num_prompts, args.prefix_len, args.suffix_len_range, args.output_len_range,
+                               args.seed, vocab_size, eos_ids)
+    if not args.dataset_path:
+        raise ValueError("the sharegpt workload needs --dataset-path")
+    return sharegpt_workload(args.dataset_path, args.num_prompts, args.seed, tokenize, args.sharegpt_output_len)
+
+
+def _run_pagoda(args: argparse.Namespace, requests: list[BenchRequest], connection: dict[str, Any]
+                ) -> tuple[list[RequestRecord], float]:
+    from pagoda_client.bench_pagoda import PagodaBackendConfig, run_pagoda
+
+    config = PagodaBackendConfig(
+        target=connection["target"], api_key=connection["api_key"], tls=connection["tls"],
+        temperature=args.temperature, max_concurrency=args.max_concurrency,
+        max_duration_s=args.max_duration_s, request_timeout_s=args.request_timeout_s,
+    )
+    arrivals = arrival_times(len(requests), args.request_rate, args.burstiness, args.seed)
+    progress = ProgressBar(len(requests), "pagoda", enabled=not args.no_progress)
+    try:
+        return run_pagoda(requests, arrivals, config, progress)
+    finally:
+        progress.close()
+
+
+def _run_hf(args: argparse.Namespace, model: Any, requests: list[BenchRequest]) -> tuple[list[RequestRecord], float]:
+    from pagoda_client.bench_hf import HfBackendConfig, run_hf
+
+    config = HfBackendConfig(args.model, args.dtype, args.hf_batch_size, args.max_duration_s)
+    progress = ProgressBar(len(requests), "hf", enabled=not args.no_progress)
+    try:
+        return run_hf(model, requests, config, progress)
+    finally:
+        progress.close()
+
+
+def _hf_model(args: argparse.Namespace) -> Any:
+    from pagoda_client.bench_hf import HfBackendConfig, load_model
+
+    return load_model(HfBackendConfig(args.model, args.dtype, args.hf_batch_size, args.max_duration_s))
+
+
+def run_bench(args: argparse.Namespace, connection: dict[str, Any]) -> int:
+    """Run ``pagoda bench``; returns the exit code."""
+    slos = parse_goodput(args.goodput)
+    use_pagoda = args.backend == "pagoda" or args.compare_hf
+    use_hf = args.backend == "hf" or args.compare_hf
+    if use_pagoda and not is_loopback(connection["target"]):
+        raise ValueError(f"pagoda bench only targets loopback addresses, not {connection['target']}")
+    model = _hf_model(args) if use_hf else None
+    vocab_size, eos_ids, tokenize = _vocabulary(use_pagoda, model, connection, args)
+    requests = build_workload(args, vocab_size, eos_ids, tokenize)
+    runs: dict[str, tuple[dict[str, Any], list[RequestRecord]]] = {}
+    if use_pagoda:
+        records, duration_s = _run_pagoda(args, requests, connection)
+        runs["pagoda"] = (compute_metrics(records, duration_s, slos), records)
+        print(format_report("pagoda", runs["pagoda"][0]))
+    if use_hf:
+        records, duration_s = _run_hf(args, model, requests)
+        runs["hf"] = (compute_metrics(records, duration_s, slos), records)
+        print(format_report(f"hf static batching, batch {args.hf_batch_size}, {args.dtype}", runs["hf"][0]))
+    extra = {}
+    if len(runs) == 2:
+        ratio = runs["pagoda"][0]["output_throughput"] / runs["hf"][0]["output_throughput"]
+        extra["output_throughput_ratio_pagoda_over_hf"] = ratio
+        print(f"Output token throughput, pagoda / hf: {ratio:.2f}x")
+    if args.json_path:
+        config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "func"}
+        write_json(args.json_path, config, runs, extra)
+    if args.plot_dir:
+        for path in write_plots(args.plot_dir, {name: records for name, (_, records) in runs.items()}):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0 if all(m["completed"] for m, _ in runs.values()) else 1
+
+
+def _vocabulary(use_pagoda: bool, model: Any, connection: dict[str, Any], args: argparse.Namespace
+                ) -> tuple[int, tuple[int, ...], Callable[[str], list[int]]]:
+    """(vocab size, EOS ids, tokenize) from the server, else from the HF model."""
+    if use_pagoda:
+        from pagoda_client.client import Client
+
+        client = Client(connection["target"], api_key=connection["api_key"], tls=connection["tls"], timeout=30.0)
+        info = client.model_info()
+        return info.vocab_size, info.eos_token_ids, lambda text: client.tokenize(text, add_special_tokens=False)
+    from transformers import AutoTokenizer
+
+    from pagoda_client.bench_hf import model_vocab, resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
+    vocab_size, eos_ids = model_vocab(model)
+    return vocab_size, eos_ids, lambda text: tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,111 @@
+"""``pagoda serve``: run the local launcher in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from pagoda_client.launcher import Launcher, LauncherError
+
+
+class _Interrupted(BaseException):
+    """SIGINT/SIGTERM while starting up."""
+
+
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """For ``serve``, split ``argv`` at ``--``: the rest goes to the scheduler."""
+    argv = list(argv)
+    if argv[:1] == ["serve"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``pagoda serve``; unknown ``--flags`` go to the scheduler."""
+    parser.add_argument("--model", default=None, help="checkpoint folder or .gguf (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--executors", type=int, default=1, help="number of executor processes")
+    parser.add_argument("--port", type=int, default=50051, help="scheduler (client API) port")
+    parser.add_argument("--host", default="127.0.0.1", help="scheduler bind address")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto")
+    parser.add_argument("--kv-cache-memory", default=None, help="KV cache bytes per executor, e.g. 1GiB")
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--metrics-port", type=int, default=None, help="scheduler Prometheus port")
+    parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port")
+    parser.add_argument("--executor-args", default="", help="extra executor flags, one quoted string")
+    parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+    parser.add_argument("--log-dir", default=None, help="write child logs here instead of the terminal")
+
+
+def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> Launcher:
+    """A ``Launcher`` configured by the ``serve`` flags."""
+    return Launcher(
+        args.model, num_executors=args.executors, port=args.port, host=args.host, dtype=args.dtype,
+        kv_cache_memory=args.kv_cache_memory, block_size=args.block_size, metrics_port=args.metrics_port,
+        http_port=args.http_port, extra_executor_args=shlex.split(args.executor_args),
+        extra_scheduler_args=list(scheduler_passthrough), log_dir=args.log_dir,
+        startup_timeout_s=args.startup_timeout_s,
+    )
+
+
+def _ready_message(launcher: Launcher, args: argparse.Namespace) -> str:
+    lines = [
+        f"Pagoda is serving {args.model or 'default'} on {launcher.target} "
+        f"(scheduler pid {launcher.scheduler_pid}, executors {launcher.executor_addresses})",
+    ]
+    if args.http_port:
+        lines.append(f"OpenAI-compatible API: http://{launcher.target.rsplit(':', 1)[0]}:{args.http_port}/v1")
+    lines += [
+        "Try:",
+        f'  pagoda chat "What is the capital of France?" --target {launcher.target}',
+        "Press Ctrl-C to stop.",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_serve(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> int:
+    """Start, wait for a signal or a dead child, stop everything."""
+    launcher = launcher_from_args(args, scheduler_passthrough)
+    stop = threading.Event()
+    state = {"ready": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if not state["ready"] and not stop.is_set():
+            stop.set()
+            raise _Interrupted
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _serve_until_stopped(launcher, args, stop, state)
+    except _Interrupted:
+        return 0
+    except LauncherError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve_until_stopped(launcher: Launcher, args: argparse.Namespace, stop: threading.Event,
+                         state: dict[str, bool]) -> int:
+    launcher.start()
+    state["ready"] = True
+    print(_ready_message(launcher, args), flush=True)
+    try:
+        while not stop.wait(0.5):
+            dead = launcher.dead_child()
+            if dead is not None:
+                name, code = dead
+                print(f"error: {name} exited unexpectedly with code {code}; stopping", file=sys.stderr)
+                return code or 1
+        print("stopping...", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        launcher.stop()

@@ -1,0 +1,187 @@
+"""Plain result types of the Pagoda client (no protobuf in the public API)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation ended (compares equal to its string value)."""
+
+    STOP = "stop"
+    """EOS, a stop string or a stop token id."""
+    LENGTH = "length"
+    """``max_tokens`` or the model's context length."""
+    ABORT = "abort"
+    """The server aborted the request."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS settings of a client channel.
+
+    Attributes:
+        root_certificates: PEM file of the CA that signed the server's
+            certificate; None uses the system roots.
+        certificate_chain: PEM file of the client certificate (mTLS), or None.
+        private_key: PEM file of the client key (mTLS), or None.
+        server_name_override: host name to check the server certificate
+            against instead of the target's host (tests, IP targets).
+    """
+
+    root_certificates: str | None = None
+    certificate_chain: str | None = None
+    private_key: str | None = None
+    server_name_override: str | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Server-side timings of one request, in seconds from its arrival."""
+
+    queue_s: float = 0.0
+    time_to_first_token_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Log probability of one token."""
+
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class LogprobEntry:
+    """Logprob of a sampled token and the top alternatives, if asked."""
+
+    sampled: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationDelta:
+    """One streamed piece of a generation.
+
+    The last delta of a request carries ``finish_reason``, ``usage`` and
+    ``timings``; the first carries ``prompt_token_ids``.
+    """
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[LogprobEntry, ...] = ()
+    finish_reason: FinishReason | None = None
+    stop_reason: str = ""
+    usage: Usage | None = None
+    timings: Timings | None = None
+    prompt_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerationResult:
+    """A whole generation, assembled from its deltas."""
+
+    request_id: str = ""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_reason: str = ""
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+    logprobs: list[LogprobEntry] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+    def add(self, delta: GenerationDelta) -> None:
+        """Fold one delta into this result."""
+        self.request_id = delta.request_id or self.request_id
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if delta.prompt_token_ids:
+            self.prompt_token_ids = list(delta.prompt_token_ids)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+        if delta.usage is not None:
+            self.usage = delta.usage
+        if delta.timings is not None:
+            self.timings = delta.timings
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready dict (the CLI's ``--json`` output)."""
+        return {
+            "request_id": self.request_id,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": None if self.finish_reason is None else self.finish_reason.value,
+            "stop_reason": self.stop_reason,
+            "usage": {
+                "prompt_tokens": self.usage.prompt_tokens,
+                "completion_tokens": self.usage.completion_tokens,
+                "cached_tokens": self.usage.cached_tokens,
+            },
+            "timings": {
+                "queue_s": self.timings.queue_s,
+                "time_to_first_token_s": self.timings.time_to_first_token_s,
+                "total_s": self.timings.total_s,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the server serves, and its limits."""
+
+    model_name: str
+    architecture: str
+    dtype: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    has_chat_template: bool
+    max_prompt_tokens: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class ExecutorStatus:
+    """One executor as the scheduler sees it."""
+
+    address: str
+    incarnation_id: str
+    state: str
+    num_running: int
+    num_waiting: int
+    num_kv_blocks: int
+    num_free_kv_blocks: int
+    kv_cache_usage: float
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """Queues, KV usage and executors of the scheduler."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    executors: tuple[ExecutorStatus, ...]
+    num_requests_total: int
+    num_preemptions_total: int
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
