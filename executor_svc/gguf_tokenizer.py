@@ -130,13 +130,21 @@ def _byte_level_bpe(metadata: dict[str, Any], tokens: list[str]) -> Tokenizer:
 
 
 def _sentencepiece_bpe(metadata: dict[str, Any], tokens: list[str], token_types: list[int]) -> Tokenizer:
-    """SentencePiece-style BPE (Llama 2): `▁` for spaces, byte fallback, merges from scores."""
+    """SentencePiece-style BPE (Llama 2): `▁` for spaces, byte fallback, merges from scores.
+
+    Spaces become `▁` and one `▁` starts the text (`add_space_prefix`), as
+    Hugging Face's LlamaTokenizer does (Metaspace, prepend scheme "first").
+    """
     scores = list(metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
     vocab = {token: i for i, token in enumerate(tokens)}
     unk_id = _opt_int(metadata.get("tokenizer.ggml.unknown_token_id"))
     if unk_id is None:
         unk_id = next((i for i, t in enumerate(token_types) if t == TOKEN_TYPE_UNKNOWN), None)
-    merges = sentencepiece_merges(tokens, scores)
+    listed = metadata.get("tokenizer.ggml.merges")
+    if listed:
+        merges = [tuple(m.split(" ", 1)) for m in listed]
+    else:
+        merges = sentencepiece_merges(tokens, scores)
     tokenizer = Tokenizer(
         models.BPE(
             vocab=vocab,
@@ -146,12 +154,13 @@ def _sentencepiece_bpe(metadata: dict[str, Any], tokens: list[str], token_types:
             byte_fallback=True,
         )
     )
-    steps = [normalizers.Replace(" ", "▁")]
-    if metadata.get("tokenizer.ggml.add_space_prefix", True):
-        steps.insert(0, normalizers.Prepend("▁"))
-    tokenizer.normalizer = normalizers.Sequence(steps)
+    add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    # "first": one `▁` before the text's first piece, none after special tokens.
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first" if add_space_prefix else "never", split=False
+    )
     decode_steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    if metadata.get("tokenizer.ggml.add_space_prefix", True):
+    if add_space_prefix:
         decode_steps.append(decoders.Strip(content=" ", left=1, right=0))
     tokenizer.decoder = decoders.Sequence(decode_steps)
     return tokenizer

@@ -75,9 +75,23 @@ def prepare_default_model(cache_dir: str | os.PathLike[str] | None = None) -> pa
     folder = cache / DEFAULT_MODEL_NAME
     if is_prepared(folder):
         return folder
-    gguf_path = default_gguf_path()
-    cache.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=cache))
+    return prepare_gguf_checkpoint(default_gguf_path(), folder)
+
+
+def prepare_gguf_checkpoint(
+    gguf_path: str | os.PathLike[str], folder: str | os.PathLike[str]
+) -> pathlib.Path:
+    """Converts a GGUF file into the checkpoint folder `folder`, once.
+
+    Returns at once when `folder` is already complete. Otherwise the checkpoint
+    is written to a temporary sibling and renamed into place, so concurrent
+    callers all return the same complete folder and no caller sees a partial one.
+    """
+    folder = pathlib.Path(folder)
+    if is_prepared(folder):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     os.chmod(staging, 0o755)  # mkdtemp makes it private
     try:
         write_checkpoint_from_gguf(gguf_path, staging)

@@ -1,0 +1,116 @@
+"""The tokenizer side of a checkpoint: tokenizer.json, chat template, special tokens.
+
+Reads a Hugging Face checkpoint folder (or takes a loaded GGUF) and returns the
+plain strings and ids the scheduler needs; no tokenization happens here.
+
+Where things live in a Hugging Face folder:
+- `tokenizer.json`: the `tokenizers` document.
+- chat template: `chat_template` in tokenizer_config.json (a string, or a list of
+  `{"name", "template"}` of which "default" is used), else `chat_template.jinja`.
+- bos/eos tokens: tokenizer_config.json (strings, or AddedToken dicts with "content").
+- eos ids: generation_config.json `eos_token_id` (int or list), else config.json's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executor_svc.gguf_loader import GgufModel
+
+
+class TokenizerFilesError(ValueError):
+    """A checkpoint folder whose tokenizer files are missing or malformed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerFiles:
+    """What a scheduler needs to tokenize and detokenize for a model."""
+
+    # A complete Hugging Face `tokenizers` JSON document.
+    tokenizer_json: str
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    # Token ids that end generation.
+    eos_token_ids: tuple[int, ...]
+
+
+def read_tokenizer_files(model_dir: str | os.PathLike[str]) -> TokenizerFiles:
+    """Reads tokenizer.json, the chat template and special tokens of a checkpoint folder.
+
+    Raises:
+        TokenizerFilesError: no tokenizer.json, or a malformed JSON file.
+    """
+    folder = pathlib.Path(model_dir)
+    tokenizer_path = folder / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise TokenizerFilesError(f"{folder}: no tokenizer.json")
+    tokenizer_config = _read_json(folder / "tokenizer_config.json")
+    return TokenizerFiles(
+        tokenizer_json=tokenizer_path.read_text(encoding="utf-8"),
+        chat_template=_chat_template(folder, tokenizer_config),
+        bos_token=_token_content(tokenizer_config.get("bos_token")),
+        eos_token=_token_content(tokenizer_config.get("eos_token")),
+        eos_token_ids=_eos_token_ids(folder),
+    )
+
+
+def from_gguf(model: GgufModel) -> TokenizerFiles:
+    """The tokenizer files of a loaded GGUF model."""
+    return TokenizerFiles(
+        tokenizer_json=model.tokenizer_json,
+        chat_template=model.chat_template,
+        bos_token=model.bos_token,
+        eos_token=model.eos_token,
+        eos_token_ids=model.eos_token_ids,
+    )
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+    """A JSON object from `path`, or {} when the file does not exist."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise TokenizerFilesError(f"{path}: invalid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise TokenizerFilesError(f"{path}: expected a JSON object")
+    return value
+
+
+def _chat_template(folder: pathlib.Path, tokenizer_config: dict[str, Any]) -> str | None:
+    """The chat template: tokenizer_config.json first, then chat_template.jinja."""
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):
+        named = {item.get("name"): item.get("template") for item in template if isinstance(item, dict)}
+        template = named.get("default")
+    if isinstance(template, str):
+        return template
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    return None
+
+
+def _token_content(token: Any) -> str | None:
+    """A special token given as a string or as an AddedToken dict."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def _eos_token_ids(folder: pathlib.Path) -> tuple[int, ...]:
+    """eos ids from generation_config.json, falling back to config.json."""
+    for name in ("generation_config.json", "config.json"):
+        value = _read_json(folder / name).get("eos_token_id")
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        return tuple(dict.fromkeys(int(i) for i in ids))
+    return ()

@@ -1,0 +1,242 @@
+"""GGUF loading: tiny synthetic files of every supported tensor type, checked
+against the original weights and against transformers' own GGUF import."""
+
+from __future__ import annotations
+
+import pathlib
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from executor_svc.gguf_loader import GgufError, load_gguf
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS = 64, 4, 2, 16, 128, 2
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable spelling of the 256 bytes, in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in kept else chr(next(extra)) for b in range(256)]
+
+
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
+TOKENS = SPECIALS + byte_alphabet() + [m.replace(" ", "") for m in MERGES]
+VOCAB = len(TOKENS)
+
+
+def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """The row order llama.cpp's converter writes q/k projections in (its definition)."""
+    return (
+        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def random_hf_weights(seed: int = 0, untied: bool = False) -> dict[str, np.ndarray]:
+    """Hugging Face named float32 weights of a tiny Llama."""
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return rng.standard_normal((rows, cols), dtype=np.float32) * 0.1
+
+    weights = {"model.embed_tokens.weight": mat(VOCAB, HIDDEN), "model.norm.weight": 1 + mat(1, HIDDEN)[0]}
+    if untied:
+        weights["lm_head.weight"] = mat(VOCAB, HIDDEN)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        weights |= {
+            p + "input_layernorm.weight": 1 + mat(1, HIDDEN)[0],
+            p + "post_attention_layernorm.weight": 1 + mat(1, HIDDEN)[0],
+            p + "self_attn.q_proj.weight": mat(HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.k_proj.weight": mat(KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.v_proj.weight": mat(KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.o_proj.weight": mat(HIDDEN, HEADS * HEAD_DIM),
+            p + "mlp.gate_proj.weight": mat(FFN, HIDDEN),
+            p + "mlp.up_proj.weight": mat(FFN, HIDDEN),
+            p + "mlp.down_proj.weight": mat(HIDDEN, FFN),
+        }
+    return weights
+
+
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf_name: str) -> str:
+    if not hf_name.startswith("model.layers."):
+        return GGUF_NAMES[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    return f"blk.{layer}.{GGUF_NAMES[rest]}"
+
+
+def write_tiny_gguf(
+    path: pathlib.Path,
+    weights: dict[str, np.ndarray],
+    qtype: QT = QT.F32,
+    arch: str = "llama",
+    tokenizer_model: str = "gpt2",
+    raw: dict[str, tuple[np.ndarray, QT]] | None = None,
+) -> pathlib.Path:
+    """Writes a tiny model the way llama.cpp's converter does (q/k rows permuted)."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_vocab_size(VOCAB)
+    writer.add_tokenizer_model(tokenizer_model)
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(TOKENS)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (VOCAB - len(SPECIALS)))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    for name, weight in weights.items():
+        if name.endswith("q_proj.weight"):
+            weight = llama_cpp_permute(weight, HEADS)
+        elif name.endswith("k_proj.weight"):
+            weight = llama_cpp_permute(weight, KV_HEADS)
+        if weight.ndim == 1 or qtype == QT.F32:
+            writer.add_tensor(gguf_name(name), weight)
+        elif qtype == QT.F16:
+            writer.add_tensor(gguf_name(name), weight.astype(np.float16))
+        else:
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(weight, qtype), raw_dtype=qtype)
+    for name, (data, data_type) in (raw or {}).items():
+        writer.add_tensor(name, data, raw_dtype=data_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def expected_after_roundtrip(weight: np.ndarray, qtype: QT) -> np.ndarray:
+    """What storing `weight` as `qtype` gives back (1-D norms stay F32)."""
+    if weight.ndim == 1 or qtype == QT.F32:
+        return weight
+    if qtype == QT.F16:
+        return weight.astype(np.float16).astype(np.float32)
+    return gguf.quants.dequantize(gguf.quants.quantize(weight, qtype), qtype)
+
+
+# Largest |error| relative to the row's max |weight|, by type (well above the
+# rounding each format does, far below what a wrong layout gives).
+QUANT_TOLERANCE = {QT.F32: 0.0, QT.F16: 1e-3, QT.BF16: 8e-3, QT.Q8_0: 1e-2, QT.Q4_0: 0.15, QT.Q4_1: 0.1}
+
+
+@pytest.mark.parametrize("qtype", list(QUANT_TOLERANCE), ids=lambda q: q.name)
+def test_round_trip_per_tensor_type(tmp_path: pathlib.Path, qtype: QT) -> None:
+    weights = random_hf_weights(seed=1)
+    model = load_gguf(write_tiny_gguf(tmp_path / "tiny.gguf", weights, qtype))
+    assert sorted(model.tensors) == sorted(weights)
+    for name, original in weights.items():
+        loaded = model.tensors[name]
+        assert loaded.dtype == torch.float32 and tuple(loaded.shape) == original.shape, name
+        # Exactly what the format stores, in Hugging Face row order...
+        np.testing.assert_array_equal(loaded.numpy(), expected_after_roundtrip(original, qtype), err_msg=name)
+        # ...and close to the original weights.
+        scale = np.abs(original).max()
+        assert np.abs(loaded.numpy() - original).max() <= QUANT_TOLERANCE[qtype] * scale + 1e-7, name
+
+
+def test_config_and_tokenizer_metadata(tmp_path: pathlib.Path) -> None:
+    model = load_gguf(write_tiny_gguf(tmp_path / "tiny.gguf", random_hf_weights()), dtype=torch.bfloat16)
+    assert model.config == {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": FFN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 256,
+        "vocab_size": VOCAB,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
+    }
+    assert all(t.dtype == torch.bfloat16 for t in model.tensors.values())
+    assert "lm_head.weight" not in model.tensors
+    assert (model.bos_token, model.eos_token, model.eos_token_ids) == ("<|im_start|>", "<|im_end|>", (2,))
+    assert model.chat_template == CHAT_TEMPLATE
+
+
+def test_untied_head_is_loaded(tmp_path: pathlib.Path) -> None:
+    weights = random_hf_weights(untied=True)
+    model = load_gguf(write_tiny_gguf(tmp_path / "tiny.gguf", weights))
+    assert model.config["tie_word_embeddings"] is False
+    np.testing.assert_array_equal(model.tensors["lm_head.weight"].numpy(), weights["lm_head.weight"])
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0, QT.Q4_1], ids=lambda q: q.name)
+def test_matches_transformers_gguf_import(tmp_path: pathlib.Path, qtype: QT) -> None:
+    """Same tensors as transformers' import, and the same logits from both."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    weights = random_hf_weights(seed=2, untied=True)
+    write_tiny_gguf(tmp_path / "tiny.gguf", weights, qtype)
+    ours = load_gguf(tmp_path / "tiny.gguf")
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32)
+    reference_state = reference.state_dict()
+    for name, tensor in ours.tensors.items():
+        torch.testing.assert_close(tensor, reference_state[name].float(), rtol=0, atol=1e-6, msg=name)
+
+    model = LlamaForCausalLM(LlamaConfig(**ours.config)).eval()
+    model.load_state_dict(ours.tensors, strict=True)
+    input_ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids).logits, reference.eval()(input_ids).logits)
+
+
+def test_unsupported_architecture_is_named(tmp_path: pathlib.Path) -> None:
+    write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), arch="falcon")
+    with pytest.raises(GgufError, match="unsupported GGUF architecture 'falcon'"):
+        load_gguf(tmp_path / "x.gguf")
+
+
+def test_unsupported_tokenizer_model_is_named(tmp_path: pathlib.Path) -> None:
+    write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), tokenizer_model="bert")
+    with pytest.raises(ValueError, match="unsupported GGUF tokenizer model 'bert'"):
+        load_gguf(tmp_path / "x.gguf")
+
+
+def test_unsupported_tensor_type_is_named(tmp_path: pathlib.Path) -> None:
+    weights = random_hf_weights()
+    del weights["model.embed_tokens.weight"]
+    # One IQ2_XXS tensor (66 bytes per 256 values), a type we do not dequantize.
+    raw = {"token_embd.weight": (np.zeros((4, 66), dtype=np.uint8), QT.IQ2_XXS)}
+    write_tiny_gguf(tmp_path / "x.gguf", weights, raw=raw)
+    with pytest.raises(GgufError, match="token_embd.weight: unsupported GGUF tensor type IQ2_XXS"):
+        load_gguf(tmp_path / "x.gguf")
