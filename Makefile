@@ -55,3 +55,22 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# --- Kubernetes manifests and container images (k8s/, docker/) ---
+.PHONY: k8s-validate image
+IMAGE_REGISTRY ?= ghcr.io/pagoda-llm
+IMAGE_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+CONTAINER_ENGINE ?= docker
+CUDA_TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
+
+# Render every overlay, validate each object against the Kubernetes schemas, run the consistency checks.
+k8s-validate: $(STAMP)
+	$(BIN)/python tests/k8s/k8s_validate.py
+
+# Scheduler (no torch) and executor images, CPU and CUDA; tags match k8s/overlays.
+image:
+	$(CONTAINER_ENGINE) build -f docker/Dockerfile.scheduler -t $(IMAGE_REGISTRY)/pagoda-scheduler:$(IMAGE_VERSION) .
+	$(CONTAINER_ENGINE) build -f docker/Dockerfile.executor --build-arg VARIANT=cpu \
+		-t $(IMAGE_REGISTRY)/pagoda-executor:$(IMAGE_VERSION)-cpu .
+	$(CONTAINER_ENGINE) build -f docker/Dockerfile.executor --build-arg VARIANT=cuda \
+		--build-arg TORCH_INDEX_URL=$(CUDA_TORCH_INDEX) -t $(IMAGE_REGISTRY)/pagoda-executor:$(IMAGE_VERSION)-cuda .

@@ -1,0 +1,121 @@
+"""Read rendered objects the way the kubelet would: pod templates, the
+containers in them, and each container's effective PAGODA_* settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
+PROGRAMS = ("pagoda-executor", "pagoda-scheduler")
+
+
+@dataclasses.dataclass
+class Container:
+    """One container of a pod template, with what it resolves to."""
+
+    workload: dict
+    spec: dict
+    is_init: bool
+
+    @property
+    def name(self) -> str:
+        return self.spec["name"]
+
+    @property
+    def where(self) -> str:
+        kind = self.workload["kind"].lower()
+        return f"{kind}/{self.workload['metadata']['name']} container {self.name}"
+
+    @property
+    def program(self) -> str | None:
+        """`pagoda-executor` / `pagoda-scheduler` when the container runs one."""
+        command = self.spec.get("command") or []
+        name = command[0].rsplit("/", 1)[-1] if command else ""
+        return name if name in PROGRAMS else None
+
+    @property
+    def image_program(self) -> str | None:
+        """The program whose image this container uses (init containers included)."""
+        repo = self.spec.get("image", "").rsplit(":", 1)[0]
+        return next((p for p in PROGRAMS if repo.endswith("/" + p) or repo == p), None)
+
+    def port(self, name: str) -> int | None:
+        """containerPort of the port called `name`."""
+        return next((p["containerPort"] for p in self.spec.get("ports", []) if p.get("name") == name), None)
+
+    def arg_flags(self) -> dict[str, str]:
+        """`--flag=value` / `--flag value` pairs from args."""
+        args, flags, i = self.spec.get("args") or [], {}, 0
+        while i < len(args):
+            arg = args[i]
+            if arg.startswith("--") and "=" in arg:
+                key, value = arg.split("=", 1)
+                flags[key] = value
+            elif arg.startswith("--"):
+                has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+                flags[arg] = args[i + 1] if has_value else "true"
+                i += has_value
+            i += 1
+        return flags
+
+
+def pod_spec(workload: dict) -> dict:
+    """The pod spec inside a workload's template."""
+    return workload["spec"]["template"]["spec"]
+
+
+def template_labels(workload: dict) -> dict:
+    return workload["spec"]["template"].get("metadata", {}).get("labels", {})
+
+
+def workloads(objects: list[dict]) -> list[dict]:
+    return [obj for obj in objects if obj.get("kind") in WORKLOAD_KINDS]
+
+
+def containers(objects: list[dict]) -> list[Container]:
+    """Every container and init container of every workload."""
+    found = []
+    for workload in workloads(objects):
+        spec = pod_spec(workload)
+        found += [Container(workload, c, True) for c in spec.get("initContainers", [])]
+        found += [Container(workload, c, False) for c in spec.get("containers", [])]
+    return found
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [obj for obj in objects if obj.get("kind") == kind]
+
+
+def config_maps(objects: list[dict]) -> dict[str, dict]:
+    """ConfigMap name -> data."""
+    return {cm["metadata"]["name"]: cm.get("data", {}) for cm in by_kind(objects, "ConfigMap")}
+
+
+def container_env(container: Container, objects: list[dict]) -> dict[str, str]:
+    """Environment the container starts with (envFrom first, env wins)."""
+    cms, env = config_maps(objects), {}
+    for source in container.spec.get("envFrom", []):
+        ref = source.get("configMapRef")
+        if ref:
+            prefix = source.get("prefix", "")
+            env.update({prefix + k: v for k, v in cms.get(ref["name"], {}).items()})
+    for var in container.spec.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        ref = var.get("valueFrom", {}).get("configMapKeyRef")
+        if ref and ref["key"] in cms.get(ref["name"], {}):
+            env[var["name"]] = cms[ref["name"]][ref["key"]]
+    return env
+
+
+def setting(container: Container, objects: list[dict], flag: str) -> str | None:
+    """Effective value of `--flag` for the container: args win over PAGODA_* env."""
+    args = container.arg_flags()
+    if flag in args:
+        return args[flag]
+    return container_env(container, objects).get("PAGODA_" + flag[2:].replace("-", "_").upper())
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """Whether a (non-empty) equality selector matches `labels`."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())

@@ -1,0 +1,101 @@
+"""k8s/ renders, validates strictly against the Kubernetes schemas, and is
+consistent with itself and with the programs' real flags (offline, no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+import k8s_validate as validate
+from k8s_checks import check_all, check_images_across
+from k8s_flags import docs_flags, parser_flags, program_flags
+from k8s_manifests import KUBE_VERSION, kubectl_path, overlay_dirs, render, validate_schemas
+from k8s_pods import container_env, containers, setting
+
+pytestmark = pytest.mark.skipif(kubectl_path() is None, reason="kubectl is not installed: k8s/ cannot be rendered")
+
+OVERLAYS = sorted(overlay_dirs())
+CHECKS = ["selectors", "target_ports", "executor_address", "probes", "config_refs", "env_flags",
+          "drain", "security", "metrics", "resources", "scheduler_singleton"]
+
+
+@pytest.fixture(scope="module")
+def renders() -> dict[str, list[dict]]:
+    return {name: render(path) for name, path in overlay_dirs().items()}
+
+
+@pytest.fixture(scope="module")
+def flags():
+    return validate.known_flags()[:2]
+
+
+def _container(objects, program):
+    return next(c for c in containers(objects) if c.program == program)
+
+
+def test_every_kustomization_is_rendered():
+    assert OVERLAYS == ["base", "cpu", "gpu", "gpu-tls"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_schema_strict(renders, overlay):
+    kinds = sorted({o["kind"] for o in renders[overlay]})
+    assert kinds == ["ConfigMap", "Deployment", "Namespace", "PodDisruptionBudget", "Service", "StatefulSet"]
+    assert validate_schemas(renders[overlay], KUBE_VERSION) == []
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_consistency(renders, flags, overlay, check):
+    results = check_all(renders[overlay], *flags)
+    assert sorted(results) == sorted(CHECKS)
+    assert results[check] == []
+
+
+def test_images_agree_across_overlays(renders):
+    assert check_images_across(renders, validate.project_version()) == []
+    images = {name: {c.name: c.spec["image"] for c in containers(objs)} for name, objs in renders.items()}
+    assert images["cpu"]["executor"] == "ghcr.io/pagoda-llm/pagoda-executor:0.1.0-cpu"
+    assert images["gpu"]["executor"] == images["gpu-tls"]["model-init"] == "ghcr.io/pagoda-llm/pagoda-executor:0.1.0-cuda"
+    assert {images[o]["scheduler"] for o in OVERLAYS} == {"ghcr.io/pagoda-llm/pagoda-scheduler:0.1.0"}
+
+
+@pytest.mark.parametrize("program,flag", [("pagoda-executor", "--model"), ("pagoda-scheduler", "--executors")])
+def test_flags_come_from_the_real_parser_when_it_exists(program, flag):
+    flags, source = program_flags(program)
+    real = parser_flags(program)
+    assert flags == (real or docs_flags(program))
+    assert source.endswith(".config") == bool(real)
+    assert flag in flags and "--help" not in flags
+
+
+def test_rendered_settings(renders):
+    for overlay, objects in renders.items():
+        assert {o["metadata"].get("namespace", "pagoda") for o in objects} == {"pagoda"}, overlay
+        sched = _container(objects, "pagoda-scheduler")
+        assert setting(sched, objects, "--executors") == "pagoda-executor.pagoda.svc.cluster.local:50061"
+        assert setting(sched, objects, "--http-port") == "8000"
+    cpu, gpu = _container(renders["cpu"], "pagoda-executor"), _container(renders["gpu"], "pagoda-executor")
+    assert setting(cpu, renders["cpu"], "--device") == "cpu"
+    assert setting(cpu, renders["cpu"], "--num-threads") == cpu.spec["resources"]["limits"]["cpu"] == "4"
+    assert setting(gpu, renders["gpu"], "--device") == "cuda"
+    assert gpu.spec["resources"]["limits"]["nvidia.com/gpu"] == 1
+    init = next(c for c in containers(renders["cpu"]) if c.is_init)
+    assert container_env(init, renders["cpu"]) == {"PAGODA_MODEL": "default", "PAGODA_CACHE_DIR": "/models/cache"}
+
+
+def test_tls_overlay_passes_flags_and_mounts_secrets(renders):
+    objects = renders["gpu-tls"]
+    executor, sched = _container(objects, "pagoda-executor"), _container(objects, "pagoda-scheduler")
+    assert executor.arg_flags() == {"--tls-cert": "/etc/pagoda/tls/tls.crt", "--tls-key": "/etc/pagoda/tls/tls.key",
+                                    "--tls-ca": "/etc/pagoda/tls/ca.crt"}
+    assert sorted(sched.arg_flags()) == ["--executor-tls-ca", "--executor-tls-cert", "--executor-tls-key",
+                                         "--tls-cert", "--tls-key"]
+    secrets = sorted(v["secret"]["secretName"] for c in (executor, sched)
+                     for v in c.workload["spec"]["template"]["spec"]["volumes"] if "secret" in v)
+    assert secrets == ["pagoda-executor-tls", "pagoda-scheduler-client-tls", "pagoda-scheduler-tls"]
+    assert not [o for o in objects if o["kind"] == "Secret"]
+
+
+def test_make_target_script_passes(capsys):
+    assert validate.main([]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{4 * (len(CHECKS) + 1) + 1} checks, 0 errors"
