@@ -25,7 +25,9 @@ class TorchStepState:
     """Per-step tensors shared by all layers."""
 
     meta: AttentionMetadata
-    decode_block_tables: torch.Tensor | None  # [D, max_blocks]
+    decode_block_ids: torch.Tensor | None  # [D * max_blocks], flattened block tables
+    decode_shape: tuple[int, int]  # (D, max_blocks * block_size)
+    gather_buffers: list[torch.Tensor]  # two [KVH, D * max_blocks, BS * Dh], reused by all layers
     decode_mask: torch.Tensor | None  # [1, D, 1, L] additive, compute dtype
     prefill_masks: list[torch.Tensor | None]  # per span: [n, ctx] bool, None = plain causal
     prefill_block_ids: list[torch.Tensor]  # per span: [num_blocks]
@@ -42,12 +44,13 @@ class TorchAttentionBackend:
     def prepare(self, meta: AttentionMetadata) -> TorchStepState:
         """Builds block-table views and masks once for the step."""
         num_decode = meta.num_decode_seqs
-        decode_tables, decode_mask = None, None
+        decode_ids, decode_mask, length = None, None, 0
         if num_decode:
             ctx = meta.context_lens[:num_decode]
             max_blocks = (int(ctx.max()) + meta.block_size - 1) // meta.block_size
-            decode_tables = meta.block_tables[:num_decode, :max_blocks]
-            decode_mask = _decode_mask(ctx, max_blocks * meta.block_size, meta.sliding_window, self.dtype)
+            decode_ids = meta.block_tables[:num_decode, :max_blocks].flatten()
+            length = max_blocks * meta.block_size
+            decode_mask = _decode_mask(ctx, length, meta.sliding_window, self.dtype)
         masks, block_ids = [], []
         for span in meta.prefills:
             block_ids.append(meta.block_tables[span.seq_index, : span.num_blocks])
@@ -55,7 +58,7 @@ class TorchAttentionBackend:
                 meta.sliding_window is None or span.num_query_tokens <= meta.sliding_window
             )
             masks.append(None if plain else _prefill_mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, meta.slot_mapping.device))
-        return TorchStepState(meta, decode_tables, decode_mask, masks, block_ids)
+        return TorchStepState(meta, decode_ids, (num_decode, length), [], decode_mask, masks, block_ids)
 
     def forward(
         self,
@@ -94,9 +97,8 @@ def _decode(q, k_cache, v_cache, state: TorchStepState, scale: float) -> torch.T
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
     group = num_heads // num_kv_heads
-    tables = state.decode_block_tables  # [D, MB]
-    keys = k_cache[:, tables].flatten(2, 3).to(q.dtype)  # [KVH, D, L, Dh]
-    values = v_cache[:, tables].flatten(2, 3).to(q.dtype)
+    keys, values = _gather_decode_kv(k_cache, v_cache, state)  # [KVH, D, L, Dh]
+    keys, values = keys.to(q.dtype), values.to(q.dtype)
     queries = q.view(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1)  # [KVH, D, G, Dh]
     scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale  # [KVH, D, G, L]
     scores += state.decode_mask
@@ -105,14 +107,30 @@ def _decode(q, k_cache, v_cache, state: TorchStepState, scale: float) -> torch.T
     return out.transpose(0, 1).reshape(num_seqs, num_heads, head_dim)
 
 
+def _gather_decode_kv(k_cache, v_cache, state: TorchStepState):
+    """Copies the decode sequences' blocks into per-step buffers (index_select is
+    several times faster than advanced indexing here)."""
+    num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    ids = state.decode_block_ids
+    if not state.gather_buffers:
+        shape = (num_kv_heads, ids.shape[0], block_size * head_dim)
+        state.gather_buffers = [torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2)]
+    shape = (num_kv_heads, *state.decode_shape, head_dim)
+    gathered = []
+    for cache, buffer in zip((k_cache, v_cache), state.gather_buffers):
+        torch.index_select(cache.view(num_kv_heads, num_blocks, -1), 1, ids, out=buffer)
+        gathered.append(buffer.view(shape))
+    return gathered
+
+
 def _prefill(q, k, v, k_cache, v_cache, context_len, mask, block_ids, scale) -> torch.Tensor:
     """Causal attention of one chunk over its cached prefix and itself."""
     num_query, num_heads, head_dim = q.shape
     if mask is None:
         keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, Dh]
     else:
-        keys = k_cache[:, block_ids].flatten(1, 2)[:, :context_len].to(q.dtype)  # [KVH, ctx, Dh]
-        values = v_cache[:, block_ids].flatten(1, 2)[:, :context_len].to(q.dtype)
+        keys = k_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)  # [KVH, ctx, Dh]
+        values = v_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         keys.unsqueeze(0),
