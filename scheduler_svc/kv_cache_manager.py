@@ -1,0 +1,165 @@
+"""Block tables of sequences over one block pool, with automatic prefix caching.
+
+The scheduler asks three things: which leading blocks of a sequence are
+already cached (get_computed_blocks), blocks for the tokens it is about to
+schedule (allocate_slots, None when they do not fit), and to let a sequence's
+blocks go (free). Full blocks whose KV is known to be computed are offered to
+the prefix cache (cache_full_blocks) so later sequences can share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence as Seq
+
+from scheduler_svc.block_pool import BlockPool, KVBlock
+from scheduler_svc.sequence import Sequence
+
+# (parent block hash or None, the block's token ids, cache salt) -> hash.
+BlockHasher = Callable[[int | None, tuple[int, ...], str], int]
+
+
+def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...], cache_salt: str) -> int:
+    """Chained block hash: the parent's hash, this block's tokens, the salt (first block)."""
+    return hash((parent_hash, token_ids, cache_salt))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Allocates, caches and frees the blocks of sequences."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        block_hasher: BlockHasher = hash_block_tokens,
+    ):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._hasher = block_hasher
+        # Prompt (and resumed) tokens looked up at admission, and how many hit.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by sequences (0..1)."""
+        return self.pool.num_used_blocks / self.pool.num_blocks
+
+    def get_computed_blocks(self, seq: Sequence) -> list[KVBlock]:
+        """Leading cached blocks of a sequence with an empty block table.
+
+        At most num_tokens - 1 tokens come from the cache: the last one must be
+        computed so that the executor has logits to sample from. No side effects
+        beyond remembering the sequence's block hashes.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        return self._match(seq.token_ids, seq.cache_salt, max_blocks, seq.block_hashes)
+
+    def peek_prefix_hit_tokens(self, token_ids: Seq[int], cache_salt: str = "") -> int:
+        """Tokens of token_ids the cache could serve now (for routing); no side effects."""
+        if not self.enable_prefix_caching or not token_ids:
+            return 0
+        max_blocks = (len(token_ids) - 1) // self.block_size
+        return len(self._match(token_ids, cache_salt, max_blocks, [])) * self.block_size
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Counts one admitted lookup (failed admissions are retried, not counted)."""
+        self.prefix_cache_queries += num_tokens
+        self.prefix_cache_hits += num_hit_tokens
+
+    def allocate_slots(
+        self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[KVBlock] = ()
+    ) -> list[int] | None:
+        """Blocks for num_new_tokens more tokens of seq, or None if they do not fit.
+
+        computed_blocks (prefix hits, for a sequence with an empty table) join
+        its table first. Returns the ids of the newly allocated blocks; on None
+        nothing changed.
+        """
+        num_tokens = seq.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        num_needed = cdiv(num_tokens, self.block_size) - len(seq.block_ids) - len(computed_blocks)
+        # Hits that are free now leave the free list when taken.
+        num_free_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
+        if num_needed > self.pool.num_free_blocks - num_free_hits:
+            return None
+        if computed_blocks:
+            self.pool.touch(computed_blocks)
+            seq.block_ids.extend(block.block_id for block in computed_blocks)
+            seq.num_registered_blocks = len(seq.block_ids)
+        if num_needed <= 0:
+            return []
+        new_ids = [block.block_id for block in self.pool.allocate(num_needed)]
+        seq.block_ids.extend(new_ids)
+        return new_ids
+
+    def cache_full_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
+        """Offers the blocks made full and computed up to num_computed_tokens to the cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        num_full = min(num_computed_tokens, seq.num_tokens) // bs
+        start = seq.num_registered_blocks
+        if num_full <= start:
+            return
+        self._extend_hashes(seq.token_ids, seq.cache_salt, num_full, seq.block_hashes)
+        blocks, table = self.pool.blocks, seq.block_ids
+        parent_key = seq.cache_salt if start == 0 else blocks[table[start - 1]].prefix_id
+        for i in range(start, num_full):
+            if parent_key is None:
+                # Its parent is not identifiable (a hash collision): no child can be verified.
+                break
+            block = blocks[table[i]]
+            token_ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            self.pool.cache_block(block, seq.block_hashes[i], token_ids, parent_key)
+            parent_key = block.prefix_id
+        seq.num_registered_blocks = num_full
+
+    def free(self, seq: Sequence) -> None:
+        """Releases the sequence's blocks, last block first (so it is evicted first)."""
+        blocks = self.pool.blocks
+        self.pool.free([blocks[block_id] for block_id in reversed(seq.block_ids)])
+        seq.block_ids = []
+        seq.num_registered_blocks = 0
+
+    def reset(self) -> None:
+        """Every block free and uncached (the executor behind this pool is gone)."""
+        self.pool.reset()
+
+    def _match(self, token_ids: Seq[int], cache_salt: str, max_blocks: int, hashes: list[int]) -> list[KVBlock]:
+        """Walks the cache block by block, hashing lazily, until the first miss."""
+        bs = self.block_size
+        hits: list[KVBlock] = []
+        parent_key: int | str = cache_salt
+        for i in range(max_blocks):
+            if i == len(hashes):
+                self._extend_hashes(token_ids, cache_salt, i + 1, hashes)
+            block = self.pool.lookup(hashes[i], tuple(token_ids[i * bs : (i + 1) * bs]), parent_key)
+            if block is None:
+                break
+            hits.append(block)
+            parent_key = block.prefix_id
+        return hits
+
+    def _extend_hashes(self, token_ids: Seq[int], cache_salt: str, num_blocks: int, hashes: list[int]) -> None:
+        """Appends the chained hashes of blocks len(hashes)..num_blocks-1."""
+        bs = self.block_size
+        for i in range(len(hashes), num_blocks):
+            parent = hashes[i - 1] if i else None
+            hashes.append(self._hasher(parent, tuple(token_ids[i * bs : (i + 1) * bs]), cache_salt if i == 0 else ""))

@@ -1,0 +1,456 @@
+"""The scheduler core of one executor: what each step computes, and what came of it.
+
+Each step spends a token budget on running sequences first (one decode token
+each, or the next chunk of their prompt) and then admits waiting ones, whose
+prompts are chunked when longer than what is left. There are no prefill and
+decode phases: every sequence's num_computed_tokens just catches up with its
+length. When blocks run out, the lowest-priority, most recently admitted
+running sequence is preempted and later recomputed (the prefix cache makes
+that cheap).
+
+Plans overlap with results: the engine sends plan N+1 before result N arrives.
+schedule() therefore advances num_computed_tokens when it plans, and a sequence
+whose chunk reaches its length gets a pending token that update() fills in.
+The executor appends its own sampled tokens, so a sequence with a pending
+token can be scheduled again for one token.
+
+Pure Python: no torch, no numpy, no protos.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+from collections.abc import Callable, Sequence as Seq
+
+from scheduler_svc.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens
+from scheduler_svc.request_queue import WaitingQueue
+from scheduler_svc.sequence import Sequence, SequenceStatus
+from scheduler_svc.types import (
+    FinishReason,
+    LogprobEntry,
+    NewSeqPlan,
+    ScheduledSeqPlan,
+    StepPlan,
+    StepResult,
+)
+
+# A sequence is planned at most this many tokens ahead of the results (the
+# engine keeps at most two plans in flight, so this only guards misuse).
+MAX_PENDING_TOKENS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one scheduler core (one executor's KV pool)."""
+
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int = 256
+    # Token budget of one step across all sequences.
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    eos_token_ids: tuple[int, ...] = ()
+    # A request waiting longer than this is served first, whatever its priority.
+    max_priority_wait_s: float = 30.0
+
+    def __post_init__(self):
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqUpdate:
+    """What one step result did to one sequence."""
+
+    seq: Sequence
+    # Tokens accepted this step (the stop token included); empty on error.
+    new_token_ids: tuple[int, ...]
+    logprobs: tuple[LogprobEntry, ...]
+    # The sequence finished in this update (see seq.finish_reason).
+    finished: bool
+
+
+class _StepEntry:
+    """One sequence in a planned step, kept until the step's result arrives."""
+
+    __slots__ = ("seq", "num_admissions", "num_computed_after", "samples")
+
+    def __init__(self, seq: Sequence, samples: bool):
+        self.seq = seq
+        # Tells apart a later admission of the same sequence (after preemption).
+        self.num_admissions = seq.num_admissions
+        self.num_computed_after = seq.num_computed_tokens
+        self.samples = samples
+
+
+class _StepBuilder:
+    """The plan being built by one schedule() call."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.new_seqs: list[NewSeqPlan] = []
+        self.scheduled_seqs: list[ScheduledSeqPlan] = []
+        self.entries: dict[int, _StepEntry] = {}
+        # Decode-ready running sequences not visited yet: prefill chunks leave
+        # them one token each so a long prompt never stalls decoding.
+        self.num_decodes_left = 0
+        self.num_preempted = 0
+
+
+class Scheduler:
+    """Waiting and running sequences of one executor, and its KV block accounting."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        block_hasher: BlockHasher = hash_block_tokens,
+    ):
+        self.config = config
+        self._clock = clock
+        self._kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching, block_hasher)
+        self._waiting = WaitingQueue(config.max_priority_wait_s)
+        # Sorted by seq.rank: iteration order, and preemption from the tail.
+        self._running: list[Sequence] = []
+        self._running_dirty = False
+        # Every unfinished sequence, by id.
+        self._seqs: dict[int, Sequence] = {}
+        self._dropped: list[int] = []
+        # step_id -> seq_id -> entry, for plans whose result has not arrived.
+        self._inflight: dict[int, dict[int, _StepEntry]] = {}
+        self._next_step_id = 0
+        self._next_admission = 0
+        self._num_preemptions = 0
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def kv_cache_manager(self) -> KVCacheManager:
+        return self._kv
+
+    @property
+    def running(self) -> list[Sequence]:
+        """Running sequences in rank order (do not modify)."""
+        self._compact_running()
+        return self._running
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._kv.num_free_blocks
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self._kv.usage
+
+    @property
+    def num_preemptions(self) -> int:
+        return self._num_preemptions
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        return self._kv.prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        return self._kv.prefix_cache_hits
+
+    @property
+    def num_inflight_steps(self) -> int:
+        """Plans with work whose result has not arrived."""
+        return len(self._inflight)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def get(self, seq_id: int) -> Sequence | None:
+        """The unfinished sequence with this id, or None."""
+        return self._seqs.get(seq_id)
+
+    def can_fit(self, num_prompt_tokens: int, max_tokens: int) -> bool:
+        """Whether a request could ever run here: within max_model_len and the whole pool."""
+        num_tokens = num_prompt_tokens + max_tokens
+        return (
+            num_prompt_tokens > 0
+            and max_tokens > 0
+            and num_tokens <= self.config.max_model_len
+            and cdiv(num_tokens, self.config.block_size) <= self.config.num_blocks
+        )
+
+    def peek_prefix_hit_tokens(self, token_ids: Seq[int], cache_salt: str = "") -> int:
+        """Prompt tokens the prefix cache would serve now (for the router); no side effects."""
+        return self._kv.peek_prefix_hit_tokens(token_ids, cache_salt)
+
+    # -- requests in and out ----------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queues a sequence: new, or taken from another scheduler (then at its priority's head).
+
+        Raises:
+            ValueError: the id is in use, or the request can never fit (see can_fit).
+        """
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"seq_id {seq.seq_id} is already scheduled")
+        if not self.can_fit(seq.num_prompt_tokens, seq.stopping.max_tokens):
+            raise ValueError(
+                f"{seq.num_prompt_tokens} prompt + {seq.stopping.max_tokens} max tokens cannot fit "
+                f"(max_model_len {self.config.max_model_len}, "
+                f"{self.config.num_blocks} blocks of {self.config.block_size})"
+            )
+        if seq.arrival_time_s is None:
+            seq.arrival_time_s = self._clock()
+        seq.status = SequenceStatus.WAITING
+        self._seqs[seq.seq_id] = seq
+        self._waiting.push(seq, front=seq.num_admissions > 0)
+
+    def finish(self, seq_id: int, reason: FinishReason, stop_reason: int | None = None) -> None:
+        """Stops a sequence (stop string, error); its blocks are freed now. Unknown id: no-op."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self._release(seq)
+
+    def abort(self, seq_id: int) -> None:
+        """A cancelled request: finished with ABORT. Unknown id: no-op."""
+        self.finish(seq_id, FinishReason.ABORT)
+
+    def take_all(self) -> list[Sequence]:
+        """Removes every unfinished sequence and resets to empty (the executor is gone).
+
+        The sequences keep their prompt and outputs so far; pending tokens are
+        lost (the next executor samples them again) and nothing is computed.
+        """
+        seqs = list(self.running) + self._waiting.ordered()
+        for seq in seqs:
+            seq.reset_for_recompute()
+            seq.num_pending_tokens = 0
+            seq.status = SequenceStatus.WAITING
+        self._kv.reset()
+        self._waiting = WaitingQueue(self.config.max_priority_wait_s)
+        self._running = []
+        self._seqs = {}
+        self._dropped = []
+        self._inflight = {}
+        return seqs
+
+    # -- one step -----------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        """Plans one step. Send it when it has work or dropped ids; else it is not sent.
+
+        An empty plan (no work, nothing dropped) does not use up its step_id.
+        """
+        self._compact_running()
+        step = _StepBuilder(self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.num_preempted:
+            self._schedule_waiting(step, self._clock())
+        plan = StepPlan(
+            step_id=self._next_step_id,
+            new_seqs=tuple(step.new_seqs),
+            scheduled_seqs=tuple(step.scheduled_seqs),
+            dropped_seq_ids=tuple(self._dropped),
+        )
+        self._dropped = []
+        if plan.has_work:
+            self._inflight[plan.step_id] = step.entries
+        if plan.has_work or plan.dropped_seq_ids:
+            self._next_step_id += 1
+        return plan
+
+    def update(self, result: StepResult) -> list[SeqUpdate]:
+        """Applies one step's result: fills pending tokens, checks stops, caches full blocks.
+
+        Outputs of sequences that finished meanwhile are ignored. A sequence the
+        executor reports as failed finishes with ERROR (it dropped it already).
+        """
+        entries = self._inflight.pop(result.step_id, None)
+        if entries is None:
+            # A plan without work, or a result from before take_all().
+            return []
+        updates = [self._fail(err.seq_id, err.message) for err in result.errors if err.seq_id in self._seqs]
+        outputs = {out.seq_id: out for out in result.outputs}
+        for entry in entries.values():
+            seq = entry.seq
+            if seq.is_finished:
+                continue
+            current = seq.status is SequenceStatus.RUNNING and seq.num_admissions == entry.num_admissions
+            if not entry.samples:
+                if current:
+                    self._kv.cache_full_blocks(seq, entry.num_computed_after)
+                continue
+            out = outputs.get(seq.seq_id)
+            if out is None or not out.token_ids:
+                updates.append(self._fail(seq.seq_id, "executor returned no token for a sampling step"))
+                continue
+            updates.append(self._accept_token(seq, out.token_ids[0], out.logprobs[:1], entry, current))
+        return updates
+
+    # -- scheduling internals ---------------------------------------------------------
+
+    def _schedule_running(self, step: _StepBuilder) -> None:
+        """Running sequences in rank order; a failed allocation preempts from the tail."""
+        running = self._running
+        step.num_decodes_left = sum(1 for seq in running if self._num_wanted(seq) == 1)
+        i = 0
+        while i < len(running) and step.budget > 0:
+            seq = running[i]
+            i += 1
+            num_wanted = self._num_wanted(seq)
+            if num_wanted == 0:
+                continue
+            if num_wanted == 1:
+                step.num_decodes_left -= 1
+                num_tokens = 1
+            else:
+                num_tokens = min(num_wanted, step.budget - step.num_decodes_left)
+                if num_tokens <= 0:
+                    continue
+            new_block_ids = self._allocate_or_preempt(seq, num_tokens, step)
+            if new_block_ids is None:
+                break
+            step.scheduled_seqs.append(ScheduledSeqPlan(seq.seq_id, num_tokens, tuple(new_block_ids)))
+            self._commit(seq, num_tokens, step)
+
+    def _num_wanted(self, seq: Sequence) -> int:
+        """Tokens a running sequence has left to compute now (0: skip it this step)."""
+        if seq.num_pending_tokens >= MAX_PENDING_TOKENS or seq.length_reached(self.config.max_model_len):
+            return 0
+        return seq.num_total_tokens - seq.num_computed_tokens
+
+    def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> list[int] | None:
+        """Blocks for seq, preempting from the tail of running until they fit.
+
+        Returns None when seq itself was the one left to preempt. The tail is
+        never a sequence already scheduled in this step (those come before seq).
+        """
+        while True:
+            new_block_ids = self._kv.allocate_slots(seq, num_tokens)
+            if new_block_ids is not None:
+                return new_block_ids
+            victim = self._running[-1]
+            if victim is not seq and self._num_wanted(victim) == 1:
+                step.num_decodes_left -= 1
+            self._preempt(victim)
+            step.num_preempted += 1
+            if victim is seq:
+                return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Frees the tail running sequence and puts it at the head of its priority."""
+        assert self._running[-1] is seq
+        self._running.pop()
+        self._kv.free(seq)
+        if seq.executor_holds:
+            self._dropped.append(seq.seq_id)
+        seq.reset_for_recompute()
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self._num_preemptions += 1
+        self._waiting.push(seq, front=True)
+
+    def _schedule_waiting(self, step: _StepBuilder, now_s: float) -> None:
+        """Admits waiting sequences in order while budget, seats and blocks last."""
+        while step.budget > 0 and len(self._running) < self.config.max_num_seqs:
+            head = self._waiting.peek(now_s)
+            # A preempted sequence waits for its pending token before it resumes.
+            if head is None or head[0].num_pending_tokens or not self._admit(head[0], head[1], step, now_s):
+                return
+
+    def _admit(self, seq: Sequence, aged: bool, step: _StepBuilder, now_s: float) -> bool:
+        """Starts (or resumes) a sequence from its cached prefix; False if blocks lack."""
+        hits = self._kv.get_computed_blocks(seq)
+        num_hit_tokens = len(hits) * self.config.block_size
+        num_tokens = min(seq.num_tokens - num_hit_tokens, step.budget)
+        if self._kv.allocate_slots(seq, num_tokens, hits) is None:
+            return False
+        self._waiting.remove(seq)
+        self._kv.record_prefix_query(seq.num_tokens, num_hit_tokens)
+        if seq.num_admissions == 0:
+            seq.num_cached_tokens = num_hit_tokens
+            seq.first_scheduled_time_s = now_s
+        seq.num_admissions += 1
+        seq.status = SequenceStatus.RUNNING
+        seq.num_computed_tokens = num_hit_tokens
+        seq.executor_holds = True
+        seq.rank = (float("-inf") if aged else float(seq.priority), self._next_admission)
+        self._next_admission += 1
+        bisect.insort(self._running, seq, key=_rank)
+        step.new_seqs.append(
+            NewSeqPlan(
+                seq_id=seq.seq_id,
+                request_id=seq.request_id,
+                token_ids=tuple(seq.token_ids),
+                num_prompt_tokens=seq.num_prompt_tokens,
+                sampling=seq.sampling,
+                block_ids=tuple(seq.block_ids),
+                num_computed_tokens=num_hit_tokens,
+                num_scheduled_tokens=num_tokens,
+            )
+        )
+        self._commit(seq, num_tokens, step)
+        return True
+
+    def _commit(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> None:
+        """Advances a planned sequence; reaching its length samples a pending token."""
+        seq.num_computed_tokens += num_tokens
+        samples = seq.num_computed_tokens == seq.num_total_tokens
+        if samples:
+            seq.num_pending_tokens += 1
+        step.entries[seq.seq_id] = _StepEntry(seq, samples)
+        step.budget -= num_tokens
+
+    # -- update internals ------------------------------------------------------------
+
+    def _accept_token(
+        self, seq: Sequence, token_id: int, logprobs: tuple[LogprobEntry, ...], entry: _StepEntry, current: bool
+    ) -> SeqUpdate:
+        """Fills a pending token, caches what it made full, and checks stops."""
+        seq.num_pending_tokens -= 1
+        seq.append_token(token_id)
+        if current:
+            self._kv.cache_full_blocks(seq, entry.num_computed_after)
+        finished = seq.check_stop(token_id, self.config.eos_token_ids, self.config.max_model_len)
+        if finished:
+            self._release(seq)
+        return SeqUpdate(seq, (token_id,), logprobs, finished)
+
+    def _fail(self, seq_id: int, message: str) -> SeqUpdate:
+        seq = self._seqs[seq_id]
+        seq.error_message = message
+        self.finish(seq_id, FinishReason.ERROR)
+        return SeqUpdate(seq, (), (), True)
+
+    def _release(self, seq: Sequence) -> None:
+        """Finishes a sequence: frees its blocks (full ones stay cached), schedules its drop."""
+        if seq.status is SequenceStatus.RUNNING:
+            self._kv.free(seq)
+            self._running_dirty = True
+        else:
+            self._waiting.remove(seq)
+        if seq.executor_holds:
+            self._dropped.append(seq.seq_id)
+            seq.executor_holds = False
+        seq.status = SequenceStatus.FINISHED
+        del self._seqs[seq.seq_id]
+
+    def _compact_running(self) -> None:
+        if self._running_dirty:
+            self._running = [seq for seq in self._running if seq.status is SequenceStatus.RUNNING]
+            self._running_dirty = False
+
+
+def _rank(seq: Sequence) -> tuple[float, int]:
+    return seq.rank

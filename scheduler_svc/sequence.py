@@ -1,0 +1,141 @@
+"""The scheduler's mutable state of one request."""
+
+from __future__ import annotations
+
+import enum
+
+from scheduler_svc.types import FinishReason, SamplingParams, StoppingCriteria
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request as the scheduler tracks it.
+
+    Known tokens are the prompt plus the outputs received so far. Because plans
+    overlap with results, a sequence may also have pending tokens: sampled by a
+    step that was planned but whose result has not arrived yet. They count in
+    its length for scheduling (the executor already holds them) but are not in
+    token_ids until update() fills them in.
+    """
+
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        stopping: StoppingCriteria,
+        *,
+        priority: int = 0,
+        arrival_time_s: float | None = None,
+        cache_salt: str = "",
+    ):
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids must not be empty")
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        # Prompt then outputs: the text blocks are hashed over.
+        self.token_ids = list(prompt_token_ids)
+        self.sampling = sampling
+        self.stopping = stopping
+        self.priority = priority
+        # None: set from the scheduler's clock by add().
+        self.arrival_time_s = arrival_time_s
+        self.cache_salt = cache_salt
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        # The stop token id that ended the sequence (stop_token_ids only).
+        self.stop_reason: int | None = None
+        self.error_message: str = ""
+        # Tokens whose KV is computed, or scheduled in a plan already sent.
+        self.num_computed_tokens = 0
+        # Sampled in a planned step whose result has not arrived (0..2).
+        self.num_pending_tokens = 0
+        # Prompt tokens served by the prefix cache at the first admission.
+        self.num_cached_tokens = 0
+        self.block_ids: list[int] = []
+        # Chained hashes of the full blocks of token_ids, computed once each.
+        self.block_hashes: list[int] = []
+        # Leading blocks of block_ids already offered to the prefix cache.
+        self.num_registered_blocks = 0
+        self.first_scheduled_time_s: float | None = None
+        self.num_preemptions = 0
+        self.num_admissions = 0
+        # Whether the executor holds this sequence's state (sent in new_seqs).
+        self.executor_holds = False
+        # (effective priority, admission order): the running order; the
+        # largest is preempted first.
+        self.rank: tuple[float, int] = (float(priority), 0)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt plus outputs received."""
+        return len(self.token_ids)
+
+    @property
+    def num_total_tokens(self) -> int:
+        """Known plus pending tokens: the length the executor sees."""
+        return len(self.token_ids) + self.num_pending_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def length_reached(self, max_model_len: int) -> bool:
+        """Whether the pending tokens already reach max_tokens or max_model_len.
+
+        Such a sequence will stop when they arrive, so computing more for it
+        would be wasted.
+        """
+        return (
+            len(self.output_token_ids) + self.num_pending_tokens >= self.stopping.max_tokens
+            or self.num_total_tokens >= max_model_len
+        )
+
+    def append_token(self, token_id: int) -> None:
+        """Adds one generated token (a pending one that arrived)."""
+        self.output_token_ids.append(token_id)
+        self.token_ids.append(token_id)
+
+    def check_stop(self, token_id: int, eos_token_ids: tuple[int, ...], max_model_len: int) -> bool:
+        """After appending token_id: sets finish_reason if it ends the sequence."""
+        stopping = self.stopping
+        if token_id in stopping.stop_token_ids:
+            self.finish_reason, self.stop_reason = FinishReason.STOP, token_id
+        elif not stopping.ignore_eos and token_id in eos_token_ids:
+            self.finish_reason = FinishReason.STOP
+        elif len(self.output_token_ids) >= stopping.max_tokens or len(self.token_ids) >= max_model_len:
+            self.finish_reason = FinishReason.LENGTH
+        else:
+            return False
+        return True
+
+    def reset_for_recompute(self) -> None:
+        """Forgets KV state: the sequence will be recomputed from its tokens."""
+        self.num_computed_tokens = 0
+        self.block_ids = []
+        self.num_registered_blocks = 0
+        self.executor_holds = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, {self.status.name}, tokens={self.num_tokens}"
+            f"+{self.num_pending_tokens}, computed={self.num_computed_tokens}, blocks={self.block_ids})"
+        )

@@ -1,0 +1,193 @@
+"""A fake executor that follows step plans exactly, and an engine loop around a Scheduler.
+
+The fake executor is strict: it keeps its own copy of every sequence, writes a
+"KV" value into the slot of every computed position (a digest of the token
+prefix up to it), and before sampling checks that every slot the sequence
+attends to holds the value its own tokens imply. A block shared wrongly,
+evicted while in use, or missing from a block table fails loudly. Its "model"
+is deterministic: the next token is a function of the whole token prefix.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from scheduler_svc.scheduler import Scheduler, SeqUpdate
+from scheduler_svc.types import FinishReason, SeqOutput, StepPlan, StepResult
+
+VOCAB_SIZE = 50
+
+
+def next_token(prefix_digest: int) -> int:
+    """The fake model: a token from the digest of all previous tokens."""
+    return (prefix_digest * 2654435761 >> 7) % VOCAB_SIZE
+
+
+class ProtocolError(AssertionError):
+    """The plan asked the executor for something inconsistent."""
+
+
+@dataclasses.dataclass
+class _ExecSeq:
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed: int
+    # digests[p]: digest of token_ids[: p + 1].
+    digests: list[int]
+
+
+class FakeExecutor:
+    """Executes StepPlans against a slot -> value "KV cache"."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.kv: dict[tuple[int, int], int] = {}
+        self.seqs: dict[int, _ExecSeq] = {}
+        self.num_steps = 0
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.num_steps += 1
+        for seq_id in plan.dropped_seq_ids:
+            self.seqs.pop(seq_id, None)
+        work = []
+        for new in plan.new_seqs:
+            if new.seq_id in self.seqs:
+                raise ProtocolError(f"new seq {new.seq_id} already held")
+            self.seqs[new.seq_id] = _ExecSeq(list(new.token_ids), list(new.block_ids), new.num_computed_tokens, [])
+            work.append((new.seq_id, new.num_scheduled_tokens))
+        for sched in plan.scheduled_seqs:
+            if sched.seq_id not in self.seqs:
+                raise ProtocolError(f"scheduled seq {sched.seq_id} not held")
+            self.seqs[sched.seq_id].block_ids.extend(sched.new_block_ids)
+            work.append((sched.seq_id, sched.num_scheduled_tokens))
+        outputs = [out for seq_id, n in work if (out := self._run(seq_id, n)) is not None]
+        return StepResult(step_id=plan.step_id, incarnation_id="fake", outputs=tuple(outputs),
+                          num_scheduled_tokens=plan.num_scheduled_tokens)
+
+    def _slot(self, seq: _ExecSeq, pos: int) -> tuple[int, int]:
+        index = pos // self.block_size
+        if index >= len(seq.block_ids):
+            raise ProtocolError(f"position {pos} beyond block table {seq.block_ids}")
+        block_id = seq.block_ids[index]
+        if not 0 <= block_id < self.num_blocks:
+            raise ProtocolError(f"block id {block_id} out of range")
+        return block_id, pos % self.block_size
+
+    def _digest(self, seq: _ExecSeq, upto: int) -> None:
+        while len(seq.digests) < upto:
+            prev = seq.digests[-1] if seq.digests else 0
+            seq.digests.append(hash((prev, seq.token_ids[len(seq.digests)])))
+
+    def _run(self, seq_id: int, num_tokens: int) -> SeqOutput | None:
+        seq = self.seqs[seq_id]
+        start, end = seq.num_computed, seq.num_computed + num_tokens
+        if num_tokens <= 0 or end > len(seq.token_ids):
+            raise ProtocolError(f"seq {seq_id}: {num_tokens} tokens from {start} of {len(seq.token_ids)}")
+        self._digest(seq, end)
+        for pos in range(start, end):
+            self.kv[self._slot(seq, pos)] = seq.digests[pos]
+        for pos in range(end):  # attention reads every earlier slot
+            if self.kv.get(self._slot(seq, pos)) != seq.digests[pos]:
+                raise ProtocolError(f"seq {seq_id}: wrong KV at position {pos} (blocks {seq.block_ids})")
+        seq.num_computed = end
+        if end < len(seq.token_ids):
+            return None
+        token = next_token(seq.digests[end - 1])
+        seq.token_ids.append(token)
+        return SeqOutput(seq_id, (token,))
+
+
+def reference_output(prompt: list[int], max_tokens: int, eos_token_ids=(), max_model_len=10**9) -> list[int]:
+    """What the fake model generates for a prompt, computed directly."""
+    digest = 0
+    for token in prompt:
+        digest = hash((digest, token))
+    out: list[int] = []
+    while True:
+        token = next_token(digest)
+        out.append(token)
+        if token in eos_token_ids or len(out) >= max_tokens or len(prompt) + len(out) >= max_model_len:
+            return out
+        digest = hash((digest, token))
+
+
+class Engine:
+    """Drives a Scheduler and a FakeExecutor with up to `max_inflight` plans in flight."""
+
+    def __init__(self, scheduler: Scheduler, executor: FakeExecutor, max_inflight: int = 2):
+        self.scheduler = scheduler
+        self.executor = executor
+        self.max_inflight = max_inflight
+        self.inflight: collections.deque[StepResult] = collections.deque()
+        self.plans: list[StepPlan] = []
+        self.outputs: dict[int, list[int]] = collections.defaultdict(list)
+        self.finish_reasons: dict[int, FinishReason] = {}
+
+    def step(self) -> list[SeqUpdate]:
+        """One schedule(), then update() with the oldest result once the pipeline is full."""
+        plan = self.scheduler.schedule()
+        sent = plan.has_work or bool(plan.dropped_seq_ids)
+        if sent:
+            self.plans.append(plan)
+            result = self.executor.execute(plan)
+            if plan.has_work:
+                self.inflight.append(result)
+        updates: list[SeqUpdate] = []
+        while self.inflight and (len(self.inflight) >= self.max_inflight or not plan.has_work):
+            updates += self.scheduler.update(self.inflight.popleft())
+        for upd in updates:
+            self.outputs[upd.seq.seq_id].extend(upd.new_token_ids)
+            if upd.finished:
+                self.finish_reasons[upd.seq.seq_id] = upd.seq.finish_reason
+        return updates
+
+    def finish(self, seq_id: int, reason: FinishReason) -> None:
+        """The engine stops a sequence itself (stop string, cancel)."""
+        seq = self.scheduler.get(seq_id)
+        self.scheduler.finish(seq_id, reason)
+        if seq is not None:
+            self.finish_reasons[seq_id] = reason
+
+    def run(self, max_steps: int = 10_000) -> int:
+        """Steps until nothing is left (drops sent too); returns the number of steps."""
+        for num_steps in range(max_steps):
+            if not self.scheduler.has_unfinished() and not self.inflight:
+                self.step()  # sends the last dropped ids, if any
+                return num_steps
+            self.step()
+        raise AssertionError(f"not finished after {max_steps} steps")
+
+
+def check_invariants(scheduler: Scheduler) -> None:
+    """Block accounting is exact: refs equal table entries, sharing only of cached full blocks."""
+    pool = scheduler.kv_cache_manager.pool
+    bs = scheduler.config.block_size
+    free_ids = [block.block_id for block in pool.free_queue]
+    assert len(free_ids) == len(set(free_ids)) == pool.num_free_blocks
+    assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks
+    free_set = set(free_ids)
+    holders: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+    running = scheduler.running
+    assert len(running) <= scheduler.config.max_num_seqs
+    assert [seq.rank for seq in running] == sorted(seq.rank for seq in running)
+    for seq in running:
+        assert len(seq.block_ids) == -(-seq.num_computed_tokens // bs), seq
+        assert len(set(seq.block_ids)) == len(seq.block_ids)
+        assert 0 <= seq.num_pending_tokens <= 2
+        assert seq.num_computed_tokens <= seq.num_total_tokens
+        for index, block_id in enumerate(seq.block_ids):
+            holders[block_id].append((seq.seq_id, index))
+    for block in pool.blocks:
+        assert block.ref_cnt == len(holders[block.block_id]), block
+        assert (block.ref_cnt == 0) == (block.block_id in free_set)
+    for block_id, held in holders.items():
+        if len(held) > 1:  # shared: a cached full prefix block at the same index
+            block = pool.blocks[block_id]
+            assert block.block_hash is not None and pool.cached[block.block_hash] is block
+            assert len({index for _, index in held}) == 1
+            for seq_id, index in held:
+                assert (index + 1) * bs <= scheduler.get(seq_id).num_computed_tokens
+    for block_hash, block in pool.cached.items():
+        assert block.block_hash == block_hash and len(block.token_ids) == bs
