@@ -99,3 +99,26 @@ def test_tls_overlay_passes_flags_and_mounts_secrets(renders):
 def test_make_target_script_passes(capsys):
     assert validate.main([]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"{4 * (len(CHECKS) + 1) + 1} checks, 0 errors"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_programs_parse_the_rendered_settings(renders, overlay):
+    """Each main container's args and environment parse with the program's own config
+    loader (values such as `2GiB` or `json` included), giving what the manifests say."""
+    parse_config = pytest.importorskip("pagoda.runtime.flags").parse_config
+    classes = {"pagoda-executor": ("executor_svc.config", "ExecutorConfig"),
+               "pagoda-scheduler": ("scheduler_svc.config", "SchedulerServiceConfig")}
+    for c in containers(renders[overlay]):
+        if not c.program:
+            continue
+        module = pytest.importorskip(classes[c.program][0])
+        config_cls = getattr(module, classes[c.program][1])
+        argv = [f"{k}={v}" for k, v in c.arg_flags().items()]
+        config = parse_config(config_cls, argv, c.program, "", environ=container_env(c, renders[overlay]))
+        assert (config.host, config.port, config.metrics_port) == ("0.0.0.0", c.port("grpc"), c.port("metrics"))
+        assert config.drain_timeout_s == 30
+        if c.program == "pagoda-scheduler":
+            assert config.executors == "pagoda-executor.pagoda.svc.cluster.local:50061"
+            assert config.http_port == 8000
+        if overlay == "gpu-tls":
+            assert config.tls_cert.startswith("/etc/pagoda/tls/")
