@@ -190,25 +190,18 @@ def _sample_random(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> t
     ).to(device)  # [3, R]
     temperature, top_p, min_p = floats
     scaled = logits / temperature[:, None]  # [R, V]
-    keep = None  # [R, V] bool, None while everything is kept
     if any(p.min_p > 0.0 for p in params):
-        keep = sampling_ops.min_p_mask(scaled, min_p)
-        scaled = scaled.masked_fill(~keep, float("-inf"))
-    top_k = torch.tensor(
-        [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], dtype=torch.int64
-    ).to(device)  # [R]
-    use_top_k = any(0 < p.top_k < vocab_size for p in params)
-    if any(p.top_p < 1.0 for p in params):
-        keep = sampling_ops.top_k_top_p_mask(scaled, top_k, top_p)
-    elif use_top_k:
-        keep = sampling_ops.top_k_mask(scaled, top_k)
-    if keep is not None:
-        scaled = scaled.masked_fill(~keep, float("-inf"))
+        scaled = scaled.masked_fill(~sampling_ops.min_p_mask(scaled, min_p), float("-inf"))
     keys = torch.tensor(
         [sampling_ops.stream_key(r.params.seed, len(r.token_ids)) for r in requests],
         dtype=torch.int64,
     ).to(device)  # [R]
-    return (scaled + sampling_ops.gumbel_noise(keys, vocab_size)).argmax(dim=-1)
+    if not any(0 < p.top_k < vocab_size or p.top_p < 1.0 for p in params):
+        return sampling_ops.gumbel_argmax(scaled, keys)
+    top_k = torch.tensor(
+        [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], dtype=torch.int64
+    ).to(device)  # [R]
+    return sampling_ops.filtered_gumbel_argmax(scaled, keys, top_k, top_p)
 
 
 def _logprobs(

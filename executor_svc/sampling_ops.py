@@ -45,39 +45,43 @@ def stream_key(seed: int, position: int) -> int:
     return _to_signed64(splitmix64(splitmix64(seed & _MASK64) ^ (position & _MASK64)))
 
 
-def _shr(z: torch.Tensor, shift: int) -> torch.Tensor:
-    """Logical (unsigned) right shift of int64 bits."""
-    return (z >> shift) & ((1 << (64 - shift)) - 1)
-
-
-def hash_uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Uniforms in (0, 1), one per (row, vocabulary index), from integer ops only.
+def hash_uniforms(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Uniforms in (0, 1), one per (row, token id), from integer ops only.
 
     ``u[b, v]`` is the top 23 bits of ``splitmix64(keys[b] + (v + 1) * golden)``
     (unsigned arithmetic mod 2**64, done in wrapping int64 tensors), plus one
     half, over 2**23. Those 24 significant bits are exact in float32, so the
-    values are identical on every device and never 0 or 1.
+    values are identical on every device and never 0 or 1. A value depends only
+    on its key and token id, so a gathered subset of a row's tokens gets the same
+    uniforms as the whole row.
 
     Args:
-        keys: [B] int64 stream keys (``stream_key``).
-        vocab_size: V.
+        keys: [R] int64 stream keys (``stream_key``).
+        token_ids: [V] int64 token ids shared by all rows, or [R, C] per row.
 
     Returns:
-        [B, V] float32 uniforms, strictly inside (0, 1).
+        [R, V] or [R, C] float32 uniforms.
     """
-    counters = torch.arange(1, vocab_size + 1, device=keys.device, dtype=torch.int64)
-    z = keys[:, None] + counters * _to_signed64(_GOLDEN)  # [B, V], wraps mod 2**64
-    z = (z ^ _shr(z, 30)) * _to_signed64(_MIX1)
-    z = (z ^ _shr(z, 27)) * _to_signed64(_MIX2)
-    z = z ^ _shr(z, 31)
-    top23 = _shr(z, 41).to(torch.float32)
-    return (top23 + 0.5) * (1.0 / (1 << 23))
+    # In-place ops: [R, V] int64 temporaries are large, and allocating them dominates.
+    z = keys[:, None] + (token_ids + 1) * _to_signed64(_GOLDEN)  # wraps mod 2**64
+    shifted = torch.empty_like(z)
+    for shift, multiplier in ((30, _MIX1), (27, _MIX2)):
+        torch.bitwise_right_shift(z, shift, out=shifted)
+        shifted &= (1 << (64 - shift)) - 1  # logical, not arithmetic, shift
+        z ^= shifted
+        z *= _to_signed64(multiplier)
+    # splitmix64 ends with z ^ (z >>> 31), which leaves the top 23 bits as they are.
+    z >>= 41
+    z &= (1 << 23) - 1
+    uniforms = z.to(torch.float32)
+    uniforms += 0.5
+    uniforms *= 1.0 / (1 << 23)
+    return uniforms
 
 
-def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Standard Gumbel noise ``-log(-log(u))`` from ``hash_uniforms``; [B, V] float32."""
-    u = hash_uniforms(keys, vocab_size)
-    return -torch.log(-torch.log(u))
+def gumbel_noise(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise ``-log(-log(u))`` of ``hash_uniforms(keys, token_ids)``."""
+    return hash_uniforms(keys, token_ids).log_().neg_().log_().neg_()
 
 
 def apply_penalties(
@@ -127,16 +131,18 @@ def apply_penalties(
 def min_p_mask(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Tokens whose probability is at least ``min_p`` times the largest one.
 
+    ``p / p_max = exp(logit - max logit)``: no normaliser (a sum whose rounding
+    would depend on the reduction order), only a max, which is exact.
+
     Args:
-        scaled: [B, V] float32 temperature-scaled logits (-inf allowed).
-        min_p: [B] float32 (0 keeps everything).
+        scaled: [R, V] float32 temperature-scaled logits (-inf allowed).
+        min_p: [R] float32 (0 keeps everything).
 
     Returns:
-        [B, V] bool, True where kept.
+        [R, V] bool, True where kept.
     """
-    probs = torch.softmax(scaled, dim=-1)
-    max_probs = probs.amax(dim=-1, keepdim=True)
-    return probs >= min_p[:, None] * max_probs
+    ratio = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))  # p / p_max
+    return ratio >= min_p[:, None]
 
 
 def top_k_mask(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -146,52 +152,165 @@ def top_k_mask(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     kept, and tokens equal to it are kept in vocabulary order until k are kept.
 
     Args:
-        scaled: [B, V] float32 logits.
-        top_k: [B] int64, each in [1, V] (V keeps everything).
+        scaled: [R, V] float32 logits.
+        top_k: [R] int64 >= 1 (V or more keeps everything).
 
     Returns:
-        [B, V] bool, True where kept.
+        [R, V] bool, True where kept.
     """
     vocab_size = scaled.shape[-1]
-    enabled = top_k < vocab_size  # [B]
+    enabled = top_k < vocab_size  # [R]
     if not bool(enabled.any()):
         return torch.ones_like(scaled, dtype=torch.bool)
     max_k = int(torch.where(enabled, top_k, 1).max())
     k = torch.clamp(top_k, max=max_k)  # disabled rows are kept whole below
-    top_values = torch.topk(scaled, max_k, dim=-1).values  # [B, max_k], descending
-    kth = top_values.gather(1, (k - 1)[:, None])  # [B, 1]
-    above = scaled > kth
-    tied = scaled == kth
-    num_tied_needed = k[:, None] - above.sum(dim=-1, keepdim=True)
-    tied_rank = torch.cumsum(tied.to(torch.int32), dim=-1)  # 1-based among ties
-    keep = above | (tied & (tied_rank <= num_tied_needed))
+    top_values = torch.topk(scaled, max_k, dim=-1).values  # [R, max_k], descending
+    kth = top_values.gather(1, (k - 1)[:, None])  # [R, 1]
+    keep = scaled >= kth
+    if bool((keep.sum(dim=-1) > k).any()):  # ties at the threshold: keep the lowest ids
+        above = scaled > kth
+        tied = scaled == kth
+        num_tied_needed = k[:, None] - above.sum(dim=-1, keepdim=True)
+        tied_rank = torch.cumsum(tied.to(torch.int32), dim=-1)  # 1-based among ties
+        keep = above | (tied & (tied_rank <= num_tied_needed))
     return keep | ~enabled[:, None]
+
+
+def kept_counts(
+    sorted_values: torch.Tensor, log_norm: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """How many tokens top-k, then top-p over the top-k survivors, keep.
+
+    Top-p keeps the shortest prefix of the ranking whose probability mass is at
+    least ``top_p``, and at least one token; removed (-inf) tokens never count.
+
+    Args:
+        sorted_values: [R, C] the C largest logits of each row, descending
+            (C may be all of V).
+        log_norm: [R] logsumexp of each whole row, used where top-k is off.
+        top_k: [R] int64 >= 1; a row whose top_k exceeds C has top-k off.
+        top_p: [R] float32 in (0, 1].
+
+    Returns:
+        [R] int64 counts; a count of C means "C or more" when C < V.
+    """
+    num_candidates = sorted_values.shape[-1]
+    in_top_k = torch.arange(num_candidates, device=sorted_values.device) < top_k[:, None]
+    masked = sorted_values.masked_fill(~in_top_k, float("-inf"))  # [R, C]
+    top_k_norm = torch.logsumexp(masked, dim=-1)
+    log_norm = torch.where(top_k <= num_candidates, top_k_norm, log_norm)  # [R]
+    probs = torch.exp(masked - log_norm[:, None])  # [R, C]
+    mass_before = torch.nn.functional.pad(torch.cumsum(probs, dim=-1)[:, :-1], (1, 0))
+    within_p = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)  # rounding-proof off
+    keep = in_top_k & within_p & (masked > float("-inf"))
+    keep[:, 0] = True
+    return keep.sum(dim=-1)
 
 
 def top_k_top_p_mask(
     scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
-    """Top-k, then top-p over the top-k survivors renormalised, via one stable sort.
+    """Top-k, then top-p over the top-k survivors renormalised (dense, exact).
 
-    Tokens are ranked by descending logit, ties by ascending token id. Top-p keeps
-    the shortest prefix of that ranking whose probability mass is at least
-    ``top_p`` (always the first token).
+    Tokens are ranked by descending logit, ties by ascending token id.
 
     Args:
-        scaled: [B, V] float32 logits (-inf allowed).
-        top_k: [B] int64 in [1, V] (V disables).
-        top_p: [B] float32 in (0, 1] (1 disables).
+        scaled: [R, V] float32 logits (-inf allowed).
+        top_k: [R] int64 >= 1 (V or more disables).
+        top_p: [R] float32 in (0, 1] (1 disables).
 
     Returns:
-        [B, V] bool, True where kept.
+        [R, V] bool, True where kept.
     """
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
-    ranks = torch.arange(scaled.shape[-1], device=scaled.device)  # [V]
-    in_top_k = ranks[None, :] < top_k[:, None]  # [B, V] in sorted order
-    sorted_logits = sorted_logits.masked_fill(~in_top_k, float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass = torch.cumsum(sorted_probs, dim=-1)
-    mass_before = torch.nn.functional.pad(mass[:, :-1], (1, 0))  # exclusive cumsum
-    keep_sorted = in_top_k & (mass_before < top_p[:, None])
-    keep_sorted[:, 0] = True
-    return torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    sorted_values = torch.sort(scaled, dim=-1, descending=True).values  # [R, V]
+    log_norm = torch.logsumexp(scaled, dim=-1)
+    return top_k_mask(scaled, kept_counts(sorted_values, log_norm, top_k, top_p))
+
+
+def gumbel_argmax(scaled: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """One sample per row of ``softmax(scaled)``: ``argmax(scaled + gumbel)``; [R] int64."""
+    token_ids = torch.arange(scaled.shape[-1], device=scaled.device)
+    return gumbel_noise(keys, token_ids).add_(scaled).argmax(dim=-1)
+
+
+def filtered_gumbel_argmax(
+    scaled: torch.Tensor,
+    keys: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    num_candidates: int = 1024,
+) -> torch.Tensor:
+    """Samples each row from its top-k/top-p set (see ``kept_counts``).
+
+    Rows whose kept set is known to lie within their ``num_candidates`` largest
+    logits (the usual case) sample among those candidates only, with the same
+    noise per token id as the dense path and the same tie-breaking, so a row
+    gets the same token whichever path it takes. Other rows use a dense mask.
+
+    Args:
+        scaled: [R, V] float32 temperature-scaled logits (-inf allowed).
+        keys: [R] int64 stream keys.
+        top_k: [R] int64 >= 1 (V disables).
+        top_p: [R] float32 in (0, 1] (1 disables).
+        num_candidates: the least C; raised to the largest enabled top_k.
+
+    Returns:
+        [R] int64 token ids.
+    """
+    vocab_size = scaled.shape[-1]
+    filtered = (top_k < vocab_size) | (top_p < 1.0)  # [R]
+    max_top_k = int(torch.where(top_k < vocab_size, top_k, 1).max())
+    num_candidates = min(vocab_size, max(num_candidates, max_top_k))
+    values, candidate_ids = torch.topk(scaled, num_candidates, dim=-1)  # [R, C]
+    log_norm = torch.logsumexp(scaled, dim=-1)  # [R]
+    counts = kept_counts(values, log_norm, top_k, top_p)  # [R]
+    boundary = values.gather(1, (counts - 1)[:, None])[:, 0]  # [R] smallest kept value
+    complete = (counts < num_candidates) | (num_candidates == vocab_size)
+    # Tokens tied with the boundary all lie among the candidates only if the last
+    # candidate is strictly below it.
+    sparse = filtered & complete & ((boundary > values[:, -1]) | (num_candidates == vocab_size))
+    token_ids = torch.empty_like(keys)
+    rows = sparse.nonzero()[:, 0]
+    if rows.numel():
+        token_ids[rows] = _sparse_gumbel_argmax(
+            values[rows], candidate_ids[rows], counts[rows], keys[rows]
+        )
+    rows = (~sparse).nonzero()[:, 0]
+    if rows.numel():
+        needs_sort = filtered[rows] & ~complete[rows]
+        counts = torch.where(filtered[rows], counts[rows], vocab_size)
+        if bool(needs_sort.any()):
+            full_counts = kept_counts(
+                torch.sort(scaled[rows], dim=-1, descending=True).values,
+                log_norm[rows], top_k[rows], top_p[rows],
+            )  # fmt: skip
+            counts = torch.where(needs_sort, full_counts, counts)
+        dense = scaled[rows].masked_fill(~top_k_mask(scaled[rows], counts), float("-inf"))
+        token_ids[rows] = gumbel_argmax(dense, keys[rows])
+    return token_ids
+
+
+def _sparse_gumbel_argmax(
+    values: torch.Tensor, candidate_ids: torch.Tensor, counts: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    """Gumbel-max among each row's ``counts`` best candidates, ties to lower ids.
+
+    Args:
+        values: [S, C] candidate logits, descending.
+        candidate_ids: [S, C] their token ids.
+        counts: [S] int64 number of tokens kept; every token tied with the
+            smallest kept value is among the candidates.
+        keys: [S] int64 stream keys.
+
+    Returns:
+        [S] int64 token ids.
+    """
+    boundary = values.gather(1, (counts - 1)[:, None])  # [S, 1]
+    ids, order = torch.sort(candidate_ids, dim=-1)  # [S, C] in token id order
+    values = values.gather(1, order)
+    above = values > boundary
+    tied = values == boundary
+    num_tied_needed = counts[:, None] - above.sum(dim=-1, keepdim=True)
+    keep = above | (tied & (torch.cumsum(tied.to(torch.int32), dim=-1) <= num_tied_needed))
+    noisy = (values + gumbel_noise(keys, ids)).masked_fill(~keep, float("-inf"))
+    return ids.gather(1, noisy.argmax(dim=-1, keepdim=True))[:, 0]

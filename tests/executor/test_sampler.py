@@ -40,7 +40,7 @@ def _reference_uniform(key: int, v: int) -> float:
 def test_hash_uniforms_match_unsigned_python_reference():
     keys = [sampling_ops.stream_key(s, p) for s, p in [(0, 0), (7, 5), (-3, 1), (2**70, 9)]]
     assert any(k < 0 for k in keys)  # the high bit is exercised
-    uniforms = sampling_ops.hash_uniforms(torch.tensor(keys), 300)
+    uniforms = sampling_ops.hash_uniforms(torch.tensor(keys), torch.arange(300))
     expected = [[_reference_uniform(k, v) for v in range(300)] for k in keys]
     assert uniforms.dtype == torch.float32
     assert uniforms.tolist() == expected
@@ -54,7 +54,7 @@ def test_stream_key_depends_on_seed_and_position():
 
 def test_same_seed_same_tokens_alone_and_in_mixed_batch():
     torch.manual_seed(0)
-    vocab_size = 500
+    vocab_size = 3000  # above the 1024 default candidates, which top_k=2000 raises
     target_params = dict(temperature=0.9, top_k=50, top_p=0.9, seed=1234)
     others = [
         dict(temperature=0.0),
@@ -63,6 +63,7 @@ def test_same_seed_same_tokens_alone_and_in_mixed_batch():
         dict(temperature=1.0, top_p=0.5, min_p=0.05, seed=3, logprobs=4),
         dict(temperature=0.0, repetition_penalty=1.5, logprobs=0),
         dict(temperature=1.0, presence_penalty=0.5, frequency_penalty=0.3, seed=77),
+        dict(temperature=1.1, top_k=2000, top_p=0.99, seed=1234),
     ]
     for position in range(5, 12):
         logits = torch.randn(17, vocab_size) * 3
@@ -175,6 +176,43 @@ def test_min_p_in_sample_never_emits_filtered_tokens():
     probs = torch.tensor([0.2, 0.4, 0.1, 0.2, 0.1])
     freqs = _empirical(probs.log(), 2000, min_p=0.4)
     assert freqs[2] == 0.0 and freqs[4] == 0.0 and freqs[[0, 1, 3]].min() > 0.15
+
+
+@pytest.mark.parametrize("num_candidates, big_k", [(8, 30), (64, 30), (1024, 2500)])
+def test_candidate_sampling_equals_dense_mask_sampling(num_candidates, big_k):
+    torch.manual_seed(8)
+    num_rows, vocab_size = 48, 3000
+    # bf16-rounded logits: many exact ties; some rows flat, some with -inf (min-p).
+    scaled = (torch.randn(num_rows, vocab_size) * torch.rand(num_rows, 1) * 6).bfloat16().float()
+    scaled[::7] = torch.randint(0, 3, (vocab_size,)).float()
+    scaled[3::5, ::3] = float("-inf")
+    top_k = torch.tensor([[5, 40, 200, big_k, vocab_size, vocab_size][i % 6] for i in range(num_rows)])
+    top_p = torch.tensor([[1.0, 0.9, 0.5, 0.999, 0.95, 1e-6][i % 5] for i in range(num_rows)])
+    keys = torch.tensor([sampling_ops.stream_key(i, 17) for i in range(num_rows)])
+    dense_mask = sampling_ops.top_k_top_p_mask(scaled, top_k, top_p)
+    dense = sampling_ops.gumbel_argmax(scaled.masked_fill(~dense_mask, float("-inf")), keys)
+    ours = sampling_ops.filtered_gumbel_argmax(scaled, keys, top_k, top_p, num_candidates)
+    assert ours.tolist() == dense.tolist()
+    assert dense_mask.gather(1, ours[:, None]).all()
+
+
+def test_top_k_top_p_mask_counts_match_a_python_reference():
+    torch.manual_seed(9)
+    scaled = torch.randn(6, 50).bfloat16().float()  # with ties
+    top_k = torch.tensor([50, 10, 3, 50, 25, 1])
+    top_p = torch.tensor([0.3, 0.8, 1.0, 0.95, 0.5, 0.9])
+    keep = sampling_ops.top_k_top_p_mask(scaled, top_k, top_p)
+    for row in range(6):
+        values = scaled[row].double().tolist()
+        ranking = sorted(range(50), key=lambda v: (-values[v], v))[: int(top_k[row])]
+        weights = [math.exp(values[v]) for v in ranking]
+        kept, mass = [], 0.0
+        for v, w in zip(ranking, weights):
+            if kept and mass >= float(top_p[row]):
+                break
+            kept.append(v)
+            mass += w / sum(weights)
+        assert sorted(torch.nonzero(keep[row])[:, 0].tolist()) == sorted(kept)
 
 
 # --- penalties ---------------------------------------------------------------------
@@ -292,7 +330,7 @@ def test_cuda_gives_the_same_tokens_as_cpu():
     ]
     keys = torch.tensor([sampling_ops.stream_key(s, 11) for s in range(64)])
     assert torch.equal(
-        sampling_ops.hash_uniforms(keys, 4096),
-        sampling_ops.hash_uniforms(keys.cuda(), 4096).cpu(),
+        sampling_ops.hash_uniforms(keys, torch.arange(4096)),
+        sampling_ops.hash_uniforms(keys.cuda(), torch.arange(4096).cuda()).cpu(),
     )
     assert _tokens(sample(logits, requests)) == _tokens(sample(logits.cuda(), requests))
