@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -94,3 +98,25 @@ def test_torch_backend_bf16_cache_close_to_dense():
 @pytest.mark.parametrize("window", [None, 4])
 def test_triton_backend_matches_dense(block_size, case, window):
     assert _run_case("triton", "cuda", block_size, CASES[case], window) < 1e-3
+
+
+_INTERPRETED_CHECK = """
+import sys, torch
+sys.path.insert(0, ".")
+import tests.executor.test_attention_paged as T
+from executor_svc.attention.triton_backend import TritonAttentionBackend
+T.get_backend = lambda name, device, dtype: TritonAttentionBackend(dtype)
+for bs in (1, 5, 16):
+    for case in sorted(T.CASES):
+        for window in (None, 4):
+            assert T._run_case("triton", "cpu", bs, T.CASES[case], window) < 1e-5, (bs, case, window)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
+def test_triton_kernel_interpreted_on_cpu_matches_dense():
+    """The Triton kernel's logic, run by Triton's CPU interpreter (no GPU needed)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
