@@ -199,6 +199,7 @@ class Launcher:
     def _wait_executors_ready(self) -> None:
         """Wait (bounded) until the scheduler reports every executor READY."""
         end = time.monotonic() + min(30.0, self.startup_timeout_s)
+        states: list[str] = []
         with Client(self.target, timeout=2.0, max_retries=0) as client:
             while time.monotonic() < end:
                 self.raise_if_dead()
@@ -211,7 +212,7 @@ class Launcher:
                 if states.count("READY") >= len(self.executors):
                     return
                 time.sleep(0.2)
-        raise LauncherError(f"the scheduler did not report {len(self.executors)} executors READY")
+        raise LauncherError(f"the scheduler did not report {len(self.executors)} executors READY: {states}")
 
     def dead_child(self) -> tuple[str, int] | None:
         """``(name, exit code)`` of the first child that has exited, or None."""
