@@ -56,6 +56,10 @@ async def serve(config: ExecutorConfig) -> None:
     server = grpc.aio.server(options=options)
     health = grpc_server.add_health_and_reflection(server, [SERVICE_NAME])
     await grpc_server.set_serving(health, [SERVICE_NAME], False)
+    await grpc_server.set_live(health)
+    metrics = ExecutorMetrics()
+    servicer = ExecutorServicer(metrics)
+    executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
     credentials = grpc_server.server_credentials(config.tls_cert, config.tls_key, config.tls_ca)
     port = grpc_server.add_port(server, f"{config.host}:{config.port}", credentials)
     await server.start()
@@ -65,12 +69,11 @@ async def serve(config: ExecutorConfig) -> None:
     tokenizer = await asyncio.to_thread(load_tokenizer_files, model_path)
     runner = await asyncio.to_thread(build_runner, config, model_path)
     await asyncio.to_thread(runner.warmup)
-    metrics = ExecutorMetrics(runner.info.num_kv_blocks)
+    metrics.kv_blocks.set(runner.info.num_kv_blocks)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
     model_name = config.model_name or runner.info.model_name
-    servicer = ExecutorServicer(runner, tokenizer, model_name, metrics)
-    executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
+    servicer.attach(runner, tokenizer, model_name)
     await grpc_server.set_serving(health, [SERVICE_NAME], True)
     log.info("executor_ready", model=model_name, **{k: v for k, v in vars(runner.info).items() if k != "eos_token_ids"})
 
@@ -88,6 +91,8 @@ async def drain(servicer: ExecutorServicer, health, timeout_s: float) -> None:
     """Report draining, go NOT_SERVING, and wait for held sequences to finish."""
     servicer.draining = True
     await grpc_server.set_serving(health, [SERVICE_NAME], False)
+    if servicer.runner is None:
+        return
     log.info("executor_draining", num_sequences=servicer.runner.num_sequences(), timeout_s=timeout_s)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while servicer.has_active_stream and servicer.runner.num_sequences() > 0:

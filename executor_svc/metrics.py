@@ -13,7 +13,7 @@ _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 class ExecutorMetrics:
     """Step-level metrics, registered in their own registry."""
 
-    def __init__(self, num_kv_blocks: int) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.forward_s = Histogram("pagoda_executor_forward_seconds", "Model forward time per step", buckets=_MS_BUCKETS, registry=r)
@@ -26,7 +26,6 @@ class ExecutorMetrics:
         self.seq_errors = Counter("pagoda_executor_sequence_errors", "Sequences that failed alone", registry=r)
         self.num_sequences = Gauge("pagoda_executor_num_sequences", "Sequences held", registry=r)
         self.kv_blocks = Gauge("pagoda_executor_kv_blocks", "KV cache blocks allocated", registry=r)
-        self.kv_blocks.set(num_kv_blocks)
 
     def observe_step(self, out: StepOutput, step_ns: int, idle_ns: int, num_sequences: int) -> None:
         """Record one step."""

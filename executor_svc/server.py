@@ -25,17 +25,24 @@ log = structlog.get_logger("executor")
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
-    """Describe and Execute over one ModelRunner."""
+    """Describe and Execute over one ModelRunner.
 
-    def __init__(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str,
-                 metrics: ExecutorMetrics | None = None) -> None:
-        self.runner = runner
+    Registered before the server starts (health answers during model loading);
+    both RPCs answer UNAVAILABLE until `attach` hands over the loaded runner.
+    """
+
+    def __init__(self, metrics: ExecutorMetrics | None = None) -> None:
+        self.runner: ModelRunner | None = None
         self.incarnation_id = uuid.uuid4().hex
         self.draining = False
         self._metrics = metrics
         self._lock = asyncio.Lock()
         self._stream_generation = 0
         self._active_streams = 0
+        self._info = executor_pb2.ExecutorInfo()
+
+    def attach(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str) -> None:
+        """Start serving `runner` (weights loaded, warm-up done)."""
         info = runner.info
         self._info = executor_pb2.ExecutorInfo(
             incarnation_id=self.incarnation_id, model_name=model_name, architecture=info.architecture,
@@ -45,6 +52,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             tokenizer_json=tokenizer.tokenizer_json, chat_template=tokenizer.chat_template or "",
             bos_token=tokenizer.bos_token or "", eos_token=tokenizer.eos_token or "",
         )
+        self.runner = runner
 
     @property
     def has_active_stream(self) -> bool:
@@ -52,12 +60,14 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         return self._active_streams > 0
 
     async def Describe(self, request, context) -> executor_pb2.ExecutorInfo:
+        await self._check_ready(context)
         info = executor_pb2.ExecutorInfo()
         info.CopyFrom(self._info)
         info.draining = self.draining
         return info
 
     async def Execute(self, request_iterator, context):
+        await self._check_ready(context)
         self._stream_generation += 1
         generation = self._stream_generation
         self._active_streams += 1
@@ -77,6 +87,10 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         finally:
             self._active_streams -= 1
             log.info("scheduler_disconnected", peer=peer, generation=generation)
+
+    async def _check_ready(self, context) -> None:
+        if self.runner is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is still loading its model")
 
     async def _run_step(self, plan: executor_pb2.StepPlan, idle_ns: int, started_ns: int) -> executor_pb2.StepResult:
         step = pb_convert.step_from_pb(plan)

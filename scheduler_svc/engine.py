@@ -203,7 +203,7 @@ class Engine:
     def _place(self, state: RequestState) -> None:
         """Queue the sequence on the best executor, or keep it until one is ready."""
         try:
-            worker, hit = choose_worker(list(self.workers.values()), state.seq.all_token_ids, state.seq.cache_salt)
+            worker, hit = choose_worker(list(self.workers.values()), state.seq.token_ids, state.seq.cache_salt)
         except LookupError:
             state.worker = None
             self._orphans[state.seq.seq_id] = state.seq
@@ -279,25 +279,20 @@ class Engine:
         self.metrics.on_step(plan, result, duration_s)
 
     def on_updates(self, worker: ExecutorWorker, updates: list[SeqUpdate], result: StepResult) -> None:
-        for error in result.errors:
-            state = self._requests.get(error.seq_id)
-            if worker.scheduler is not None:
-                worker.scheduler.finish(error.seq_id, FinishReason.ERROR)
-            if state is not None:
-                log.error("sequence_failed", request_id=state.request_id, error=error.message)
-                state.fail(FinishReason.ERROR, error.message)
-                self.metrics.on_finished(state, FinishReason.ERROR)
         for update in updates:
             state = self._requests.get(update.seq.seq_id)
             if state is None or state.finished:
                 continue
             stop = state.on_update(update)
             if stop is not None and worker.scheduler is not None:
-                worker.scheduler.finish(update.seq.seq_id, FinishReason.STOP, stop)
+                worker.scheduler.finish(update.seq.seq_id, FinishReason.STOP)
             self.metrics.on_tokens(state, len(update.new_token_ids))
             if state.finished:
-                self.metrics.on_finished(state, update.seq.finish_reason or FinishReason.STOP)
-        if updates or result.errors:
+                reason = FinishReason.STOP if stop is not None else update.seq.finish_reason or FinishReason.STOP
+                if reason is FinishReason.ERROR:
+                    log.error("sequence_failed", request_id=state.request_id, error=update.seq.error_message)
+                self.metrics.on_finished(state, reason)
+        if updates:
             worker.wake()
 
     def on_worker_lost(self, worker: ExecutorWorker, seqs: list[Sequence]) -> None:

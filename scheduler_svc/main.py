@@ -33,6 +33,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
     health = grpc_server.add_health_and_reflection(server, [SERVICE_NAME])
     await grpc_server.set_serving(health, [SERVICE_NAME], False)
+    await grpc_server.set_live(health)
     loop = asyncio.get_running_loop()
     engine.on_health_change = lambda serving: loop.create_task(
         grpc_server.set_serving(health, [SERVICE_NAME], serving))

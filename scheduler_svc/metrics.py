@@ -76,8 +76,8 @@ class SchedulerMetrics:
         self.num_requests_running.set(engine.num_running)
         self.num_requests_waiting.set(engine.num_waiting)
         live = [w.scheduler for w in engine.workers.values() if w.scheduler is not None]
-        total = sum(s.num_blocks for s in live) if live else 0
-        used = sum(s.num_blocks - s.num_free_blocks for s in live)
+        total = sum(s.config.num_blocks for s in live)
+        used = sum(s.config.num_blocks - s.num_free_blocks for s in live)
         self.kv_cache_usage_perc.set(used / total if total else 0.0)
 
     def serve(self, host: str, port: int) -> None:

@@ -47,7 +47,9 @@ class RequestState:
         if matched is not None:
             self._finish(emitted, update, FinishReason.STOP, matched)
             return matched
-        if update.finished:
+        if update.finished and self.seq.finish_reason is FinishReason.ERROR:
+            self.fail(FinishReason.ERROR, self.seq.error_message or "executor error")
+        elif update.finished:
             tail = self._stop_checker.process(self._detokenizer.flush())[0] + self._stop_checker.flush()
             self._finish(emitted + tail, update, self.seq.finish_reason, self.seq.stop_reason)
         else:

@@ -118,7 +118,7 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
         executors.append(generation_pb2.ExecutorStatus(
             address=worker.address, incarnation_id=worker.info.incarnation_id if worker.info else "",
             state=worker.state.value, num_running=s.num_running if s else 0, num_waiting=s.num_waiting if s else 0,
-            num_kv_blocks=s.num_blocks if s else 0, num_free_kv_blocks=s.num_free_blocks if s else 0,
+            num_kv_blocks=s.config.num_blocks if s else 0, num_free_kv_blocks=s.num_free_blocks if s else 0,
             kv_cache_usage=s.kv_cache_usage if s else 0.0))
     total = sum(e.num_kv_blocks for e in executors)
     used = sum(e.num_kv_blocks - e.num_free_kv_blocks for e in executors)

@@ -77,7 +77,7 @@ def test_short_request_finishes_first_and_long_is_unchanged(tiny_system, tiny_mo
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(prompt=""), "text"),
-    (dict(token_ids=[]), "input"),
+    (dict(token_ids=[]), "token_ids"),
     (dict(prompt="hi", max_tokens=0), "max_tokens"),
     (dict(prompt="hi", max_tokens=-3), "max_tokens"),
     (dict(prompt="hi", temperature=-0.5), "temperature"),

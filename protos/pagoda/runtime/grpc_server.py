@@ -70,3 +70,13 @@ def add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCred
     if credentials is None:
         return server.add_insecure_port(address)
     return server.add_secure_port(address, credentials)
+
+
+LIVENESS_SERVICE = "liveness"
+
+
+async def set_live(servicer: health.aio.HealthServicer) -> None:
+    """SERVING for the "liveness" name: the process is up (Kubernetes liveness
+    and startup probes ask this one, so a scheduler without executors or an
+    executor loading its model is not restarted)."""
+    await servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
