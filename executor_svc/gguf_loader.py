@@ -25,9 +25,9 @@ import gguf
 from executor_svc import gguf_tokenizer
 
 # GGUF architecture -> (Hugging Face class, model_type, q/k rows permuted by llama.cpp).
+# llama.cpp writes Llama 2/3 and Mistral 7B alike as "llama".
 _ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
     "llama": ("LlamaForCausalLM", "llama", True),
-    "mistral": ("MistralForCausalLM", "mistral", True),
     "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
     "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
 }
@@ -178,8 +178,6 @@ def _build_config(
     }
     if head_dim != hidden_size // num_heads or model_type == "qwen3":
         config["head_dim"] = head_dim
-    if model_type == "mistral" and get("attention.sliding_window") is not None:
-        config["sliding_window"] = int(get("attention.sliding_window"))
     rope_scaling = _rope_scaling(get)
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling

@@ -39,8 +39,8 @@ def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def random_hf_weights(seed: int = 0, untied: bool = False) -> dict[str, np.ndarray]:
-    """Hugging Face named float32 weights of a tiny Llama."""
+def random_hf_weights(seed: int = 0, untied: bool = False, arch: str = "llama") -> dict[str, np.ndarray]:
+    """Hugging Face named float32 weights of a tiny Llama (Qwen2: qkv bias; Qwen3: q/k norm)."""
     rng = np.random.default_rng(seed)
 
     def mat(rows: int, cols: int) -> np.ndarray:
@@ -62,6 +62,17 @@ def random_hf_weights(seed: int = 0, untied: bool = False) -> dict[str, np.ndarr
             p + "mlp.up_proj.weight": mat(FFN, HIDDEN),
             p + "mlp.down_proj.weight": mat(HIDDEN, FFN),
         }
+        if arch == "qwen2":
+            weights |= {
+                p + "self_attn.q_proj.bias": mat(1, HEADS * HEAD_DIM)[0],
+                p + "self_attn.k_proj.bias": mat(1, KV_HEADS * HEAD_DIM)[0],
+                p + "self_attn.v_proj.bias": mat(1, KV_HEADS * HEAD_DIM)[0],
+            }
+        if arch == "qwen3":
+            weights |= {
+                p + "self_attn.q_norm.weight": 1 + mat(1, HEAD_DIM)[0],
+                p + "self_attn.k_norm.weight": 1 + mat(1, HEAD_DIM)[0],
+            }
     return weights
 
 
@@ -74,6 +85,11 @@ GGUF_NAMES = {
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -107,6 +123,8 @@ def write_tiny_gguf(
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
     writer.add_vocab_size(VOCAB)
     writer.add_tokenizer_model(tokenizer_model)
     writer.add_tokenizer_pre("gpt2")
@@ -117,10 +135,11 @@ def write_tiny_gguf(
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
+    permuted = arch in ("llama", "mistral")  # llama.cpp permutes only these
     for name, weight in weights.items():
-        if name.endswith("q_proj.weight"):
+        if permuted and name.endswith("q_proj.weight"):
             weight = llama_cpp_permute(weight, HEADS)
-        elif name.endswith("k_proj.weight"):
+        elif permuted and name.endswith("k_proj.weight"):
             weight = llama_cpp_permute(weight, KV_HEADS)
         if weight.ndim == 1 or qtype == QT.F32:
             writer.add_tensor(gguf_name(name), weight)
@@ -148,7 +167,10 @@ def expected_after_roundtrip(weight: np.ndarray, qtype: QT) -> np.ndarray:
 
 # Largest |error| relative to the row's max |weight|, by type (well above the
 # rounding each format does, far below what a wrong layout gives).
-QUANT_TOLERANCE = {QT.F32: 0.0, QT.F16: 1e-3, QT.BF16: 8e-3, QT.Q8_0: 1e-2, QT.Q4_0: 0.15, QT.Q4_1: 0.1}
+QUANT_TOLERANCE = {
+    QT.F32: 0.0, QT.F16: 1e-3, QT.BF16: 8e-3, QT.Q8_0: 1e-2,
+    QT.Q4_0: 0.15, QT.Q4_1: 0.1, QT.Q5_0: 0.08, QT.Q5_1: 0.05,
+}
 
 
 @pytest.mark.parametrize("qtype", list(QUANT_TOLERANCE), ids=lambda q: q.name)
@@ -220,6 +242,32 @@ def test_matches_transformers_gguf_import(tmp_path: pathlib.Path, qtype: QT) -> 
         torch.testing.assert_close(model(input_ids).logits, reference.eval()(input_ids).logits)
 
 
+@pytest.mark.parametrize(("arch", "hf_class"), [("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")])
+def test_qwen_architectures(tmp_path: pathlib.Path, arch: str, hf_class: str) -> None:
+    """Qwen rows are not permuted; Qwen2 has qkv biases, Qwen3 q/k norms and an explicit head_dim."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    weights = random_hf_weights(seed=4, arch=arch)
+    write_tiny_gguf(tmp_path / "tiny.gguf", weights, QT.F32, arch=arch)
+    ours = load_gguf(tmp_path / "tiny.gguf")
+    assert (ours.config["architectures"], ours.config["model_type"]) == ([hf_class], arch)
+    assert ours.config["attention_bias"] is (arch == "qwen2")
+    assert ours.config.get("head_dim") == (HEAD_DIM if arch == "qwen3" else None)
+    assert sorted(ours.tensors) == sorted(weights)
+    for name, original in weights.items():
+        np.testing.assert_array_equal(ours.tensors[name].numpy(), original, err_msg=name)
+    # transformers' class, built from our config, takes exactly our tensors.
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**ours.config))
+    assert type(model).__name__ == hf_class
+    missing, unexpected = model.load_state_dict(ours.tensors, strict=False)
+    assert (missing, unexpected) == (["lm_head.weight"], [])  # tied to the embedding
+    if arch == "qwen2":  # transformers' GGUF import knows Qwen2 fully (not Qwen3's head_dim)
+        reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32)
+        input_ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            torch.testing.assert_close(model.eval()(input_ids).logits, reference.eval()(input_ids).logits)
+
+
 def test_unsupported_architecture_is_named(tmp_path: pathlib.Path) -> None:
     write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), arch="falcon")
     with pytest.raises(GgufError, match="unsupported GGUF architecture 'falcon'"):
@@ -240,3 +288,28 @@ def test_unsupported_tensor_type_is_named(tmp_path: pathlib.Path) -> None:
     write_tiny_gguf(tmp_path / "x.gguf", weights, raw=raw)
     with pytest.raises(GgufError, match="token_embd.weight: unsupported GGUF tensor type IQ2_XXS"):
         load_gguf(tmp_path / "x.gguf")
+
+
+@pytest.mark.slow
+def test_smollm2_tensors_match_transformers_gguf_import() -> None:
+    """The shipped Q4_1 / Q8_0 SmolLM2: same dense tensors as transformers' import."""
+    from transformers import AutoModelForCausalLM
+
+    from executor_svc.model_cache import DEFAULT_GGUF_FILE, default_gguf_path
+
+    path = default_gguf_path()
+    ours = load_gguf(path)
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=DEFAULT_GGUF_FILE, dtype=torch.float32)
+    reference_state = reference.state_dict()
+    assert ours.config["tie_word_embeddings"] and "lm_head.weight" not in ours.tensors
+    for name in [
+        "model.embed_tokens.weight",  # Q8_0
+        "model.layers.0.self_attn.q_proj.weight",  # Q4_1, permuted rows
+        "model.layers.0.self_attn.k_proj.weight",  # Q4_1, permuted rows, 3 kv heads
+        "model.layers.29.mlp.down_proj.weight",
+        "model.norm.weight",  # F32
+    ]:
+        torch.testing.assert_close(ours.tensors[name], reference_state[name].float(), rtol=0, atol=1e-6, msg=name)
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings", "bos_token_id"):
+        assert ours.config[key] == getattr(reference.config, key), key

@@ -1,0 +1,91 @@
+"""read_tokenizer_files on tiny checkpoint folders, one per layout variant."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from executor_svc.gguf_loader import GgufModel
+from executor_svc.tokenizer_files import TokenizerFiles, TokenizerFilesError, from_gguf, read_tokenizer_files
+
+TOKENIZER_JSON = '{"version": "1.0", "model": {"type": "BPE"}}'
+
+
+def make_folder(root: pathlib.Path, **files: object) -> pathlib.Path:
+    """A folder with tokenizer.json plus the given files (dicts written as JSON)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tokenizer.json").write_text(TOKENIZER_JSON)
+    for name, content in files.items():
+        text = content if isinstance(content, str) else json.dumps(content)
+        (root / name.replace("__", ".")).write_text(text)
+    return root
+
+
+def test_string_template_and_string_tokens(tmp_path: pathlib.Path) -> None:
+    folder = make_folder(
+        tmp_path,
+        tokenizer_config__json={"chat_template": "T1", "bos_token": "<s>", "eos_token": "</s>"},
+        generation_config__json={"eos_token_id": 7},
+        config__json={"eos_token_id": 99},
+    )
+    assert read_tokenizer_files(folder) == TokenizerFiles(TOKENIZER_JSON, "T1", "<s>", "</s>", (7,))
+
+
+def test_named_templates_added_token_dicts_and_eos_list(tmp_path: pathlib.Path) -> None:
+    folder = make_folder(
+        tmp_path,
+        tokenizer_config__json={
+            "chat_template": [{"name": "tool_use", "template": "TOOLS"}, {"name": "default", "template": "DEFAULT"}],
+            "bos_token": {"content": "<|begin|>", "lstrip": False, "special": True},
+            "eos_token": {"content": "<|end|>", "rstrip": False},
+        },
+        generation_config__json={"eos_token_id": [128001, 128009, 128001]},
+    )
+    files = read_tokenizer_files(folder)
+    assert files.chat_template == "DEFAULT"
+    assert (files.bos_token, files.eos_token) == ("<|begin|>", "<|end|>")
+    assert files.eos_token_ids == (128001, 128009)
+
+
+def test_jinja_file_and_config_fallback(tmp_path: pathlib.Path) -> None:
+    folder = make_folder(
+        tmp_path,
+        tokenizer_config__json={"eos_token": "</s>"},
+        chat_template__jinja="{{ messages }}",
+        generation_config__json={"do_sample": True},  # no eos here: config.json's is used
+        config__json={"eos_token_id": [2, 3]},
+    )
+    files = read_tokenizer_files(folder)
+    assert (files.chat_template, files.bos_token, files.eos_token, files.eos_token_ids) == (
+        "{{ messages }}", None, "</s>", (2, 3)
+    )
+
+
+def test_config_template_wins_over_jinja_file(tmp_path: pathlib.Path) -> None:
+    folder = make_folder(tmp_path, tokenizer_config__json={"chat_template": "A"}, chat_template__jinja="B")
+    assert read_tokenizer_files(folder).chat_template == "A"
+
+
+def test_only_tokenizer_json(tmp_path: pathlib.Path) -> None:
+    assert read_tokenizer_files(make_folder(tmp_path)) == TokenizerFiles(TOKENIZER_JSON, None, None, None, ())
+
+
+def test_missing_tokenizer_json_is_an_error(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(TokenizerFilesError, match="no tokenizer.json"):
+        read_tokenizer_files(tmp_path)
+
+
+def test_malformed_json_names_the_file(tmp_path: pathlib.Path) -> None:
+    folder = make_folder(tmp_path, tokenizer_config__json="{not json")
+    with pytest.raises(TokenizerFilesError, match="tokenizer_config.json: invalid JSON"):
+        read_tokenizer_files(folder)
+
+
+def test_from_gguf_copies_the_tokenizer_fields() -> None:
+    model = GgufModel(
+        config={}, tensors={}, tokenizer_json=TOKENIZER_JSON, chat_template="T",
+        bos_token="<b>", eos_token="<e>", eos_token_ids=(5, 6),
+    )
+    assert from_gguf(model) == TokenizerFiles(TOKENIZER_JSON, "T", "<b>", "<e>", (5, 6))
