@@ -27,10 +27,21 @@ Order of operations (as in vLLM), all in float32:
 6. Gumbel-max: ``token = argmax(scaled + g)``, with ``g = -log(-log(u))``;
    this samples exactly from ``softmax(scaled)`` restricted to the kept set.
 
+Fast paths: all rows plain greedy -> one argmax; no penalty, min-p, top-k or
+top-p kernel runs unless some row uses it. Top-k/top-p rows whose kept set lies
+within their ``C = max(1024, largest top_k)`` best logits sample among those
+candidates only, which gives exactly the token of the dense mask (same noise per
+token id, same tie rule); other rows use the dense mask, with a full sort only
+when top-p needs more than C tokens. Every step is elementwise or a max/argmax
+(independent of reduction order) except the top-p mass (a logsumexp and a
+cumsum) and the logprobs, so only a top-p boundary within float rounding of p
+could come out differently on another device.
+
 Random stream: for the token at position ``pos = len(token_ids)`` of a request
-with seed ``s``, ``key = splitmix64(splitmix64(s) ^ pos)`` (on the host, in
-exact unsigned 64-bit arithmetic), and the uniform of vocabulary entry ``v`` is
-the top 23 bits of ``splitmix64(key + (v + 1) * golden)`` plus 1/2, over 2**23,
+with seed ``s``, ``key = splitmix64(splitmix64(s) ^ pos)`` (first outputs of
+splitmix64 generators, on the host in exact unsigned 64-bit arithmetic), and
+the uniform of vocabulary entry ``v`` is the top 23 bits of the (v + 1)-th
+output of a splitmix64 generator seeded with ``key``, plus 1/2, over 2**23,
 computed with wrapping int64 tensor ops on the device (``sampling_ops``). No
 generator is shared, so a sequence gets the same tokens alone or in any batch,
 on CPU or CUDA, and after moving to another executor.

@@ -25,7 +25,10 @@ def _to_signed64(value: int) -> int:
 
 
 def splitmix64(value: int) -> int:
-    """The splitmix64 finaliser of ``value + golden`` on Python ints (unsigned 64-bit)."""
+    """First output of a splitmix64 generator seeded with ``value`` (unsigned 64-bit).
+
+    That is ``mix(value + golden)``; the n-th output is ``mix(value + n * golden)``.
+    """
     z = (value + _GOLDEN) & _MASK64
     z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
     z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
@@ -48,7 +51,8 @@ def stream_key(seed: int, position: int) -> int:
 def hash_uniforms(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Uniforms in (0, 1), one per (row, token id), from integer ops only.
 
-    ``u[b, v]`` is the top 23 bits of ``splitmix64(keys[b] + (v + 1) * golden)``
+    ``u[b, v]`` is the top 23 bits of the (v + 1)-th output of a splitmix64
+    generator seeded with ``keys[b]``, i.e. ``mix(keys[b] + (v + 1) * golden)``
     (unsigned arithmetic mod 2**64, done in wrapping int64 tensors), plus one
     half, over 2**23. Those 24 significant bits are exact in float32, so the
     values are identical on every device and never 0 or 1. A value depends only
