@@ -21,6 +21,7 @@ from executor_svc.device import dtype_name, resolve_device, resolve_dtype
 from executor_svc.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import LlamaModel
+from executor_svc.sampler import SampleRequest, sample
 from executor_svc.step_batch import SequenceState, StepBatch, build_step_batch
 from executor_svc.weights import load_checkpoint, validate_tensors
 
@@ -94,7 +95,8 @@ class ModelRunner:
             bos_token_id=self.config.bos_token_id,
         )
         self._seqs: dict[int, SequenceState] = {}
-        self._sample_fn = None  # resolved on first use
+        # (sample function, request class); tests wrap it to record logits.
+        self._sample_fn = (sample, SampleRequest)
 
     # -- public API ---------------------------------------------------------
 
@@ -234,14 +236,10 @@ class ModelRunner:
     def _sample(self, states: list[SequenceState], logits: torch.Tensor) -> list[t.SeqOutput]:
         if not states:
             return []
-        if self._sample_fn is None:
-            from executor_svc.sampler import SampleRequest, sample
-
-            self._sample_fn = (sample, SampleRequest)
-        sample, request_cls = self._sample_fn
+        sample_fn, request_cls = self._sample_fn
         requests = [request_cls(s.sampling, s.token_ids, s.num_prompt_tokens) for s in states]
         outputs = []
-        for state, sampled in zip(states, sample(logits, requests)):
+        for state, sampled in zip(states, sample_fn(logits, requests)):
             state.token_ids.append(sampled.token_id)
             logprobs = () if sampled.logprob is None else (sampled.logprob,)
             outputs.append(t.SeqOutput(state.seq_id, (sampled.token_id,), logprobs))

@@ -61,35 +61,26 @@ def load_hf(folder: Path):
     return model.eval()
 
 
-class GreedyRecorder:
-    """Test sampler: argmax, recording each request's tokens and logits row."""
+class LogitsRecorder:
+    """Wraps the real sampler, recording each request's tokens and logits row."""
 
     def __init__(self):
         self.records: list[tuple[list[int], torch.Tensor]] = []
 
     def __call__(self, logits, requests):
-        outputs = []
+        from executor_svc.sampler import sample
+
         for row, request in zip(logits, requests):
             self.records.append((list(request.token_ids), row.clone()))
-            outputs.append(_Sampled(int(row.argmax())))
-        return outputs
+        return sample(logits, requests)
 
 
-class _Sampled:
-    def __init__(self, token_id: int):
-        self.token_id = token_id
-        self.logprob = None
+def install_recorder(runner) -> LogitsRecorder:
+    """Records the logits the runner hands to the sampler."""
+    from executor_svc.sampler import SampleRequest
 
-
-class _Request:
-    def __init__(self, params, token_ids, num_prompt_tokens):
-        self.params, self.token_ids, self.num_prompt_tokens = params, token_ids, num_prompt_tokens
-
-
-def install_recorder(runner) -> GreedyRecorder:
-    """Routes the runner's sampling through a GreedyRecorder."""
-    recorder = GreedyRecorder()
-    runner._sample_fn = (recorder, _Request)
+    recorder = LogitsRecorder()
+    runner._sample_fn = (recorder, SampleRequest)
     return recorder
 
 

@@ -4,6 +4,7 @@ against the original weights and against transformers' own GGUF import."""
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 
 import gguf
 import numpy as np
@@ -111,6 +112,7 @@ def write_tiny_gguf(
     arch: str = "llama",
     tokenizer_model: str = "gpt2",
     raw: dict[str, tuple[np.ndarray, QT]] | None = None,
+    extra_kv: Callable[[gguf.GGUFWriter], None] | None = None,
 ) -> pathlib.Path:
     """Writes a tiny model the way llama.cpp's converter does (q/k rows permuted)."""
     writer = gguf.GGUFWriter(str(path), arch)
@@ -135,6 +137,8 @@ def write_tiny_gguf(
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
+    if extra_kv is not None:
+        extra_kv(writer)
     permuted = arch in ("llama", "mistral")  # llama.cpp permutes only these
     for name, weight in weights.items():
         if permuted and name.endswith("q_proj.weight"):
@@ -266,6 +270,27 @@ def test_qwen_architectures(tmp_path: pathlib.Path, arch: str, hf_class: str) ->
         input_ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             torch.testing.assert_close(model.eval()(input_ids).logits, reference.eval()(input_ids).logits)
+
+
+def test_rope_scaling_and_eot_ids(tmp_path: pathlib.Path) -> None:
+    def extra(writer: gguf.GGUFWriter) -> None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(4.0)
+        writer.add_rope_scaling_orig_ctx_len(64)
+        writer.add_eot_token_id(0)
+
+    model = load_gguf(write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), extra_kv=extra))
+    assert model.config["rope_scaling"] == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+    }
+    assert model.eos_token_ids == (2, 0)
+
+
+def test_per_frequency_rope_factors_are_refused(tmp_path: pathlib.Path) -> None:
+    raw = {"rope_freqs.weight": (np.ones(HEAD_DIM // 2, dtype=np.float32), QT.F32)}
+    write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), raw=raw)
+    with pytest.raises(GgufError, match="rope_freqs.weight"):
+        load_gguf(tmp_path / "x.gguf")
 
 
 def test_unsupported_architecture_is_named(tmp_path: pathlib.Path) -> None:

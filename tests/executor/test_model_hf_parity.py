@@ -94,7 +94,6 @@ def test_greedy_64_tokens_match_generate(arch, checkpoints):
     """64 greedy tokens of three concurrent sequences equal transformers generate."""
     hf = load_hf(checkpoints[arch])
     runner = _runner(checkpoints[arch])
-    install_recorder(runner)
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 11, 18)]
     got = _generate(runner, prompts, 64, chunk=7)
