@@ -180,17 +180,77 @@ class AsyncClient:
 
         return AsyncGenerationStream(start_call, self._retry, deadline, request_id)
 
-    async def generate(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
-        """Generate and return the whole result; arguments as in ``stream``."""
-        result = GenerationResult(request_id=kwargs.get("request_id") or "")
+    async def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        seed: int | None = None,
+        logprobs: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        include_stop_str_in_output: bool = False,
+        priority: int = 0,
+        cache_salt: str = "",
+        request_id: str | None = None,
+        skip_special_tokens: bool | None = None,
+        add_generation_prompt: bool | None = None,
+        timeout: float | None = None,
+    ) -> GenerationResult:
+        """Generate and return the whole result; arguments as in ``stream``.
+
+        Raises:
+            PagodaError: on any gRPC error.
+            ValueError: when not exactly one input is given.
+        """
+        kwargs = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
+        result = GenerationResult(request_id=request_id or "")
         async with self.stream(prompt, **kwargs) as deltas:
             async for delta in deltas:
                 result.add(delta)
         return result
 
-    async def chat(self, messages: Sequence[Message], **kwargs: Any) -> GenerationResult:
-        """``generate(messages=messages, ...)``: one assistant reply."""
-        return await self.generate(messages=messages, **kwargs)
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        seed: int | None = None,
+        logprobs: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        include_stop_str_in_output: bool = False,
+        priority: int = 0,
+        cache_salt: str = "",
+        request_id: str | None = None,
+        skip_special_tokens: bool | None = None,
+        add_generation_prompt: bool | None = None,
+        timeout: float | None = None,
+    ) -> GenerationResult:
+        """One assistant reply to ``messages`` (chat template applied by the server).
+
+        Arguments as in ``stream``.
+        """
+        kwargs = {k: v for k, v in locals().items() if k != "self"}
+        return await self.generate(**kwargs)
 
     async def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         """What model the server serves, and its limits."""
