@@ -242,55 +242,57 @@ def filtered_gumbel_argmax(
     keys: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
-    num_candidates: int = 1024,
+    num_candidates: int = 256,
 ) -> torch.Tensor:
     """Samples each row from its top-k/top-p set (see ``kept_counts``).
 
-    Rows whose kept set is known to lie within their ``num_candidates`` largest
-    logits (the usual case) sample among those candidates only, with the same
-    noise per token id as the dense path and the same tie-breaking, so a row
-    gets the same token whichever path it takes. Other rows use a dense mask.
+    A row samples among its C largest logits once its kept set is known to lie
+    within them, with the same noise per token id and the same tie rule as the
+    dense path, so it gets the same token either way. C starts at
+    ``max(num_candidates, largest top_k)`` and grows 16-fold (up to V) for rows
+    whose top-p set is larger. Rows without top-k and top-p sample densely.
 
     Args:
         scaled: [R, V] float32 temperature-scaled logits (-inf allowed).
         keys: [R] int64 stream keys.
         top_k: [R] int64 >= 1 (V disables).
         top_p: [R] float32 in (0, 1] (1 disables).
-        num_candidates: the least C; raised to the largest enabled top_k.
+        num_candidates: the least C to start with.
 
     Returns:
         [R] int64 token ids.
     """
     vocab_size = scaled.shape[-1]
     filtered = (top_k < vocab_size) | (top_p < 1.0)  # [R]
+    token_ids = torch.empty_like(keys)
+    rows = (~filtered).nonzero()[:, 0]
+    if rows.numel():
+        token_ids[rows] = gumbel_argmax(scaled[rows], keys[rows])
+    log_norm = torch.logsumexp(scaled, dim=-1)  # [R]
+    pending = filtered.nonzero()[:, 0]
     max_top_k = int(torch.where(top_k < vocab_size, top_k, 1).max())
     num_candidates = min(vocab_size, max(num_candidates, max_top_k))
-    values, candidate_ids = torch.topk(scaled, num_candidates, dim=-1)  # [R, C]
-    log_norm = torch.logsumexp(scaled, dim=-1)  # [R]
-    counts = kept_counts(values, log_norm, top_k, top_p)  # [R]
-    boundary = values.gather(1, (counts - 1)[:, None])[:, 0]  # [R] smallest kept value
-    complete = (counts < num_candidates) | (num_candidates == vocab_size)
-    # Tokens tied with the boundary all lie among the candidates only if the last
-    # candidate is strictly below it.
-    sparse = filtered & complete & ((boundary > values[:, -1]) | (num_candidates == vocab_size))
-    token_ids = torch.empty_like(keys)
-    rows = sparse.nonzero()[:, 0]
-    if rows.numel():
-        token_ids[rows] = _sparse_gumbel_argmax(
-            values[rows], candidate_ids[rows], counts[rows], keys[rows]
+    while pending.numel():
+        values, candidate_ids = torch.topk(scaled[pending], num_candidates, dim=-1)  # [P, C]
+        counts = kept_counts(values, log_norm[pending], top_k[pending], top_p[pending])
+        boundary = values.gather(1, (counts - 1)[:, None])[:, 0]  # smallest kept value
+        everything = num_candidates == vocab_size
+        complete = (counts < num_candidates) | everything
+        # Ties with the boundary all lie among the candidates only if the last
+        # candidate is strictly below it.
+        sparse = complete & ((boundary > values[:, -1]) | everything)
+        done = sparse.nonzero()[:, 0]
+        token_ids[pending[done]] = _sparse_gumbel_argmax(
+            values[done], candidate_ids[done], counts[done], keys[pending[done]]
         )
-    rows = (~sparse).nonzero()[:, 0]
-    if rows.numel():
-        needs_sort = filtered[rows] & ~complete[rows]
-        counts = torch.where(filtered[rows], counts[rows], vocab_size)
-        if bool(needs_sort.any()):
-            full_counts = kept_counts(
-                torch.sort(scaled[rows], dim=-1, descending=True).values,
-                log_norm[rows], top_k[rows], top_p[rows],
-            )  # fmt: skip
-            counts = torch.where(needs_sort, full_counts, counts)
-        dense = scaled[rows].masked_fill(~top_k_mask(scaled[rows], counts), float("-inf"))
-        token_ids[rows] = gumbel_argmax(dense, keys[rows])
+        done = (complete & ~sparse).nonzero()[:, 0]
+        if done.numel():
+            rows = pending[done]
+            keep = top_k_mask(scaled[rows], counts[done])
+            masked = scaled[rows].masked_fill(~keep, float("-inf"))
+            token_ids[rows] = gumbel_argmax(masked, keys[rows])
+        pending = pending[~complete]
+        num_candidates = min(vocab_size, num_candidates * 16)
     return token_ids
 
 

@@ -186,7 +186,7 @@ def test_candidate_sampling_equals_dense_mask_sampling(num_candidates, big_k):
     scaled = (torch.randn(num_rows, vocab_size) * torch.rand(num_rows, 1) * 6).bfloat16().float()
     scaled[::7] = torch.randint(0, 3, (vocab_size,)).float()
     scaled[3::5, ::3] = float("-inf")
-    top_k = torch.tensor([[5, 40, 200, big_k, vocab_size, vocab_size][i % 6] for i in range(num_rows)])
+    top_k = torch.tensor([[5, 40, big_k, vocab_size, vocab_size, 1][i % 6] for i in range(num_rows)])
     top_p = torch.tensor([[1.0, 0.9, 0.5, 0.999, 0.95, 1e-6][i % 5] for i in range(num_rows)])
     keys = torch.tensor([sampling_ops.stream_key(i, 17) for i in range(num_rows)])
     dense_mask = sampling_ops.top_k_top_p_mask(scaled, top_k, top_p)
