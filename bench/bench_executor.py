@@ -1,0 +1,177 @@
+"""Executor micro-benchmark: decode step time, prefill speed, attention share, roofline.
+
+Usage:
+    python bench/bench_executor.py [--model DIR_OR_GGUF] [--batches 1,8,32,64,128]
+        [--context 512] [--dtypes float32,bfloat16] [--steps 5] [--threads N]
+
+Without --model it prepares the default model (SmolLM2) with
+``executor_svc.model_cache``. Decode sequences are registered with
+``context - 1`` tokens already cached (the plan says so), so no long prefill is
+needed: attention reads the same number of blocks as after a real prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from executor_svc import types as t
+from executor_svc.attention import get_backend, triton_available
+from executor_svc.model_runner import ModelRunner
+
+GREEDY = t.SamplingParams(temperature=0.0)
+
+
+def measure_peaks(device: torch.device) -> dict[str, float]:
+    """Measured GEMM TFLOP/s (fp32, bf16) and copy bandwidth GB/s on this machine."""
+    peaks = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        a = torch.randn(2048, 2048, dtype=dtype, device=device)
+        b = torch.randn(2048, 2048, dtype=dtype, device=device)
+        seconds = _best_time(lambda: torch.mm(a, b), device)
+        peaks[f"gemm_{name}_tflops"] = 2 * 2048**3 / seconds / 1e12
+    src = torch.empty(64 * 2**20, dtype=torch.float32, device=device).fill_(1.0)  # 256 MiB
+    dst = torch.empty_like(src)
+    seconds = _best_time(lambda: dst.copy_(src), device)
+    peaks["copy_gbps"] = 2 * src.numel() * 4 / seconds / 1e9  # read + write
+    return peaks
+
+
+def _best_time(fn, device, repeats: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class AttentionTimer:
+    """Wraps a backend's forward to add up the time spent in attention."""
+
+    def __init__(self, backend, device):
+        self.backend, self.device, self.seconds = backend, device, 0.0
+        self.name = backend.name
+
+    def prepare(self, meta):
+        return self.backend.prepare(meta)
+
+    def forward(self, *args):
+        _sync(self.device)
+        start = time.perf_counter()
+        out = self.backend.forward(*args)
+        _sync(self.device)
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def decode_step(runner: ModelRunner, batch: int, context: int, steps: int) -> tuple[float, float]:
+    """Median decode step seconds and attention share at a given batch and context."""
+    runner.reset()
+    num_blocks = -(-(context + steps + 1) // runner.block_size)
+    new = tuple(
+        t.NewSequence(i, f"b{i}", tuple((7 * i + j) % 1000 + 10 for j in range(context)), context, GREEDY,
+                      tuple(range(i * num_blocks, (i + 1) * num_blocks)), context - 1, 1)
+        for i in range(batch)
+    )
+    runner.execute(t.StepInput(0, new_seqs=new))
+    timer = runner.backend
+    times, shares = [], []
+    for step in range(steps):
+        timer.seconds = 0.0
+        start = time.perf_counter()
+        out = runner.execute(t.StepInput(step + 1, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(batch))))
+        elapsed = time.perf_counter() - start
+        assert not out.errors, out.errors[0]
+        times.append(elapsed)
+        shares.append(timer.seconds / elapsed)
+    return statistics.median(times), statistics.median(shares)
+
+
+def prefill_tokens_per_s(runner: ModelRunner, context: int) -> float:
+    """Tokens/s of one prompt of `context` tokens computed in one step."""
+    runner.reset()
+    blocks = tuple(range(-(-(context + 1) // runner.block_size)))
+    new = t.NewSequence(0, "p", tuple(range(10, 10 + context)), context, GREEDY, blocks, 0, context)
+    runner.execute(t.StepInput(0, new_seqs=(new,)))  # warm
+    runner.reset()
+    start = time.perf_counter()
+    runner.execute(t.StepInput(1, new_seqs=(new,)))
+    return context / (time.perf_counter() - start)
+
+
+def decode_roofline_s(runner: ModelRunner, batch: int, context: int, peaks: dict[str, float], dtype: str) -> float:
+    """Lower bound on a decode step: max(compute at GEMM peak, bytes at copy bandwidth)."""
+    c = runner.config
+    per_layer = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size
+    per_layer += 3 * c.hidden_size * c.intermediate_size
+    weights = c.num_layers * per_layer + c.vocab_size * c.hidden_size
+    attn_flops = 4 * batch * context * c.num_heads * c.head_dim * c.num_layers
+    flops = 2 * weights * batch + attn_flops
+    elem = torch.empty((), dtype=runner.dtype).element_size()
+    kv_bytes = batch * context * runner.kv_cache.spec.bytes_per_block / runner.block_size
+    bytes_moved = weights * elem + kv_bytes
+    return max(flops / (peaks[f"gemm_{dtype}_tflops"] * 1e12), bytes_moved / (peaks["copy_gbps"] * 1e9))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--batches", default="1,8,32,64,128")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = args.model
+    if model is None:
+        from executor_svc.model_cache import prepare_default_model
+
+        model = str(prepare_default_model())
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"model {model}  threads {torch.get_num_threads()}  context {args.context}")
+    for dtype in args.dtypes.split(","):
+        _bench_dtype(model, dtype, batches, args)
+
+
+def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
+    num_blocks_needed = max(batches) * -(-(args.context + args.steps + 1) // 16) + 8
+    runner = ModelRunner(model, dtype=dtype, device=args.device, block_size=16, attention_backend="torch",
+                         kv_cache_memory_bytes=None, max_model_len=max(args.context + args.steps + 8, 1024))
+    if runner.info.num_kv_blocks < num_blocks_needed:
+        runner = None
+        raise SystemExit(f"not enough KV memory for batch {max(batches)} at context {args.context}")
+    device = runner.device
+    peaks = measure_peaks(device)
+    print(f"\n== {dtype} on {device}: GEMM fp32 {peaks['gemm_float32_tflops']:.2f} TFLOP/s, "
+          f"bf16 {peaks['gemm_bfloat16_tflops']:.2f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s")
+    backends = ["torch"] + (["triton"] if device.type == "cuda" and triton_available() else [])
+    for backend_name in backends:
+        runner.backend = AttentionTimer(get_backend(backend_name, device, runner.dtype), device)
+        runner.warmup()
+        print(f"-- attention backend {backend_name}")
+        print(f"{'batch':>6} {'step ms':>9} {'tok/s':>8} {'attn %':>7} {'roofline ms':>12} {'% roofline':>11}")
+        for batch in batches:
+            step_s, share = decode_step(runner, batch, args.context, args.steps)
+            bound = decode_roofline_s(runner, batch, args.context, peaks, dtype)
+            print(f"{batch:>6} {step_s * 1e3:>9.1f} {batch / step_s:>8.1f} {share * 100:>6.1f}% "
+                  f"{bound * 1e3:>12.2f} {bound / step_s * 100:>10.1f}%")
+        print(f"prefill {args.context} tokens: {prefill_tokens_per_s(runner, args.context):.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
