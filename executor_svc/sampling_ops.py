@@ -180,20 +180,33 @@ def top_k_mask(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return keep | ~enabled[:, None]
 
 
+def row_masses(scaled: torch.Tensor) -> torch.Tensor:
+    """``sum(exp(scaled - max))`` of each row: the softmax normaliser; [R] float32."""
+    return torch.exp(scaled - scaled.amax(dim=-1, keepdim=True)).sum(dim=-1)
+
+
 def kept_counts(
-    sorted_values: torch.Tensor, log_norm: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    sorted_values: torch.Tensor,
+    row_mass: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    vocab_size: int,
 ) -> torch.Tensor:
     """How many tokens top-k, then top-p over the top-k survivors, keep.
 
     Top-p keeps the shortest prefix of the ranking whose probability mass is at
     least ``top_p``, and at least one token; removed (-inf) tokens never count.
+    Masses are prefix sums of ``exp(value - max)`` in ranking order, so a row's
+    count does not depend on C or on the other rows.
 
     Args:
         sorted_values: [R, C] the C largest logits of each row, descending
             (C may be all of V).
-        log_norm: [R] logsumexp of each whole row, used where top-k is off.
-        top_k: [R] int64 >= 1; a row whose top_k exceeds C has top-k off.
+        row_mass: [R] ``row_masses`` of the whole rows: the normaliser of rows
+            without top-k.
+        top_k: [R] int64 in [1, C], or V for rows without top-k.
         top_p: [R] float32 in (0, 1].
+        vocab_size: V.
 
     Returns:
         [R] int64 counts; a count of C means "C or more" when C < V.
@@ -201,11 +214,11 @@ def kept_counts(
     num_candidates = sorted_values.shape[-1]
     in_top_k = torch.arange(num_candidates, device=sorted_values.device) < top_k[:, None]
     masked = sorted_values.masked_fill(~in_top_k, float("-inf"))  # [R, C]
-    top_k_norm = torch.logsumexp(masked, dim=-1)
-    log_norm = torch.where(top_k <= num_candidates, top_k_norm, log_norm)  # [R]
-    probs = torch.exp(masked - log_norm[:, None])  # [R, C]
-    mass_before = torch.nn.functional.pad(torch.cumsum(probs, dim=-1)[:, :-1], (1, 0))
-    within_p = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)  # rounding-proof off
+    mass = torch.cumsum(torch.exp(masked - sorted_values[:, :1]), dim=-1)  # unnormalised
+    last = (torch.clamp(top_k, max=num_candidates) - 1)[:, None]
+    total = torch.where(top_k < vocab_size, mass.gather(1, last)[:, 0], row_mass)  # [R]
+    mass_before = torch.nn.functional.pad(mass[:, :-1], (1, 0))
+    within_p = (mass_before < top_p[:, None] * total[:, None]) | (top_p[:, None] >= 1.0)
     keep = in_top_k & within_p & (masked > float("-inf"))
     keep[:, 0] = True
     return keep.sum(dim=-1)
@@ -227,8 +240,8 @@ def top_k_top_p_mask(
         [R, V] bool, True where kept.
     """
     sorted_values = torch.sort(scaled, dim=-1, descending=True).values  # [R, V]
-    log_norm = torch.logsumexp(scaled, dim=-1)
-    return top_k_mask(scaled, kept_counts(sorted_values, log_norm, top_k, top_p))
+    counts = kept_counts(sorted_values, row_masses(scaled), top_k, top_p, scaled.shape[-1])
+    return top_k_mask(scaled, counts)
 
 
 def gumbel_argmax(scaled: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -268,13 +281,16 @@ def filtered_gumbel_argmax(
     rows = (~filtered).nonzero()[:, 0]
     if rows.numel():
         token_ids[rows] = gumbel_argmax(scaled[rows], keys[rows])
-    log_norm = torch.logsumexp(scaled, dim=-1)  # [R]
+    needs_row_mass = bool(((top_k >= vocab_size) & (top_p < 1.0)).any())
+    row_mass = row_masses(scaled) if needs_row_mass else torch.ones_like(top_p)  # [R]
     pending = filtered.nonzero()[:, 0]
     max_top_k = int(torch.where(top_k < vocab_size, top_k, 1).max())
     num_candidates = min(vocab_size, max(num_candidates, max_top_k))
     while pending.numel():
         values, candidate_ids = torch.topk(scaled[pending], num_candidates, dim=-1)  # [P, C]
-        counts = kept_counts(values, log_norm[pending], top_k[pending], top_p[pending])
+        counts = kept_counts(
+            values, row_mass[pending], top_k[pending], top_p[pending], vocab_size
+        )  # [P]
         boundary = values.gather(1, (counts - 1)[:, None])[:, 0]  # smallest kept value
         everything = num_candidates == vocab_size
         complete = (counts < num_candidates) | everything

@@ -243,6 +243,24 @@ def _numpy_penalties(logits, token_ids, num_prompt, rep, presence, frequency):
     return out - np.float32(presence) * (counts > 0) - np.float32(frequency) * counts
 
 
+def test_apply_penalties_matches_numpy_formula():
+    rng = np.random.default_rng(10)
+    vocab_size, num_prompt = 30, 6
+    logits = rng.normal(size=(2, vocab_size)).astype(np.float32) * 3
+    token_ids = rng.integers(0, vocab_size, size=(2, 25))
+    settings = np.array([[1.4, 0.6, 0.3], [1.0, 0.0, 1.2]], dtype=np.float32)
+    rows = torch.arange(2).repeat_interleave(25)
+    output_rows = torch.arange(2).repeat_interleave(25 - num_prompt)
+    ours = sampling_ops.apply_penalties(
+        torch.from_numpy(logits), rows, torch.from_numpy(token_ids).flatten(),
+        output_rows, torch.from_numpy(token_ids[:, num_prompt:]).flatten(),
+        *torch.from_numpy(settings.T.copy()),
+    )  # fmt: skip
+    for row in range(2):
+        want = _numpy_penalties(logits[row], token_ids[row], num_prompt, *settings[row])
+        np.testing.assert_allclose(ours[row].numpy(), want, rtol=1e-6, atol=1e-6)
+
+
 def test_presence_frequency_and_repetition_via_sample_logprobs():
     rng = np.random.default_rng(4)
     vocab_size = 40
