@@ -338,3 +338,24 @@ def test_smollm2_tensors_match_transformers_gguf_import() -> None:
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "max_position_embeddings", "bos_token_id"):
         assert ours.config[key] == getattr(reference.config, key), key
+
+
+def test_header_reader_agrees_with_gguf_reader() -> None:
+    """Our fast header parser reads the shipped file exactly as gguf.GGUFReader does."""
+    from executor_svc.gguf_loader import read_gguf
+    from executor_svc.model_cache import default_gguf_path
+
+    metadata, infos = read_gguf(default_gguf_path())
+    reader = gguf.GGUFReader(str(default_gguf_path()))
+    assert metadata == {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert [i.name for i in infos] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(infos, reader.tensors):
+        assert ours.tensor_type == theirs.tensor_type, ours.name
+        assert ours.shape == tuple(reversed(theirs.shape.tolist())), ours.name
+        assert ours.data.tobytes() == theirs.data.tobytes(), ours.name
+
+
+def test_not_a_gguf_file(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "x.gguf").write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(GgufError, match="not a little-endian GGUF file"):
+        load_gguf(tmp_path / "x.gguf")

@@ -36,13 +36,13 @@ def transformers_tokenizer(folder: pathlib.Path, file_name: str):
 
 
 def ours_from_file(path: pathlib.Path) -> tuple[Tokenizer, gguf_tokenizer.GgufTokenizer]:
-    built = gguf_tokenizer.build_tokenizer(read_metadata(gguf.GGUFReader(str(path))))
+    built = gguf_tokenizer.build_tokenizer(read_metadata(path))
     return Tokenizer.from_str(built.tokenizer_json), built
 
 
 @pytest.fixture(scope="module")
 def smollm2_metadata() -> dict:
-    return read_metadata(gguf.GGUFReader(str(default_gguf_path())))
+    return read_metadata(default_gguf_path())
 
 
 @pytest.fixture(scope="module")
