@@ -135,12 +135,15 @@ def sample(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[Samp
     logits = logits.float()  # [B, V]
     if any(_has_repetition(r.params) or _has_output_penalty(r.params) for r in requests):
         logits = _penalise(logits, requests)
-    token_ids = logits.argmax(dim=-1)  # [B]; random rows are overwritten below
     random_rows = [i for i, r in enumerate(requests) if not is_greedy(r.params)]
-    if random_rows:
-        rows = torch.tensor(random_rows, device=logits.device)
-        chosen = _sample_random(logits[rows], [requests[i] for i in random_rows])
-        token_ids = token_ids.index_copy(0, rows, chosen)
+    if len(random_rows) == len(requests):
+        token_ids = _sample_random(logits, requests)  # [B]
+    else:
+        token_ids = logits.argmax(dim=-1)  # [B]; random rows are overwritten
+        if random_rows:
+            rows = torch.tensor(random_rows, device=logits.device)
+            chosen = _sample_random(logits[rows], [requests[i] for i in random_rows])
+            token_ids = token_ids.index_copy(0, rows, chosen)
     logprob_rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     entries = _logprobs(logits, token_ids, logprob_rows, requests)
     return [
