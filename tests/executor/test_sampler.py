@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from executor_svc import sampling_ops
 from executor_svc.sampler import (
@@ -213,6 +215,45 @@ def test_top_k_top_p_mask_counts_match_a_python_reference():
             kept.append(v)
             mass += w / sum(weights)
         assert sorted(torch.nonzero(keep[row])[:, 0].tolist()) == sorted(kept)
+
+
+_ROW_PARAMS = st.fixed_dictionaries(
+    {
+        "temperature": st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+        "top_k": st.integers(-1, 70),
+        "top_p": st.sampled_from([1.0, 0.95, 0.6, 0.2]),
+        "min_p": st.sampled_from([0.0, 0.05, 0.3]),
+        "repetition_penalty": st.sampled_from([1.0, 1.3]),
+        "seed": st.integers(0, 2**64),
+    }
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(_ROW_PARAMS, min_size=1, max_size=6), data_seed=st.integers(0, 1000))
+def test_property_token_in_kept_set_and_same_alone(rows, data_seed):
+    generator = torch.Generator().manual_seed(data_seed)
+    vocab_size = 64
+    logits = (torch.randn(len(rows), vocab_size, generator=generator) * 3).bfloat16().float()
+    requests = [_request((1, 5, 9), 1, **params) for params in rows]
+    together = _tokens(sample(logits, requests))
+    for row, (params, request) in enumerate(zip(rows, requests)):
+        assert together[row] == _tokens(sample(logits[row : row + 1], [request]))[0]
+        scores = logits[row].clone()
+        seen = torch.tensor([1, 5, 9])
+        rep = params["repetition_penalty"]
+        scores[seen] = torch.where(scores[seen] > 0, scores[seen] / rep, scores[seen] * rep)
+        if params["temperature"] == 0.0:
+            assert together[row] == int(scores.argmax())
+            continue
+        scaled = (scores / params["temperature"])[None]
+        keep = sampling_ops.min_p_mask(scaled, torch.tensor([params["min_p"]]))
+        scaled = scaled.masked_fill(~keep, float("-inf"))
+        top_k = params["top_k"] if 0 < params["top_k"] < vocab_size else vocab_size
+        keep = sampling_ops.top_k_top_p_mask(
+            scaled, torch.tensor([top_k]), torch.tensor([params["top_p"]])
+        )
+        assert keep[0, together[row]] and scaled[0, together[row]] > float("-inf")
 
 
 # --- penalties ---------------------------------------------------------------------
