@@ -1,0 +1,43 @@
+"""scheduler_svc imports no torch and no numpy: every module, in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CODE = """
+import importlib, json, pkgutil, sys
+import scheduler_svc
+names = sorted(m.name for m in pkgutil.walk_packages(scheduler_svc.__path__, "scheduler_svc."))
+for name in names:
+    importlib.import_module(name)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "numpy"))
+print(json.dumps({"modules": names, "heavy": heavy}))
+"""
+
+CORE = (
+    "scheduler_svc.block_pool",
+    "scheduler_svc.kv_cache_manager",
+    "scheduler_svc.request_queue",
+    "scheduler_svc.scheduler",
+    "scheduler_svc.sequence",
+    "scheduler_svc.types",
+)
+
+
+def test_importing_every_scheduler_module_loads_neither_torch_nor_numpy():
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(CORE) <= set(report["modules"])
+    assert report["heavy"] == []
+
+
+def test_the_scheduler_core_imports_no_grpc_and_no_protos():
+    code = (
+        "import json, sys\n"
+        f"import {', '.join(CORE)}\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google', 'pagoda'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
