@@ -28,14 +28,15 @@ Order of operations (as in vLLM), all in float32:
    this samples exactly from ``softmax(scaled)`` restricted to the kept set.
 
 Fast paths: all rows plain greedy -> one argmax; no penalty, min-p, top-k or
-top-p kernel runs unless some row uses it. Top-k/top-p rows whose kept set lies
-within their ``C = max(1024, largest top_k)`` best logits sample among those
-candidates only, which gives exactly the token of the dense mask (same noise per
-token id, same tie rule); other rows use the dense mask, with a full sort only
-when top-p needs more than C tokens. Every step is elementwise or a max/argmax
-(independent of reduction order) except the top-p mass (a logsumexp and a
-cumsum) and the logprobs, so only a top-p boundary within float rounding of p
-could come out differently on another device.
+top-p kernel runs unless some row uses it. Top-k/top-p rows sample among their
+C best logits (``C = max(256, largest top_k + 1)``, 16-fold larger on each retry
+for rows whose top-p set does not fit) once the kept set is known to lie within
+them; that gives exactly the token of the dense mask (same noise per token id,
+same tie rule). Rows with ties straddling the C-th logit use the dense mask.
+Every step is elementwise or a max/argmax (independent of reduction order)
+except the top-p mass (a softmax normaliser and a prefix sum) and the logprobs,
+so only a top-p boundary within float rounding of p could come out differently
+on another device.
 
 Random stream: for the token at position ``pos = len(token_ids)`` of a request
 with seed ``s``, ``key = splitmix64(splitmix64(s) ^ pos)`` (first outputs of

@@ -262,7 +262,7 @@ def filtered_gumbel_argmax(
     A row samples among its C largest logits once its kept set is known to lie
     within them, with the same noise per token id and the same tie rule as the
     dense path, so it gets the same token either way. C starts at
-    ``max(num_candidates, largest top_k)`` and grows 16-fold (up to V) for rows
+    ``max(num_candidates, largest top_k + 1)`` and grows 16-fold (up to V) for rows
     whose top-p set is larger. Rows without top-k and top-p sample densely.
 
     Args:
@@ -285,7 +285,8 @@ def filtered_gumbel_argmax(
     row_mass = row_masses(scaled) if needs_row_mass else torch.ones_like(top_p)  # [R]
     pending = filtered.nonzero()[:, 0]
     max_top_k = int(torch.where(top_k < vocab_size, top_k, 1).max())
-    num_candidates = min(vocab_size, max(num_candidates, max_top_k))
+    # One more than the largest top_k, so that ties at its boundary can be seen.
+    num_candidates = min(vocab_size, max(num_candidates, max_top_k + 1))
     while pending.numel():
         values, candidate_ids = torch.topk(scaled[pending], num_candidates, dim=-1)  # [P, C]
         counts = kept_counts(
@@ -298,9 +299,10 @@ def filtered_gumbel_argmax(
         # candidate is strictly below it.
         sparse = complete & ((boundary > values[:, -1]) | everything)
         done = sparse.nonzero()[:, 0]
-        token_ids[pending[done]] = _sparse_gumbel_argmax(
-            values[done], candidate_ids[done], counts[done], keys[pending[done]]
-        )
+        if done.numel():
+            token_ids[pending[done]] = _sparse_gumbel_argmax(
+                values[done], candidate_ids[done], counts[done], keys[pending[done]]
+            )
         done = (complete & ~sparse).nonzero()[:, 0]
         if done.numel():
             rows = pending[done]
