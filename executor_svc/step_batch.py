@@ -50,7 +50,9 @@ def build_step_batch(
     sliding_window: int | None,
 ) -> StepBatch:
     """Lays out the scheduled tokens, decode (one token) sequences first."""
-    ordered = [e for e in scheduled if e[1] == 1] + [e for e in scheduled if e[1] != 1]
+    # Decode sequences by context length, so backends can group similar lengths.
+    decodes = sorted((e for e in scheduled if e[1] == 1), key=lambda e: e[0].num_computed_tokens)
+    ordered = decodes + [e for e in scheduled if e[1] != 1]
     num_decode = sum(1 for _, n in ordered if n == 1)
     input_ids: list[int] = []
     flat_blocks: list[int] = []

@@ -20,15 +20,30 @@ import torch.nn.functional as F
 from executor_svc.attention.metadata import AttentionMetadata
 
 
+# Decode sequences are split into at most this many groups of similar context
+# length (each padded only to its own longest), when there are enough of them.
+MAX_DECODE_GROUPS = 4
+MIN_SEQS_PER_GROUP = 8
+
+
+@dataclasses.dataclass
+class DecodeGroup:
+    """Decode sequences [start, end) of the batch, padded to a common length."""
+
+    start: int
+    end: int
+    block_ids: torch.Tensor  # [n * max_blocks], flattened padded block tables
+    length: int  # max_blocks * block_size
+    mask: torch.Tensor  # [1, n, 1, length] additive, compute dtype
+
+
 @dataclasses.dataclass
 class TorchStepState:
     """Per-step tensors shared by all layers."""
 
     meta: AttentionMetadata
-    decode_block_ids: torch.Tensor | None  # [D * max_blocks], flattened block tables
-    decode_shape: tuple[int, int]  # (D, max_blocks * block_size)
-    gather_buffers: list[torch.Tensor]  # two [KVH, D * max_blocks, BS * Dh], reused by all layers
-    decode_mask: torch.Tensor | None  # [1, D, 1, L] additive, compute dtype
+    decode_groups: list[DecodeGroup]
+    gather_buffers: list[torch.Tensor]  # two flat buffers, reused by every group and layer
     prefill_masks: list[torch.Tensor | None]  # per span: [n, ctx] bool, None = plain causal
     prefill_block_ids: list[torch.Tensor]  # per span: [num_blocks]
 
@@ -43,14 +58,6 @@ class TorchAttentionBackend:
 
     def prepare(self, meta: AttentionMetadata) -> TorchStepState:
         """Builds block-table views and masks once for the step."""
-        num_decode = meta.num_decode_seqs
-        decode_ids, decode_mask, length = None, None, 0
-        if num_decode:
-            ctx = meta.context_lens[:num_decode]
-            max_blocks = (int(ctx.max()) + meta.block_size - 1) // meta.block_size
-            decode_ids = meta.block_tables[:num_decode, :max_blocks].flatten()
-            length = max_blocks * meta.block_size
-            decode_mask = _decode_mask(ctx, length, meta.sliding_window, self.dtype)
         masks, block_ids = [], []
         for span in meta.prefills:
             block_ids.append(meta.block_tables[span.seq_index, : span.num_blocks])
@@ -58,7 +65,24 @@ class TorchAttentionBackend:
                 meta.sliding_window is None or span.num_query_tokens <= meta.sliding_window
             )
             masks.append(None if plain else _prefill_mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, meta.slot_mapping.device))
-        return TorchStepState(meta, decode_ids, (num_decode, length), [], decode_mask, masks, block_ids)
+        return TorchStepState(meta, self._decode_groups(meta), [], masks, block_ids)
+
+    def _decode_groups(self, meta: AttentionMetadata) -> list[DecodeGroup]:
+        num_decode = meta.num_decode_seqs
+        if not num_decode:
+            return []
+        context_lens = meta.context_lens[:num_decode].tolist()
+        order_ok = all(a <= b for a, b in zip(context_lens, context_lens[1:]))
+        num_groups = min(MAX_DECODE_GROUPS, max(1, num_decode // MIN_SEQS_PER_GROUP)) if order_ok else 1
+        bounds = [round(i * num_decode / num_groups) for i in range(num_groups + 1)]
+        groups = []
+        for start, end in zip(bounds, bounds[1:]):
+            max_blocks = -(-max(context_lens[start:end]) // meta.block_size)
+            length = max_blocks * meta.block_size
+            ids = meta.block_tables[start:end, :max_blocks].flatten()
+            mask = _decode_mask(meta.context_lens[start:end], length, meta.sliding_window, self.dtype)
+            groups.append(DecodeGroup(start, end, ids, length, mask))
+        return groups
 
     def forward(
         self,
@@ -74,9 +98,9 @@ class TorchAttentionBackend:
         write_kv(k, v, k_cache, v_cache, state.meta.slot_mapping)
         num_tokens, num_heads, head_dim = q.shape
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
-        num_decode = state.meta.num_decode_seqs
-        if num_decode:
-            out[:num_decode] = _decode(q[:num_decode], k_cache, v_cache, state, scale)
+        for group in state.decode_groups:
+            rows = slice(group.start, group.end)
+            out[rows] = _decode(q[rows], k_cache, v_cache, group, state, scale)
         for span, mask, block_ids in zip(state.meta.prefills, state.prefill_masks, state.prefill_block_ids):
             rows = slice(span.query_start, span.query_start + span.num_query_tokens)
             out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, span.context_len, mask, block_ids, scale)
@@ -92,34 +116,34 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     v_flat.index_copy_(1, slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
 
 
-def _decode(q, k_cache, v_cache, state: TorchStepState, scale: float) -> torch.Tensor:
+def _decode(q, k_cache, v_cache, group: DecodeGroup, state: TorchStepState, scale: float) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
-    group = num_heads // num_kv_heads
-    keys, values = _gather_decode_kv(k_cache, v_cache, state)  # [KVH, D, L, Dh]
+    keys, values = _gather(k_cache, v_cache, group, state)  # [KVH, n, L, Dh]
     keys, values = keys.to(q.dtype), values.to(q.dtype)
-    queries = q.view(num_seqs, num_kv_heads, group, head_dim).transpose(0, 1)  # [KVH, D, G, Dh]
-    scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale  # [KVH, D, G, L]
-    scores += state.decode_mask
+    queries = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)  # [KVH, n, G, Dh]
+    scores = torch.matmul(queries * scale, keys.transpose(-1, -2))  # [KVH, n, G, L]
+    scores += group.mask
     probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, values)  # [KVH, D, G, Dh]
+    out = torch.matmul(probs, values)  # [KVH, n, G, Dh]
     return out.transpose(0, 1).reshape(num_seqs, num_heads, head_dim)
 
 
-def _gather_decode_kv(k_cache, v_cache, state: TorchStepState):
-    """Copies the decode sequences' blocks into per-step buffers (index_select is
-    several times faster than advanced indexing here)."""
+def _gather(k_cache, v_cache, group: DecodeGroup, state: TorchStepState):
+    """Copies a group's blocks into the step's buffers (index_select is several
+    times faster than advanced indexing here)."""
     num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
-    ids = state.decode_block_ids
+    num_ids = group.block_ids.shape[0]
     if not state.gather_buffers:
-        shape = (num_kv_heads, ids.shape[0], block_size * head_dim)
-        state.gather_buffers = [torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2)]
-    shape = (num_kv_heads, *state.decode_shape, head_dim)
+        largest = max(g.block_ids.shape[0] for g in state.decode_groups)
+        size = num_kv_heads * largest * block_size * head_dim
+        state.gather_buffers = [torch.empty(size, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2)]
     gathered = []
     for cache, buffer in zip((k_cache, v_cache), state.gather_buffers):
-        torch.index_select(cache.view(num_kv_heads, num_blocks, -1), 1, ids, out=buffer)
-        gathered.append(buffer.view(shape))
+        out = buffer[: num_kv_heads * num_ids * block_size * head_dim].view(num_kv_heads, num_ids, block_size * head_dim)
+        torch.index_select(cache.view(num_kv_heads, num_blocks, -1), 1, group.block_ids, out=out)
+        gathered.append(out.view(num_kv_heads, group.end - group.start, group.length, head_dim))
     return gathered
 
 

@@ -70,13 +70,17 @@ def _run_case(backend_name, device, block_size, seqs, window, dtype=torch.float3
 
 
 def _ordered(states):
-    return [e for e in states if e[1] == 1] + [e for e in states if e[1] != 1]
+    """The runner's layout: decode sequences by context length, then prefills."""
+    decodes = sorted((e for e in states if e[1] == 1), key=lambda e: e[0].num_computed_tokens)
+    return decodes + [e for e in states if e[1] != 1]
 
 
 CASES = {
     "decode_only": [(0, 1), (9, 1), (30, 1), (4, 1)],
     "prefill_only": [(0, 13), (0, 1 + 16), (0, 5)],
     "mixed_with_cached": [(17, 1), (0, 11), (5, 9), (33, 1), (16, 3), (2, 1)],
+    # Enough decodes to be split into several length groups.
+    "many_decodes": [((i * 37) % 41, 1) for i in range(26)] + [(3, 6)],
 }
 
 
