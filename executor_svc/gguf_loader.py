@@ -200,7 +200,8 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
         dtype: dtype of the returned tensors.
 
     Raises:
-        GgufError: unsupported architecture, tensor type or tokenizer model.
+        GgufError: unsupported architecture or tensor type, or not a GGUF file.
+        gguf_tokenizer.GgufTokenizerError: unsupported tokenizer model (both are ValueError).
     """
     metadata, infos = read_gguf(path)
     arch = metadata.get("general.architecture")

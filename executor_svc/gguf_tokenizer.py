@@ -79,14 +79,15 @@ def build_tokenizer(metadata: dict[str, Any]) -> GgufTokenizer:
     _add_special_tokens(tokenizer, tokens, token_types)
     bos_id = _opt_int(metadata.get("tokenizer.ggml.bos_token_id"))
     eos_id = _opt_int(metadata.get("tokenizer.ggml.eos_token_id"))
-    default_add_bos = kind == "llama"
-    if metadata.get("tokenizer.ggml.add_bos_token", default_add_bos) and bos_id is not None:
+    # SentencePiece models (Llama 2) start with BOS unless the file says otherwise.
+    if metadata.get("tokenizer.ggml.add_bos_token", kind == "llama") and bos_id is not None:
         bos = tokens[bos_id]
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
         )
-    eos_ids = [i for i in (eos_id, _opt_int(metadata.get("tokenizer.ggml.eot_token_id")),
-                           _opt_int(metadata.get("tokenizer.ggml.eom_token_id"))) if i is not None]
+    # End of generation: eos, then end-of-turn / end-of-message ids (Llama 3) when given.
+    stop_keys = ("eos_token_id", "eot_token_id", "eom_token_id")
+    eos_ids = [int(metadata[f"tokenizer.ggml.{k}"]) for k in stop_keys if f"tokenizer.ggml.{k}" in metadata]
     return GgufTokenizer(
         tokenizer_json=tokenizer.to_str(),
         bos_token_id=bos_id,
