@@ -13,8 +13,10 @@ from pagoda.runtime import grpc_server
 from pagoda.runtime.logs import configure_logging
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
+from scheduler_svc.auth import build_interceptors
 from scheduler_svc.config import SchedulerServiceConfig, load_config
 from scheduler_svc.engine import Engine
+from scheduler_svc.http_api import start_http_api
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.server import GenerationServicer
 
@@ -29,7 +31,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
         config.executor_tls_ca, config.executor_tls_cert, config.executor_tls_key)
     engine = Engine(config, metrics, executor_creds)
     options = [*grpc_server.KEEPALIVE_OPTIONS, *grpc_server.message_size_options(config.max_message_bytes)]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=options, interceptors=build_interceptors(config.api_keys, config.api_keys_file))
     generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
     health = grpc_server.add_health_and_reflection(server, [SERVICE_NAME])
     await grpc_server.set_serving(health, [SERVICE_NAME], False)
@@ -43,6 +45,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
     await engine.start()
+    http_api = await start_http_api(engine, config, metrics) if config.http_port else None
     log.info("scheduler_listening", address=f"{config.host}:{port}", executors=config.executors,
              tls=credentials is not None)
 
@@ -54,6 +57,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
     log.info("scheduler_draining", timeout_s=config.drain_timeout_s)
     await engine.drain(config.drain_timeout_s)
     await server.stop(grace=1.0)
+    if http_api is not None:
+        await http_api.stop()
     gauges.cancel()
     await engine.stop()
     log.info("scheduler_stopped")

@@ -1,0 +1,86 @@
+"""API keys on the client API: `authorization: Bearer <key>` metadata.
+
+Keys come from --api-keys (comma-separated) and --api-keys-file (one per
+line, `#` comments); none configured means no authentication. Keys are
+compared in constant time, and a refused call logs nothing of the request.
+"""
+
+from __future__ import annotations
+
+import hmac
+import pathlib
+
+import grpc
+import structlog
+
+log = structlog.get_logger("scheduler")
+
+# Health and reflection stay open: Kubernetes probes carry no key.
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+def load_api_keys(keys: str, keys_file: str) -> tuple[bytes, ...]:
+    """All configured keys (empty: authentication off)."""
+    found = [k.strip() for k in keys.split(",") if k.strip()]
+    if keys_file:
+        for line in pathlib.Path(keys_file).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                found.append(line)
+    return tuple(k.encode() for k in found)
+
+
+def key_is_valid(presented: str | None, keys: tuple[bytes, ...]) -> bool:
+    """Constant-time comparison against every key (no early exit on a match)."""
+    if presented is None:
+        return False
+    candidate = presented.encode()
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(candidate, key)
+    return matched
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `authorization: Bearer <token>` value."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls without a valid key with UNAUTHENTICATED."""
+
+    def __init__(self, keys: tuple[bytes, ...]) -> None:
+        self._keys = keys
+
+        async def deny(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key")
+
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
+
+        async def deny_stream(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key")
+            yield  # pragma: no cover - makes this an async generator
+
+        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny_stream)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if method.startswith(OPEN_METHOD_PREFIXES):
+            return await continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        if key_is_valid(bearer_token(metadata.get("authorization")), self._keys):
+            return await continuation(handler_call_details)
+        log.warning("unauthenticated_call", method=method)
+        handler = await continuation(handler_call_details)
+        if handler is not None and handler.response_streaming:
+            return self._deny_stream
+        return self._deny_unary
+
+
+def build_interceptors(api_keys: str, api_keys_file: str) -> list[grpc.aio.ServerInterceptor]:
+    """The client API's interceptors for this configuration."""
+    keys = load_api_keys(api_keys, api_keys_file)
+    return [ApiKeyInterceptor(keys)] if keys else []
