@@ -71,6 +71,36 @@ def from_gguf(model: GgufModel) -> TokenizerFiles:
     )
 
 
+def from_gguf_file(path: str | os.PathLike[str]) -> TokenizerFiles:
+    """The tokenizer files of a GGUF file, from its metadata only (no weights read)."""
+    from executor_svc import gguf_tokenizer
+    from executor_svc.gguf_loader import read_metadata
+
+    metadata = read_metadata(path)
+    built = gguf_tokenizer.build_tokenizer(metadata)
+    return TokenizerFiles(
+        tokenizer_json=built.tokenizer_json,
+        chat_template=metadata.get("tokenizer.chat_template"),
+        bos_token=built.bos_token,
+        eos_token=built.eos_token,
+        eos_token_ids=built.eos_token_ids,
+    )
+
+
+def load_tokenizer_files(model_path: str | os.PathLike[str]) -> TokenizerFiles:
+    """The tokenizer of a checkpoint folder or of a .gguf file.
+
+    For a GGUF file, a tokenizer.json beside it wins (with that folder's
+    tokenizer_config.json etc.); otherwise the tokenizer comes from the GGUF metadata.
+    """
+    path = pathlib.Path(model_path)
+    if path.is_dir():
+        return read_tokenizer_files(path)
+    if (path.parent / "tokenizer.json").is_file():
+        return read_tokenizer_files(path.parent)
+    return from_gguf_file(path)
+
+
 def _read_json(path: pathlib.Path) -> dict[str, Any]:
     """A JSON object from `path`, or {} when the file does not exist."""
     if not path.is_file():

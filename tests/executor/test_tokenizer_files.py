@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 import pytest
 
-from executor_svc.gguf_loader import GgufModel
-from executor_svc.tokenizer_files import TokenizerFiles, TokenizerFilesError, from_gguf, read_tokenizer_files
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_gguf_loader import CHAT_TEMPLATE, random_hf_weights, write_tiny_gguf  # noqa: E402
+
+from executor_svc.gguf_loader import GgufModel, load_gguf
+from executor_svc.tokenizer_files import (
+    TokenizerFiles,
+    TokenizerFilesError,
+    from_gguf,
+    from_gguf_file,
+    load_tokenizer_files,
+    read_tokenizer_files,
+)
 
 TOKENIZER_JSON = '{"version": "1.0", "model": {"type": "BPE"}}'
 
@@ -89,3 +100,20 @@ def test_from_gguf_copies_the_tokenizer_fields() -> None:
         bos_token="<b>", eos_token="<e>", eos_token_ids=(5, 6),
     )
     assert from_gguf(model) == TokenizerFiles(TOKENIZER_JSON, "T", "<b>", "<e>", (5, 6))
+
+
+def test_gguf_file_tokenizer_without_reading_weights(tmp_path: pathlib.Path) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", random_hf_weights())
+    files = from_gguf_file(path)
+    assert files == from_gguf(load_gguf(path))
+    assert (files.chat_template, files.bos_token, files.eos_token, files.eos_token_ids) == (
+        CHAT_TEMPLATE, "<|im_start|>", "<|im_end|>", (2,)
+    )
+    assert load_tokenizer_files(path) == files
+
+
+def test_tokenizer_json_beside_a_gguf_wins(tmp_path: pathlib.Path) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", random_hf_weights())
+    make_folder(tmp_path, tokenizer_config__json={"chat_template": "HF"})
+    assert load_tokenizer_files(path) == TokenizerFiles(TOKENIZER_JSON, "HF", None, None, ())
+    assert load_tokenizer_files(tmp_path) == load_tokenizer_files(path)
