@@ -82,8 +82,11 @@ def test_same_seed_same_tokens_alone_and_in_mixed_batch():
 
 def test_position_and_seed_change_the_token():
     logits = torch.zeros(1, 1000)  # uniform distribution: tokens are the noise argmax
-    by_position = {_tokens(sample(logits, [_request(range(n), 1, seed=1)]))[0] for n in range(1, 30)}
-    by_seed = {_tokens(sample(logits, [_request(range(4), 1, seed=s)]))[0] for s in range(30)}
+    def token(num_tokens: int, seed: int) -> int:
+        return _tokens(sample(logits, [_request(range(num_tokens), 1, seed=seed)]))[0]
+
+    by_position = {token(n, 1) for n in range(1, 30)}
+    by_seed = {token(4, s) for s in range(30)}
     assert len(by_position) > 20 and len(by_seed) > 20
 
 
@@ -188,7 +191,8 @@ def test_candidate_sampling_equals_dense_mask_sampling(num_candidates, big_k):
     scaled = (torch.randn(num_rows, vocab_size) * torch.rand(num_rows, 1) * 6).bfloat16().float()
     scaled[::7] = torch.randint(0, 3, (vocab_size,)).float()
     scaled[3::5, ::3] = float("-inf")
-    top_k = torch.tensor([[5, 40, big_k, vocab_size, vocab_size, 1][i % 6] for i in range(num_rows)])
+    k_choices = [5, 40, big_k, vocab_size, vocab_size, 1]
+    top_k = torch.tensor([k_choices[i % 6] for i in range(num_rows)])
     top_p = torch.tensor([[1.0, 0.9, 0.5, 0.999, 0.95, 1e-6][i % 5] for i in range(num_rows)])
     keys = torch.tensor([sampling_ops.stream_key(i, 17) for i in range(num_rows)])
     dense_mask = sampling_ops.top_k_top_p_mask(scaled, top_k, top_p)
