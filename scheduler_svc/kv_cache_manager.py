@@ -94,7 +94,9 @@ class KVCacheManager:
         nothing changed.
         """
         num_tokens = seq.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
-        num_needed = cdiv(num_tokens, self.block_size) - len(seq.block_ids) - len(computed_blocks)
+        num_needed = -(-num_tokens // self.block_size) - len(seq.block_ids) - len(computed_blocks)
+        if num_needed <= 0 and not computed_blocks:
+            return []  # the common decode step: the last block has room
         # Hits that are free now leave the free list when taken.
         num_free_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
         if num_needed > self.pool.num_free_blocks - num_free_hits:

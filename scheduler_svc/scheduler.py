@@ -23,18 +23,13 @@ import bisect
 import dataclasses
 import time
 from collections.abc import Callable, Sequence as Seq
+from typing import NamedTuple
 
 from scheduler_svc.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens
 from scheduler_svc.request_queue import WaitingQueue
 from scheduler_svc.sequence import Sequence, SequenceStatus
-from scheduler_svc.types import (
-    FinishReason,
-    LogprobEntry,
-    NewSeqPlan,
-    ScheduledSeqPlan,
-    StepPlan,
-    StepResult,
-)
+from scheduler_svc.step_builder import StepBuilder, StepEntry
+from scheduler_svc.types import FinishReason, LogprobEntry, NewSeqPlan, ScheduledSeqPlan, StepPlan, StepResult
 
 # A sequence is planned at most this many tokens ahead of the results (the
 # engine keeps at most two plans in flight, so this only guards misuse).
@@ -62,9 +57,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
-@dataclasses.dataclass(frozen=True)
-class SeqUpdate:
-    """What one step result did to one sequence."""
+class SeqUpdate(NamedTuple):
+    """What one step result did to one sequence (a named tuple: cheap to make per token)."""
 
     seq: Sequence
     # Tokens accepted this step (the stop token included); empty on error.
@@ -72,33 +66,6 @@ class SeqUpdate:
     logprobs: tuple[LogprobEntry, ...]
     # The sequence finished in this update (see seq.finish_reason).
     finished: bool
-
-
-class _StepEntry:
-    """One sequence in a planned step, kept until the step's result arrives."""
-
-    __slots__ = ("seq", "num_admissions", "num_computed_after", "samples")
-
-    def __init__(self, seq: Sequence, samples: bool):
-        self.seq = seq
-        # Tells apart a later admission of the same sequence (after preemption).
-        self.num_admissions = seq.num_admissions
-        self.num_computed_after = seq.num_computed_tokens
-        self.samples = samples
-
-
-class _StepBuilder:
-    """The plan being built by one schedule() call."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.new_seqs: list[NewSeqPlan] = []
-        self.scheduled_seqs: list[ScheduledSeqPlan] = []
-        self.entries: dict[int, _StepEntry] = {}
-        # Decode-ready running sequences not visited yet: prefill chunks leave
-        # them one token each so a long prompt never stalls decoding.
-        self.num_decodes_left = 0
-        self.num_preempted = 0
 
 
 class Scheduler:
@@ -121,7 +88,7 @@ class Scheduler:
         self._seqs: dict[int, Sequence] = {}
         self._dropped: list[int] = []
         # step_id -> seq_id -> entry, for plans whose result has not arrived.
-        self._inflight: dict[int, dict[int, _StepEntry]] = {}
+        self._inflight: dict[int, dict[int, StepEntry]] = {}
         self._next_step_id = 0
         self._next_admission = 0
         self._num_preemptions = 0
@@ -253,7 +220,7 @@ class Scheduler:
         An empty plan (no work, nothing dropped) does not use up its step_id.
         """
         self._compact_running()
-        step = _StepBuilder(self.config.max_num_batched_tokens)
+        step = StepBuilder(self.config.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.num_preempted:
             self._schedule_waiting(step, self._clock())
@@ -284,7 +251,7 @@ class Scheduler:
         outputs = {out.seq_id: out for out in result.outputs}
         for entry in entries.values():
             seq = entry.seq
-            if seq.is_finished:
+            if seq.status is SequenceStatus.FINISHED:
                 continue
             current = seq.status is SequenceStatus.RUNNING and seq.num_admissions == entry.num_admissions
             if not entry.samples:
@@ -300,15 +267,16 @@ class Scheduler:
 
     # -- scheduling internals ---------------------------------------------------------
 
-    def _schedule_running(self, step: _StepBuilder) -> None:
+    def _schedule_running(self, step: StepBuilder) -> None:
         """Running sequences in rank order; a failed allocation preempts from the tail."""
-        running = self._running
-        step.num_decodes_left = sum(1 for seq in running if self._num_wanted(seq) == 1)
+        running, block_size = self._running, self.config.block_size
+        # Preemption pops from the tail of both lists, so indices stay aligned.
+        wanted = [self._num_wanted(seq) for seq in running]
+        step.num_decodes_left = wanted.count(1)
         i = 0
         while i < len(running) and step.budget > 0:
-            seq = running[i]
+            seq, num_wanted = running[i], wanted[i]
             i += 1
-            num_wanted = self._num_wanted(seq)
             if num_wanted == 0:
                 continue
             if num_wanted == 1:
@@ -318,19 +286,34 @@ class Scheduler:
                 num_tokens = min(num_wanted, step.budget - step.num_decodes_left)
                 if num_tokens <= 0:
                     continue
-            new_block_ids = self._allocate_or_preempt(seq, num_tokens, step)
-            if new_block_ids is None:
-                break
+            if seq.num_computed_tokens + num_tokens <= len(seq.block_ids) * block_size:
+                new_block_ids = ()  # the common decode step: the last block has room
+            else:
+                new_block_ids = self._allocate_or_preempt(seq, num_tokens, step, wanted)
+                if new_block_ids is None:
+                    break
             step.scheduled_seqs.append(ScheduledSeqPlan(seq.seq_id, num_tokens, tuple(new_block_ids)))
-            self._commit(seq, num_tokens, step)
+            step.commit(seq, num_tokens)
 
     def _num_wanted(self, seq: Sequence) -> int:
-        """Tokens a running sequence has left to compute now (0: skip it this step)."""
-        if seq.num_pending_tokens >= MAX_PENDING_TOKENS or seq.length_reached(self.config.max_model_len):
-            return 0
-        return seq.num_total_tokens - seq.num_computed_tokens
+        """Tokens a running sequence has left to compute now (0: skip it this step).
 
-    def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> list[int] | None:
+        Skipped: two tokens ahead of the results already, or pending tokens
+        that reach max_tokens or max_model_len (it stops when they arrive).
+        """
+        num_pending = seq.num_pending_tokens
+        num_total = len(seq.token_ids) + num_pending
+        if (
+            num_pending >= MAX_PENDING_TOKENS
+            or len(seq.output_token_ids) + num_pending >= seq.stopping.max_tokens
+            or num_total >= self.config.max_model_len
+        ):
+            return 0
+        return num_total - seq.num_computed_tokens
+
+    def _allocate_or_preempt(
+        self, seq: Sequence, num_tokens: int, step: StepBuilder, wanted: list[int]
+    ) -> list[int] | None:
         """Blocks for seq, preempting from the tail of running until they fit.
 
         Returns None when seq itself was the one left to preempt. The tail is
@@ -341,7 +324,7 @@ class Scheduler:
             if new_block_ids is not None:
                 return new_block_ids
             victim = self._running[-1]
-            if victim is not seq and self._num_wanted(victim) == 1:
+            if victim is not seq and wanted.pop() == 1:
                 step.num_decodes_left -= 1
             self._preempt(victim)
             step.num_preempted += 1
@@ -361,7 +344,7 @@ class Scheduler:
         self._num_preemptions += 1
         self._waiting.push(seq, front=True)
 
-    def _schedule_waiting(self, step: _StepBuilder, now_s: float) -> None:
+    def _schedule_waiting(self, step: StepBuilder, now_s: float) -> None:
         """Admits waiting sequences in order while budget, seats and blocks last."""
         while step.budget > 0 and len(self._running) < self.config.max_num_seqs:
             head = self._waiting.peek(now_s)
@@ -369,7 +352,7 @@ class Scheduler:
             if head is None or head[0].num_pending_tokens or not self._admit(head[0], head[1], step, now_s):
                 return
 
-    def _admit(self, seq: Sequence, aged: bool, step: _StepBuilder, now_s: float) -> bool:
+    def _admit(self, seq: Sequence, aged: bool, step: StepBuilder, now_s: float) -> bool:
         """Starts (or resumes) a sequence from its cached prefix; False if blocks lack."""
         hits = self._kv.get_computed_blocks(seq)
         num_hit_tokens = len(hits) * self.config.block_size
@@ -400,32 +383,28 @@ class Scheduler:
                 num_scheduled_tokens=num_tokens,
             )
         )
-        self._commit(seq, num_tokens, step)
+        step.commit(seq, num_tokens)
         return True
-
-    def _commit(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> None:
-        """Advances a planned sequence; reaching its length samples a pending token."""
-        seq.num_computed_tokens += num_tokens
-        samples = seq.num_computed_tokens == seq.num_total_tokens
-        if samples:
-            seq.num_pending_tokens += 1
-        step.entries[seq.seq_id] = _StepEntry(seq, samples)
-        step.budget -= num_tokens
 
     # -- update internals ------------------------------------------------------------
 
     def _accept_token(
-        self, seq: Sequence, token_id: int, logprobs: tuple[LogprobEntry, ...], entry: _StepEntry, current: bool
+        self, seq: Sequence, token_id: int, logprobs: tuple[LogprobEntry, ...], entry: StepEntry, current: bool
     ) -> SeqUpdate:
         """Fills a pending token, caches what it made full, and checks stops."""
         seq.num_pending_tokens -= 1
-        seq.append_token(token_id)
-        if current:
+        seq.output_token_ids.append(token_id)
+        seq.token_ids.append(token_id)
+        if current and min(entry.num_computed_after, len(seq.token_ids)) >= self._next_full_tokens(seq):
             self._kv.cache_full_blocks(seq, entry.num_computed_after)
         finished = seq.check_stop(token_id, self.config.eos_token_ids, self.config.max_model_len)
         if finished:
             self._release(seq)
         return SeqUpdate(seq, (token_id,), logprobs, finished)
+
+    def _next_full_tokens(self, seq: Sequence) -> int:
+        """Tokens known and computed at which the next block can be cached."""
+        return (seq.num_registered_blocks + 1) * self.config.block_size
 
     def _fail(self, seq_id: int, message: str) -> SeqUpdate:
         seq = self._seqs[seq_id]

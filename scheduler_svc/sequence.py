@@ -98,17 +98,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def length_reached(self, max_model_len: int) -> bool:
-        """Whether the pending tokens already reach max_tokens or max_model_len.
-
-        Such a sequence will stop when they arrive, so computing more for it
-        would be wasted.
-        """
-        return (
-            len(self.output_token_ids) + self.num_pending_tokens >= self.stopping.max_tokens
-            or self.num_total_tokens >= max_model_len
-        )
-
     def append_token(self, token_id: int) -> None:
         """Adds one generated token (a pending one that arrived)."""
         self.output_token_ids.append(token_id)

@@ -1,0 +1,48 @@
+"""The plan one schedule() call is building, and what is kept of it until its result."""
+
+from __future__ import annotations
+
+from scheduler_svc.sequence import Sequence
+from scheduler_svc.types import NewSeqPlan, ScheduledSeqPlan
+
+
+class StepEntry:
+    """One sequence in a planned step, kept until the step's result arrives."""
+
+    __slots__ = ("seq", "num_admissions", "num_computed_after", "samples")
+
+    def __init__(self, seq: Sequence, samples: bool):
+        self.seq = seq
+        # Tells apart a later admission of the same sequence (after preemption).
+        self.num_admissions = seq.num_admissions
+        # KV computed once this step has run: what its result confirms.
+        self.num_computed_after = seq.num_computed_tokens
+        # The step samples a token for this sequence (its chunk reaches its length).
+        self.samples = samples
+
+
+class StepBuilder:
+    """Budget left and sequences planned so far in one step."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.new_seqs: list[NewSeqPlan] = []
+        self.scheduled_seqs: list[ScheduledSeqPlan] = []
+        self.entries: dict[int, StepEntry] = {}
+        # Decode-ready running sequences not visited yet: prefill chunks leave
+        # them one token each so a long prompt never stalls decoding.
+        self.num_decodes_left = 0
+        self.num_preempted = 0
+
+    def commit(self, seq: Sequence, num_tokens: int) -> None:
+        """Advances a planned sequence; reaching its length samples a pending token.
+
+        num_computed_tokens moves now, not when the result arrives: the next
+        plan may be built before then, and must start where this one ends.
+        """
+        seq.num_computed_tokens += num_tokens
+        samples = seq.num_computed_tokens == len(seq.token_ids) + seq.num_pending_tokens
+        if samples:
+            seq.num_pending_tokens += 1
+        self.entries[seq.seq_id] = StepEntry(seq, samples)
+        self.budget -= num_tokens
