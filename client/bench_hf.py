@@ -4,7 +4,9 @@ Static batching: consecutive requests in batches of ``batch_size``, prompts
 left-padded, each batch runs to its longest wanted output
 (``min_new_tokens = max_new_tokens = longest``, greedy); a request counts
 only its own wanted tokens, timed at the step that produced each of them.
-Every request arrives at time 0 (later batches wait for earlier ones).
+Every request arrives at time 0 (later batches wait for earlier ones). One
+small untimed warm-up batch runs first (kernel selection / JIT), as the
+executor warms up before it reports SERVING.
 torch and transformers are imported only here, lazily.
 """
 
@@ -107,10 +109,19 @@ def run_batch(model: Any, batch: Sequence[BenchRequest], t0: float, deadline_s: 
     return step_times
 
 
+def warm_up(model: Any, batch_size: int) -> None:
+    """An untimed tiny batch (16 prompt tokens, 4 new tokens)."""
+    vocab_size, eos_ids = model_vocab(model)
+    token_id = next(t for t in range(vocab_size) if t not in eos_ids)
+    batch = [BenchRequest(i, (token_id,) * 16, 4) for i in range(batch_size)]
+    run_batch(model, batch, time.perf_counter(), float("inf"))
+
+
 def run_hf(
     model: Any, requests: Sequence[BenchRequest], config: HfBackendConfig, progress: ProgressBar
 ) -> tuple[list[RequestRecord], float]:
-    """Run the workload in static batches; returns (records, duration)."""
+    """Run the workload in static batches (after a warm-up); returns (records, duration)."""
+    warm_up(model, min(config.batch_size, len(requests)))
     t0 = time.perf_counter()
     records = [RequestRecord(r.index, r.prompt_len, r.output_len, 0.0) for r in requests]
     for start in range(0, len(requests), config.batch_size):
