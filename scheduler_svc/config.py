@@ -45,6 +45,7 @@ class SchedulerServiceConfig:
     executor_tls_ca: str = _f("", "CA of the executors' certificates")
     executor_tls_cert: str = _f("", "client certificate presented to executors")
     executor_tls_key: str = _f("", "key of that certificate")
+    executor_tls_server_name: str = _f("", "name to verify in executor certificates (executors are dialed by IP)")
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens", "default_max_tokens",

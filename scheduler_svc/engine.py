@@ -90,7 +90,7 @@ class Engine:
         for address in addresses:
             if address not in self.workers:
                 worker = ExecutorWorker(address, self, self._scheduler_config, self.config.step_timeout_s,
-                                        self._credentials)
+                                        self._credentials, self.config.executor_tls_server_name)
                 self.workers[address] = worker
                 worker.start()
                 log.info("executor_discovered", executor=address)

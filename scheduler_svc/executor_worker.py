@@ -49,7 +49,7 @@ class ExecutorWorker:
     """Drives one executor at `address`."""
 
     def __init__(self, address: str, listener: WorkerListener, make_config, step_timeout_s: float,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, tls_server_name: str = "") -> None:
         self.address = address
         self.state = WorkerState.CONNECTING
         self.info: ExecutorInfo | None = None
@@ -59,6 +59,7 @@ class ExecutorWorker:
         self._make_config = make_config  # ExecutorInfo -> SchedulerConfig
         self._step_timeout_s = step_timeout_s
         self._credentials = credentials
+        self._tls_server_name = tls_server_name  # checked instead of the dialed IP address
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.last_step_end_s = time.monotonic()
@@ -95,6 +96,8 @@ class ExecutorWorker:
     def _channel(self) -> grpc.aio.Channel:
         options = [*KEEPALIVE_OPTIONS, *message_size_options(EXECUTOR_MESSAGE_BYTES)]
         if self._credentials is not None:
+            if self._tls_server_name:
+                options.append(("grpc.ssl_target_name_override", self._tls_server_name))
             return grpc.aio.secure_channel(self.address, self._credentials, options=options)
         return grpc.aio.insecure_channel(self.address, options=options)
 
