@@ -74,3 +74,9 @@ image:
 		-t $(IMAGE_REGISTRY)/pagoda-executor:$(IMAGE_VERSION)-cpu .
 	$(CONTAINER_ENGINE) build -f docker/Dockerfile.executor --build-arg VARIANT=cuda \
 		--build-arg TORCH_INDEX_URL=$(CUDA_TORCH_INDEX) -t $(IMAGE_REGISTRY)/pagoda-executor:$(IMAGE_VERSION)-cuda .
+
+# --- Throwaway TLS certificates for local development (./certs/, git-ignored) ---
+.PHONY: certs
+CERT_DNS ?=
+certs: $(STAMP)
+	$(BIN)/python -m scripts.make_certs --out certs $(foreach name,$(CERT_DNS),--dns $(name))
