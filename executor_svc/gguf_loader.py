@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import struct
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,9 @@ import torch
 import gguf
 
 from executor_svc import gguf_tokenizer
+from executor_svc.gguf_reader import GgufError, GgufTensorInfo, read_gguf, read_metadata
+
+__all__ = ["GgufError", "GgufModel", "load_gguf", "read_gguf", "read_metadata"]
 
 # GGUF architecture -> (Hugging Face class, model_type, q/k rows permuted by llama.cpp).
 # llama.cpp writes Llama 2/3 and Mistral 7B alike as "llama".
@@ -74,10 +76,6 @@ _GLOBAL_TENSORS: dict[str, str] = {
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
-class GgufError(ValueError):
-    """A GGUF file this loader cannot turn into a model (named in the message)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class GgufModel:
     """A GGUF file converted to Hugging Face conventions."""
@@ -93,103 +91,6 @@ class GgufModel:
     eos_token: str | None
     # Token ids that end generation (eos first, then end-of-turn ids if any).
     eos_token_ids: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class GgufTensorInfo:
-    """One tensor of a GGUF file: its raw bytes, type and PyTorch-order shape."""
-
-    name: str
-    tensor_type: gguf.GGMLQuantizationType
-    shape: tuple[int, ...]  # rows first, e.g. [out_features, in_features]
-    data: np.ndarray  # uint8 [rows, bytes per row], a view of the memory-mapped file
-
-
-# GGUF value type -> struct format (little-endian); 8 is string, 9 array.
-_SCALAR_FORMATS = {
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
-}
-_STRING, _ARRAY = 8, 9
-
-
-class _Cursor:
-    """Sequential little-endian reads over the file's bytes."""
-
-    def __init__(self, buffer: np.ndarray) -> None:
-        self.buffer = buffer
-        self.view = memoryview(buffer)
-        self.pos = 0
-
-    def scalar(self, value_type: int) -> Any:
-        fmt = _SCALAR_FORMATS[value_type]
-        (value,) = struct.unpack_from(fmt, self.view, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        (size,) = struct.unpack_from("<Q", self.view, self.pos)
-        start = self.pos + 8
-        self.pos = start + size
-        return str(self.view[start : self.pos], "utf-8", errors="replace")
-
-    def value(self, value_type: int) -> Any:
-        if value_type == _STRING:
-            return self.string()
-        if value_type != _ARRAY:
-            return self.scalar(value_type)
-        item_type, count = self.scalar(4), self.scalar(10)
-        if item_type == _STRING:
-            return [self.string() for _ in range(count)]
-        if item_type == _ARRAY:
-            return [self.value(_ARRAY) for _ in range(count)]
-        dtype = np.dtype(_SCALAR_FORMATS[item_type])  # numeric arrays in one read
-        items = np.frombuffer(self.buffer, dtype, count=count, offset=self.pos)
-        self.pos += dtype.itemsize * count
-        return items.tolist()
-
-
-def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[GgufTensorInfo]]:
-    """Reads a GGUF file's metadata and tensor table; tensor data stays memory-mapped.
-
-    (gguf.GGUFReader parses the same, but element by element: ~10x slower on
-    a 50k-token vocabulary.)
-
-    Raises:
-        GgufError: not a little-endian GGUF file of version 2 or 3.
-    """
-    buffer = np.memmap(os.fspath(path), dtype=np.uint8, mode="r")
-    cursor = _Cursor(buffer)
-    if buffer[:4].tobytes() != b"GGUF" or cursor.scalar(4) != 0x46554747 or cursor.scalar(4) not in (2, 3):
-        raise GgufError(f"{path}: not a little-endian GGUF file of version 2 or 3")
-    num_tensors, num_kv = cursor.scalar(10), cursor.scalar(10)
-    metadata: dict[str, Any] = {}
-    for _ in range(num_kv):
-        key = cursor.string()
-        metadata[key] = cursor.value(cursor.scalar(4))
-    table = []
-    for _ in range(num_tensors):
-        name = cursor.string()
-        dims = [cursor.scalar(10) for _ in range(cursor.scalar(4))]
-        table.append((name, dims, gguf.GGMLQuantizationType(cursor.scalar(4)), cursor.scalar(10)))
-    alignment = int(metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
-    data_start = -(-cursor.pos // alignment) * alignment
-    return metadata, [_tensor_info(buffer, data_start, *row) for row in table]
-
-
-def _tensor_info(
-    buffer: np.ndarray, data_start: int, name: str, dims: list[int], qtype: Any, offset: int
-) -> GgufTensorInfo:
-    block_size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    row_bytes = dims[0] // block_size * block_bytes  # dims[0] is the fastest-varying dimension
-    num_rows = int(np.prod(dims[1:], dtype=np.int64))
-    start = data_start + offset
-    data = buffer[start : start + num_rows * row_bytes].view(np.ndarray).reshape(num_rows, row_bytes)
-    return GgufTensorInfo(name=name, tensor_type=qtype, shape=tuple(reversed(dims)), data=data)
-
-
-def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Returns every metadata field of a GGUF file as plain Python values."""
-    return read_gguf(path)[0]
 
 
 def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> GgufModel:
@@ -210,11 +111,14 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
             f"{path}: unsupported GGUF architecture {arch!r} "
             f"(supported: {', '.join(sorted(_ARCHITECTURES))})"
         )
-    tensor_names = {t.name for t in infos}
-    if "rope_freqs.weight" in tensor_names:
-        raise GgufError(f"{path}: per-frequency RoPE factors (rope_freqs.weight) are not supported")
+    rope_freqs = [info for info in infos if info.name == "rope_freqs.weight"]
+    infos = [info for info in infos if info.name != "rope_freqs.weight"]
     tok = gguf_tokenizer.build_tokenizer(metadata)
-    config = _build_config(metadata, arch, tensor_names, tok, dtype)
+    config = _build_config(metadata, arch, {t.name for t in infos}, tok, dtype)
+    if rope_freqs:
+        head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+        factors = dequantize_tensor(rope_freqs[0])
+        config["rope_scaling"] = llama3_rope_scaling(factors, config["rope_theta"], head_dim)
     tensors = _load_tensors(infos, arch, config, dtype)
     return GgufModel(
         config=config,
@@ -288,6 +192,48 @@ def _rope_scaling(get: Any) -> dict[str, Any] | None:
     original = get("rope.scaling.original_context_length")
     if original is not None:
         scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+_LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def llama3_rope_factors(
+    rope_theta: float,
+    head_dim: int,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> np.ndarray:
+    """Per-frequency divisors of Llama 3's RoPE scaling. Returns [head_dim // 2].
+
+    Long wavelengths are divided by `factor`, short ones kept, and those in
+    between interpolated (what rope_type "llama3" does to the inverse frequencies).
+    """
+    inv_freq = 1.0 / rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / inv_freq
+    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    divisors = 1 / ((1 - smooth) / factor + smooth)
+    divisors = np.where(wavelen < original_max_position_embeddings / high_freq_factor, 1.0, divisors)
+    return np.where(wavelen > original_max_position_embeddings / low_freq_factor, factor, divisors)
+
+
+def llama3_rope_scaling(factors: np.ndarray, rope_theta: float, head_dim: int) -> dict[str, Any]:
+    """Recovers `rope_scaling` from llama.cpp's `rope_freqs.weight` (Llama 3.1+).
+
+    The file keeps only the per-frequency divisors; they are accepted when they
+    are exactly Llama 3's scaling with its published constants and factor =
+    their maximum, and refused otherwise (never a silently different RoPE).
+    """
+    scaling = {"rope_type": "llama3", "factor": _float32_value(factors.max()), **_LLAMA3_ROPE_DEFAULTS}
+    params = {k: v for k, v in scaling.items() if k != "rope_type"}
+    expected = llama3_rope_factors(rope_theta, head_dim, **params)
+    if factors.shape != expected.shape or not np.allclose(factors, expected, rtol=1e-4, atol=0):
+        raise GgufError(
+            "rope_freqs.weight holds per-frequency RoPE factors that are not Llama 3 scaling "
+            f"with {_LLAMA3_ROPE_DEFAULTS}; not supported"
+        )
     return scaling
 
 

@@ -3,6 +3,7 @@ against the original weights and against transformers' own GGUF import."""
 
 from __future__ import annotations
 
+import math
 import pathlib
 from collections.abc import Callable
 
@@ -286,10 +287,51 @@ def test_rope_scaling_and_eot_ids(tmp_path: pathlib.Path) -> None:
     assert model.eos_token_ids == (2, 0)
 
 
-def test_per_frequency_rope_factors_are_refused(tmp_path: pathlib.Path) -> None:
-    raw = {"rope_freqs.weight": (np.ones(HEAD_DIM // 2, dtype=np.float32), QT.F32)}
+def llama_cpp_rope_freqs(theta: float, head_dim: int, factor: float) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter computes it for Llama 3.1 (its definition)."""
+    low_freq_factor, high_freq_factor, old_context_len = 1.0, 4.0, 8192
+    values = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / (theta ** (i / head_dim))
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context_len / high_freq_factor:
+            values.append(1.0)
+        elif wavelen > old_context_len / low_freq_factor:
+            values.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            values.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(values, dtype=np.float32)
+
+
+def test_llama3_rope_factors_become_rope_scaling(tmp_path: pathlib.Path) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    theta, factor = 500000.0, 8.0
+    freqs = llama_cpp_rope_freqs(theta, HEAD_DIM, factor)
+    assert 1.0 < np.median(freqs) < factor  # the test covers all three regions
+    raw = {"rope_freqs.weight": (freqs, QT.F32)}
+    write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), raw=raw,
+                    extra_kv=lambda w: w.add_float32("llama.rope.freq_base", theta))
+    model = load_gguf(tmp_path / "x.gguf")
+    assert model.config["rope_theta"] == theta
+    assert model.config["rope_scaling"] == {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    assert "rope_freqs.weight" not in model.tensors and len(model.tensors) == len(random_hf_weights())
+    # transformers' llama3 RoPE from this config divides the plain frequencies by the file's factors.
+    config = LlamaConfig(**model.config)
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    plain = 1.0 / theta ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM)
+    torch.testing.assert_close(inv_freq.double(), plain / torch.from_numpy(freqs).double(), rtol=1e-5, atol=0)
+
+
+def test_other_per_frequency_rope_factors_are_refused(tmp_path: pathlib.Path) -> None:
+    raw = {"rope_freqs.weight": (np.linspace(1, 3, HEAD_DIM // 2, dtype=np.float32), QT.F32)}
     write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), raw=raw)
-    with pytest.raises(GgufError, match="rope_freqs.weight"):
+    with pytest.raises(GgufError, match="rope_freqs.weight holds per-frequency RoPE factors"):
         load_gguf(tmp_path / "x.gguf")
 
 
