@@ -11,6 +11,9 @@ import enum
 
 import grpc
 
+from pagoda_client._wire import channel_credentials, channel_options
+from pagoda_client.types import TlsConfig
+
 _CHECK_METHOD = "/grpc.health.v1.Health/Check"
 
 
@@ -75,13 +78,15 @@ def check_health(
     service: str = "",
     *,
     timeout: float = 1.0,
-    credentials: grpc.ChannelCredentials | None = None,
+    tls: bool | TlsConfig = False,
 ) -> ServingStatus | None:
     """One health Check of ``target``; None when it cannot be reached."""
+    credentials = channel_credentials(tls)
+    options = channel_options(tls)
     if credentials is None:
-        channel = grpc.insecure_channel(target)
+        channel = grpc.insecure_channel(target, options=options)
     else:
-        channel = grpc.secure_channel(target, credentials)
+        channel = grpc.secure_channel(target, credentials, options=options)
     with channel:
         check = channel.unary_unary(_CHECK_METHOD, request_serializer=None, response_deserializer=None)
         try:

@@ -24,6 +24,7 @@ import grpc
 from pagoda_client.client import Client
 from pagoda_client.errors import PagodaError
 from pagoda_client.health import ServingStatus, check_health
+from pagoda_client.types import TlsConfig
 
 LOOPBACK = "127.0.0.1"
 
@@ -81,6 +82,10 @@ class Launcher:
             (None: inherit this process's stdout/stderr).
         startup_timeout_s: how long ``start`` waits for health.
         stop_grace_s: SIGTERM → SIGKILL grace per child.
+        client_tls: TLS settings for the launcher's own calls to the
+            scheduler when it serves TLS (``--tls-cert``/``--tls-key``).
+        client_api_key: API key for the launcher's own calls when the
+            scheduler requires keys.
     """
 
     def __init__(
@@ -101,6 +106,8 @@ class Launcher:
         log_dir: str | Path | None = None,
         startup_timeout_s: float = 300.0,
         stop_grace_s: float = 10.0,
+        client_tls: bool | TlsConfig = False,
+        client_api_key: str | None = None,
     ) -> None:
         if num_executors < 1:
             raise ValueError("num_executors must be at least 1")
@@ -109,6 +116,8 @@ class Launcher:
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
         self.log_dir = None if log_dir is None else Path(log_dir)
+        self.client_tls = client_tls
+        self.client_api_key = client_api_key
         self._env = {**os.environ, **(env or {})}
         self.executors = [
             self._executor_child(i, model, dtype, kv_cache_memory, block_size, extra_executor_args)
@@ -166,7 +175,7 @@ class Launcher:
                 self._spawn(child)
             self._wait_healthy(self.executors)
             self._spawn(self.scheduler)
-            self._wait_healthy([self.scheduler])
+            self._wait_healthy([self.scheduler], self.client_tls)
             self._wait_executors_ready()
         except BaseException:
             self.stop()
@@ -184,12 +193,12 @@ class Launcher:
             stderr=subprocess.STDOUT if output else None, start_new_session=True,
         )
 
-    def _wait_healthy(self, children: Sequence[_Child]) -> None:
+    def _wait_healthy(self, children: Sequence[_Child], tls: bool | TlsConfig = False) -> None:
         end = time.monotonic() + self.startup_timeout_s
         pending = list(children)
         while pending:
             self.raise_if_dead()
-            pending = [c for c in pending if check_health(c.address, timeout=1.0) != ServingStatus.SERVING]
+            pending = [c for c in pending if check_health(c.address, tls=tls) != ServingStatus.SERVING]
             if pending and time.monotonic() > end:
                 names = ", ".join(c.name for c in pending)
                 raise LauncherError(f"not healthy after {self.startup_timeout_s:.0f}s: {names}")
@@ -200,7 +209,8 @@ class Launcher:
         """Wait (bounded) until the scheduler reports every executor READY."""
         end = time.monotonic() + min(30.0, self.startup_timeout_s)
         states: list[str] = []
-        with Client(self.target, timeout=2.0, max_retries=0) as client:
+        with Client(self.target, timeout=2.0, max_retries=0, tls=self.client_tls,
+                    api_key=self.client_api_key) as client:
             while time.monotonic() < end:
                 self.raise_if_dead()
                 try:
