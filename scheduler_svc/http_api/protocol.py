@@ -1,0 +1,227 @@
+"""OpenAI request bodies → GenerationRequest, with type checks and clear 400s.
+
+Types are checked here (a string where a number belongs, a list of several
+prompts, n > 1, features we do not serve); value ranges are checked once, by
+the engine's validation, whose errors the server maps back onto these names.
+Unknown fields are ignored, as clients send many optional ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from scheduler_svc.http_api.errors import bad_request
+from scheduler_svc.request import ChatMessage, GenerationRequest, PromptInput, SamplingOptions, StoppingOptions
+
+# OpenAI's documented default for /v1/completions (chat has none: up to the context).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedRequest:
+    """What a handler needs besides the engine request."""
+
+    generation: GenerationRequest
+    model: str | None
+    stream: bool
+    include_usage: bool
+    # Engine field name → the OpenAI parameter the client used (for error messages).
+    param_aliases: dict[str, str]
+    user: str | None = None
+
+
+def read_json(raw: bytes) -> dict:
+    """The request body as a JSON object."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(None, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request(None, "the request body must be a JSON object")
+    return body
+
+
+class _Fields:
+    """Typed access to a JSON object's fields; JSON null counts as absent."""
+
+    def __init__(self, body: dict) -> None:
+        self.body = body
+
+    def get(self, name: str, kind: str, default=None):
+        value = self.body.get(name)
+        if value is None:
+            return default
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str),
+            "dict": isinstance(value, dict),
+            "list": isinstance(value, list),
+        }[kind]
+        if not ok:
+            raise bad_request(name, f"expected {_KIND_NAMES[kind]}, got {_json_type(value)}")
+        return float(value) if kind == "float" else value
+
+    def int_list(self, name: str) -> tuple[int, ...]:
+        values = self.get(name, "list", [])
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise bad_request(name, "expected a list of integers")
+        return tuple(values)
+
+
+_KIND_NAMES = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a string",
+               "dict": "an object", "list": "an array"}
+
+
+def _json_type(value) -> str:
+    for kind, name in ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "an array"),
+                       (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def parse_completion(body: dict, request_id: str) -> ParsedRequest:
+    """A /v1/completions body."""
+    f = _Fields(body)
+    _refuse_unsupported(f)
+    if f.get("echo", "bool", False):
+        raise bad_request("echo", "echo is not supported")
+    if f.get("best_of", "int", 1) != 1:
+        raise bad_request("best_of", "only best_of=1 is supported")
+    if f.get("suffix", "str"):
+        raise bad_request("suffix", "suffix (insertion) is not supported")
+    logprobs = f.get("logprobs", "int")
+    sampling = _sampling(f, logprobs)
+    stopping = _stopping(f, f.get("max_tokens", "int", COMPLETIONS_DEFAULT_MAX_TOKENS))
+    generation = GenerationRequest(request_id, _completion_prompt(body.get("prompt")), sampling, stopping,
+                                   skip_special_tokens=f.get("skip_special_tokens", "bool", True))
+    stream, include_usage = _stream_flags(f)
+    return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, {}, f.get("user", "str"))
+
+
+def parse_chat(body: dict, request_id: str) -> ParsedRequest:
+    """A /v1/chat/completions body."""
+    f = _Fields(body)
+    _refuse_unsupported(f)
+    for name in ("tools", "functions"):
+        if f.get(name, "list"):
+            raise bad_request(name, "tool and function calling are not supported")
+    aliases = {}
+    logprobs = None
+    if f.get("logprobs", "bool", False):
+        logprobs = f.get("top_logprobs", "int", 0)
+        aliases["logprobs"] = "top_logprobs"
+    elif f.get("top_logprobs", "int") is not None:
+        raise bad_request("top_logprobs", "top_logprobs needs logprobs set to true")
+    max_tokens = f.get("max_completion_tokens", "int")
+    if max_tokens is not None:
+        aliases["max_tokens"] = "max_completion_tokens"
+    else:
+        max_tokens = f.get("max_tokens", "int")
+    prompt = PromptInput(messages=_messages(body.get("messages")),
+                         add_generation_prompt=f.get("add_generation_prompt", "bool", True))
+    generation = GenerationRequest(request_id, prompt, _sampling(f, logprobs), _stopping(f, max_tokens),
+                                   skip_special_tokens=f.get("skip_special_tokens", "bool", True))
+    stream, include_usage = _stream_flags(f)
+    return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, aliases, f.get("user", "str"))
+
+
+def _refuse_unsupported(f: _Fields) -> None:
+    """Parameters whose meaning we cannot honour get a 400, not silence."""
+    if f.get("n", "int", 1) != 1:
+        raise bad_request("n", "only n=1 is supported; send one request per completion")
+    if f.get("logit_bias", "dict"):
+        raise bad_request("logit_bias", "logit_bias is not supported")
+    response_format = f.get("response_format", "dict")
+    if response_format and response_format.get("type", "text") != "text":
+        raise bad_request("response_format", "only the 'text' response format is supported")
+
+
+def _sampling(f: _Fields, logprobs: int | None) -> SamplingOptions:
+    return SamplingOptions(
+        # OpenAI's default temperature is 1.0 (sampling); 0 is greedy.
+        temperature=f.get("temperature", "float", 1.0),
+        top_p=f.get("top_p", "float"),
+        top_k=f.get("top_k", "int"),
+        min_p=f.get("min_p", "float"),
+        repetition_penalty=f.get("repetition_penalty", "float"),
+        presence_penalty=f.get("presence_penalty", "float"),
+        frequency_penalty=f.get("frequency_penalty", "float"),
+        seed=f.get("seed", "int"),
+        logprobs=logprobs,
+    )
+
+
+def _stopping(f: _Fields, max_tokens: int | None) -> StoppingOptions:
+    stop = f.body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(stop)
+    else:
+        raise bad_request("stop", "expected a string or an array of strings")
+    return StoppingOptions(
+        max_tokens=max_tokens, stop=stops, stop_token_ids=f.int_list("stop_token_ids"),
+        ignore_eos=f.get("ignore_eos", "bool", False),
+        include_stop_str_in_output=f.get("include_stop_str_in_output", "bool", False),
+    )
+
+
+def _stream_flags(f: _Fields) -> tuple[bool, bool]:
+    stream = f.get("stream", "bool", False)
+    options = f.get("stream_options", "dict")
+    if options is not None and not stream:
+        raise bad_request("stream_options", "stream_options is only allowed when stream is true")
+    include_usage = _Fields(options or {}).get("include_usage", "bool", False)
+    return stream, include_usage
+
+
+def _completion_prompt(prompt) -> PromptInput:
+    """A string, a token-id list, or a one-element list of either."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) != 1:
+            raise bad_request("prompt", f"got {len(prompt)} prompts; send one prompt per request (no batching)")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return PromptInput(text=prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return PromptInput(token_ids=tuple(prompt))
+    if prompt is None:
+        raise bad_request("prompt", "prompt is required")
+    raise bad_request("prompt", "expected a string or an array of token ids")
+
+
+def _messages(messages) -> tuple[ChatMessage, ...]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", "expected a non-empty array of {role, content} objects")
+    return tuple(_message(i, m) for i, m in enumerate(messages))
+
+
+def _message(index: int, message) -> ChatMessage:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise bad_request(param, "expected an object with role and content")
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not role:
+        raise bad_request(f"{param}.role", "expected a non-empty string")
+    if content is None and role == "assistant":
+        content = ""
+    if isinstance(content, list):
+        content = _text_parts(param, content)
+    if not isinstance(content, str):
+        raise bad_request(f"{param}.content", "expected a string or an array of text parts")
+    return ChatMessage(role=role, content=content)
+
+
+def _text_parts(param: str, parts: list) -> str:
+    texts = []
+    for part in parts:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise bad_request(f"{param}.content", "only text content parts ({type: text, text}) are supported")
+        texts.append(part["text"])
+    return "\n".join(texts)

@@ -1,0 +1,175 @@
+"""Engine outputs → OpenAI response bodies and stream chunks.
+
+One formatter per request: `chunks(out)` gives the stream chunks of one
+RequestOutput, `response(outputs)` the whole non-streamed body. Token strings
+for logprobs come from the tokenizer, one token decoded alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+from scheduler_svc.http_api.errors import server_error, unavailable
+from scheduler_svc.request import RequestOutput, Usage
+from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.types import FinishReason, LogprobEntry
+
+
+def check_output(out: RequestOutput) -> None:
+    """Raise the client's error for a request that ended without an answer."""
+    if out.finish_reason is FinishReason.ERROR:
+        raise server_error(f"request {out.request_id} failed in the executor: {out.error}")
+    if out.finish_reason is FinishReason.ABORT:
+        raise unavailable(f"request {out.request_id} was aborted: {out.error or 'server shutting down'}")
+
+
+def usage_body(usage: Usage) -> dict:
+    """OpenAI's usage object (cached prompt tokens in prompt_tokens_details)."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+class _Formatter:
+    """What both endpoints share: id, model, timestamps, token strings."""
+
+    object_name = ""
+    chunk_object_name = ""
+
+    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None) -> None:
+        self.response_id = response_id
+        self.model = model
+        self.created = int(time.time())
+        self._tokenizer = tokenizer
+        self._logprobs = logprobs
+        self._usage: Usage | None = None
+
+    def token_str(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _envelope(self, object_name: str, choices: list[dict]) -> dict:
+        return {"id": self.response_id, "object": object_name, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "choices": choices}
+
+    def usage_chunk(self) -> dict:
+        """The last chunk when stream_options.include_usage: no choices, only usage."""
+        assert self._usage is not None, "usage_chunk before the final output"
+        return {**self._envelope(self.chunk_object_name, []), "usage": usage_body(self._usage)}
+
+    def _note(self, out: RequestOutput) -> None:
+        check_output(out)
+        if out.usage is not None:
+            self._usage = out.usage
+
+    def chunks(self, out: RequestOutput) -> list[dict]:
+        raise NotImplementedError
+
+    def response(self, outputs: list[RequestOutput]) -> dict:
+        raise NotImplementedError
+
+
+class CompletionFormatter(_Formatter):
+    """/v1/completions: `text_completion` objects; logprobs in the legacy layout."""
+
+    object_name = chunk_object_name = "text_completion"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._text_offset = 0
+
+    def chunks(self, out: RequestOutput) -> list[dict]:
+        self._note(out)
+        if not (out.text or out.finished or (self._logprobs is not None and out.token_ids)):
+            return []
+        choice = {"index": 0, "text": out.text, "logprobs": self._logprobs_body(out),
+                  "finish_reason": _finish(out), "stop_reason": out.stop_reason}
+        return [self._envelope(self.chunk_object_name, [choice])]
+
+    def response(self, outputs: list[RequestOutput]) -> dict:
+        for out in outputs:
+            self._note(out)
+        last = outputs[-1]
+        logprobs = None
+        if self._logprobs is not None:
+            logprobs = _merge_legacy([self._logprobs_body(out) for out in outputs])
+        choice = {"index": 0, "text": "".join(o.text for o in outputs), "logprobs": logprobs,
+                  "finish_reason": _finish(last), "stop_reason": last.stop_reason}
+        return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
+
+    def _logprobs_body(self, out: RequestOutput) -> dict | None:
+        if self._logprobs is None:
+            return None
+        body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token_id, entry in zip(out.token_ids, out.logprobs):
+            token = self.token_str(token_id)
+            body["tokens"].append(token)
+            body["token_logprobs"].append(entry.sampled.logprob)
+            top = {self.token_str(t.token_id): t.logprob for t in entry.top}
+            top.setdefault(token, entry.sampled.logprob)
+            body["top_logprobs"].append(top)
+            body["text_offset"].append(self._text_offset)
+            self._text_offset += len(token)
+        return body
+
+
+def _merge_legacy(bodies: list[dict | None]) -> dict:
+    merged = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for body in bodies:
+        for key in merged:
+            merged[key].extend(body[key] if body else [])
+    return merged
+
+
+class ChatFormatter(_Formatter):
+    """/v1/chat/completions: an assistant message, or deltas (role first, finish_reason last)."""
+
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def role_chunk(self) -> dict:
+        """The first chunk of a stream: the role, no content yet."""
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return self._envelope(self.chunk_object_name, [choice])
+
+    def chunks(self, out: RequestOutput) -> list[dict]:
+        self._note(out)
+        content = self._logprobs_content(out)
+        if not (out.text or out.finished or content):
+            return []
+        choice = {"index": 0, "delta": {"content": out.text} if out.text else {},
+                  "logprobs": None if content is None else {"content": content, "refusal": None},
+                  "finish_reason": _finish(out), "stop_reason": out.stop_reason}
+        return [self._envelope(self.chunk_object_name, [choice])]
+
+    def response(self, outputs: list[RequestOutput]) -> dict:
+        for out in outputs:
+            self._note(out)
+        last = outputs[-1]
+        logprobs = None
+        if self._logprobs is not None:
+            logprobs = {"content": [e for o in outputs for e in self._logprobs_content(o)], "refusal": None}
+        message = {"role": "assistant", "content": "".join(o.text for o in outputs), "refusal": None}
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": _finish(last),
+                  "stop_reason": last.stop_reason}
+        return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
+
+    def _logprobs_content(self, out: RequestOutput) -> list[dict] | None:
+        if self._logprobs is None:
+            return None
+        return [self._token_logprob(token_id, entry) for token_id, entry in zip(out.token_ids, out.logprobs)]
+
+    def _token_logprob(self, token_id: int, entry: LogprobEntry) -> dict:
+        return {**self._token(token_id, entry.sampled.logprob),
+                "top_logprobs": [self._token(t.token_id, t.logprob) for t in entry.top]}
+
+    def _token(self, token_id: int, logprob: float) -> dict:
+        token = self.token_str(token_id)
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def _finish(out: RequestOutput) -> str | None:
+    return out.finish_reason.value if out.finish_reason is not None else None
+

@@ -1,0 +1,203 @@
+"""The OpenAI-compatible HTTP server: aiohttp on the scheduler's event loop.
+
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+(`stream: true` → server-sent events), GET /health, GET /metrics. Every error
+leaves as OpenAI's JSON error shape. A client that goes away cancels its
+handler (handler_cancellation), which closes the engine iterator and so
+aborts the request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from scheduler_svc.auth import bearer_token, key_is_valid, load_api_keys
+from scheduler_svc.errors import RequestError
+from scheduler_svc.http_api.errors import ApiError, from_request_error, model_not_found, unauthorized, unavailable
+from scheduler_svc.http_api.protocol import ParsedRequest, parse_chat, parse_completion, read_json
+from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter, check_output
+
+log = structlog.get_logger("scheduler")
+
+MAX_REQUEST_ID_CHARS = 256
+# Routes that stay open when API keys are configured (probes and scrapers carry none).
+OPEN_PATHS = ("/health", "/metrics")
+
+
+def sse(data: dict | str) -> bytes:
+    """One server-sent event."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {text}\n\n".encode()
+
+
+class HttpApi:
+    """The HTTP edge over the Engine; `start()` binds config.host:config.http_port."""
+
+    def __init__(self, engine, config, metrics) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = metrics
+        self.created = int(time.time())
+        self.port: int | None = None
+        self._keys = load_api_keys(config.api_keys, config.api_keys_file)
+        self._runner: web.AppRunner | None = None
+
+    def build_app(self) -> web.Application:
+        """The aiohttp application (routes and the error/auth middleware)."""
+        app = web.Application(middlewares=[self._middleware], client_max_size=self.config.max_message_bytes)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        return app
+
+    async def start(self) -> None:
+        """Listen; a client disconnect cancels its handler."""
+        self._runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.http_port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        log.info("http_api_listening", address=f"{self.config.host}:{self.port}", api_keys=bool(self._keys))
+
+    async def stop(self) -> None:
+        """Close the listener and open connections."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ----- middleware ------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            if self._keys and request.path not in OPEN_PATHS:
+                if not key_is_valid(bearer_token(request.headers.get("Authorization")), self._keys):
+                    log.warning("unauthenticated_http_call", path=request.path)
+                    raise unauthorized()
+            return await handler(request)
+        except ApiError as exc:
+            return exc.response()
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+            message = f"{exc.reason}: {request.method} {request.path}"
+            return ApiError(exc.status, message, type=kind, code=str(exc.status)).response()
+
+    # ----- routes ----------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 while an executor accepts work and we are not draining, else 503."""
+        serving = self.engine.is_serving
+        return web.json_response({"status": "serving" if serving else "not_serving"}, status=200 if serving else 503)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        """The scheduler's Prometheus metrics."""
+        response = web.Response(body=generate_latest(self.metrics.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def models(self, request: web.Request) -> web.Response:
+        """The served model, in OpenAI's list shape."""
+        model = self._served_model()
+        card = {"id": model, "object": "model", "created": self.created, "owned_by": "pagoda",
+                "max_model_len": self.engine.limits.max_model_len}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    # ----- generation ------------------------------------------------------
+
+    def _served_model(self) -> str:
+        if self.engine.model is None or self.engine.limits is None:
+            raise unavailable("no executor has connected yet")
+        return self.engine.model.model_name
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = read_json(await request.read())
+        served = self._served_model()
+        request_id = _request_id(request)
+        parsed = (parse_chat if chat else parse_completion)(body, request_id)
+        if parsed.model and parsed.model != served:
+            raise model_not_found(parsed.model, served)
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            log.info("http_request", path=request.path, stream=parsed.stream, user=parsed.user)
+            formatter_cls = ChatFormatter if chat else CompletionFormatter
+            formatter = formatter_cls(f"{'chatcmpl' if chat else 'cmpl'}-{request_id}", served,
+                                      self.engine.tokenizer, parsed.generation.sampling.logprobs)
+            return await self._run(request, parsed, formatter, chat)
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+
+    async def _run(self, request: web.Request, parsed: ParsedRequest, formatter, chat: bool) -> web.StreamResponse:
+        outputs = self.engine.generate(parsed.generation)
+        try:
+            try:
+                first = await anext(outputs)
+            except RequestError as exc:
+                log.info("request_rejected", error=str(exc))
+                raise from_request_error(exc, chat=chat, aliases=parsed.param_aliases) from None
+            if parsed.stream:
+                return await self._stream(request, parsed, formatter, first, outputs)
+            collected = [first]
+            if not first.finished:
+                collected += [out async for out in outputs]
+            body = formatter.response(collected)
+            return web.json_response(body, headers={"x-request-id": parsed.generation.request_id})
+        finally:
+            await outputs.aclose()
+
+    async def _stream(self, request: web.Request, parsed: ParsedRequest, formatter, first, outputs):
+        check_output(first)  # a request that failed before any token gets a plain error reply
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            "x-request-id": parsed.generation.request_id})
+        await response.prepare(request)
+        try:
+            await self._write_events(response, parsed, formatter, first, outputs)
+        except ConnectionError:
+            log.info("http_client_disconnected")
+            return response
+        await response.write_eof()
+        return response
+
+    async def _write_events(self, response, parsed: ParsedRequest, formatter, first, outputs) -> None:
+        try:
+            if isinstance(formatter, ChatFormatter):
+                await response.write(sse(formatter.role_chunk()))
+            out = first
+            while True:
+                for chunk in formatter.chunks(out):
+                    await response.write(sse(chunk))
+                if out.finished:
+                    break
+                out = await anext(outputs)
+            if parsed.include_usage:
+                await response.write(sse(formatter.usage_chunk()))
+        except RequestError as exc:
+            chat = isinstance(formatter, ChatFormatter)
+            await response.write(sse(from_request_error(exc, chat=chat, aliases=parsed.param_aliases).body()))
+        except ApiError as exc:
+            await response.write(sse(exc.body()))
+        await response.write(sse("[DONE]"))
+
+
+def _request_id(request: web.Request) -> str:
+    """The client's x-request-id (printable, at most 256 characters), else a new id."""
+    given = request.headers.get("x-request-id", "").strip()
+    if given and given.isprintable():
+        return given[:MAX_REQUEST_ID_CHARS]
+    return uuid.uuid4().hex

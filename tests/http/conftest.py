@@ -1,0 +1,45 @@
+"""A real system (one executor, a scheduler with --http-port) on the tiny random model."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from support.tiny_model import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def http_tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama with a trained tokenizer and chat template."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-http") / "tiny-llama")
+
+
+def wait_http_health(base_url: str, timeout_s: float = 30.0) -> None:
+    """Poll GET /health until it answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        assert time.monotonic() < deadline, f"{base_url}/health never answered 200"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def http_system(http_tiny_model_dir, tmp_path_factory):
+    """(launcher, base_url): fp32, 64 KV blocks of 16, HTTP API on a free port."""
+    from pagoda_client.launcher import Launcher, free_port
+
+    port = free_port()
+    logs = tmp_path_factory.mktemp("http-logs")
+    with Launcher(str(http_tiny_model_dir), num_executors=1, dtype="float32", kv_cache_memory="256KiB",
+                  http_port=port, log_dir=logs, startup_timeout_s=120) as system:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_http_health(base_url)
+        yield system, base_url
