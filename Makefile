@@ -39,7 +39,7 @@ model: $(STAMP)
 	$(BIN)/python -m executor_svc.model_cache
 
 run: $(STAMP)
-	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --port $(PORT) --dtype $(DTYPE)
+	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --port $(PORT) --http-port $(HTTP_PORT) --dtype $(DTYPE)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
