@@ -40,6 +40,7 @@ class Engine:
                  executor_credentials=None) -> None:
         self.config = config
         self.metrics = metrics or SchedulerMetrics()
+        self.metrics.bind_engine(self)
         self.workers: dict[str, ExecutorWorker] = {}
         self.model: ExecutorInfo | None = None
         self.tokenizer: Tokenizer | None = None
@@ -277,6 +278,8 @@ class Engine:
             if state is not None and state.first_scheduled_ns is None:
                 state.first_scheduled_ns = now
         self.metrics.on_step(plan, result, duration_s)
+        if result.draining:
+            self._update_health()
 
     def on_updates(self, worker: ExecutorWorker, updates: list[SeqUpdate], result: StepResult) -> None:
         for update in updates:

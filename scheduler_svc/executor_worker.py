@@ -141,22 +141,36 @@ class ExecutorWorker:
 
     async def _step_loop(self, stub: executor_pb2_grpc.ExecutorStub) -> None:
         call = stub.Execute()
+        results: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.create_task(_read_results(call, results))
         in_flight: collections.deque[tuple[StepPlan, float]] = collections.deque()
         try:
             while True:
                 for plan in self._schedule_more(in_flight):
                     await call.write(plan_to_pb(plan))
                 if not in_flight:
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+                    await self._wait_for_work(reader)
                     continue
-                msg = await asyncio.wait_for(call.read(), timeout=self._step_timeout_s)
-                if msg is grpc.aio.EOF:
-                    raise ConnectionError("executor closed the stream")
+                msg = await asyncio.wait_for(results.get(), timeout=self._step_timeout_s)
+                if msg is None:
+                    await reader  # raises why the stream ended
                 plan, sent_at = in_flight.popleft()
                 self._on_result(plan, result_from_pb(msg), time.monotonic() - sent_at)
         finally:
+            reader.cancel()
             call.cancel()
+
+    async def _wait_for_work(self, reader: asyncio.Task) -> None:
+        """Sleep until woken, or until the stream breaks (an idle executor can die too)."""
+        self._wakeup.clear()
+        woken = asyncio.create_task(self._wakeup.wait())
+        try:
+            await asyncio.wait({woken, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+        if reader.done():
+            await reader
+            raise ConnectionError("executor stream ended")
 
     def _schedule_more(self, in_flight: collections.deque) -> list[StepPlan]:
         """Schedule plans until MAX_IN_FLIGHT are out or there is nothing to do."""
@@ -192,6 +206,18 @@ class ExecutorWorker:
         if was is not WorkerState.DEAD:
             log.warning("executor_lost", executor=self.address, reason=reason, num_sequences=len(seqs))
         self._listener.on_worker_lost(self, seqs)
+
+
+async def _read_results(call, queue: asyncio.Queue) -> None:
+    """Move results from the stream to `queue`; None marks the end."""
+    try:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                raise ConnectionError("executor closed the stream")
+            queue.put_nowait(msg)
+    finally:
+        queue.put_nowait(None)
 
 
 def _describe_error(exc: BaseException) -> str:

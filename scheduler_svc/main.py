@@ -52,22 +52,14 @@ async def serve(config: SchedulerServiceConfig) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    gauges = loop.create_task(_sample_gauges(engine, metrics))
     await stop.wait()
     log.info("scheduler_draining", timeout_s=config.drain_timeout_s)
     await engine.drain(config.drain_timeout_s)
     await server.stop(grace=1.0)
     if http_api is not None:
         await http_api.stop()
-    gauges.cancel()
     await engine.stop()
     log.info("scheduler_stopped")
-
-
-async def _sample_gauges(engine: Engine, metrics: SchedulerMetrics) -> None:
-    while True:
-        metrics.sample_gauges(engine)
-        await asyncio.sleep(0.5)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

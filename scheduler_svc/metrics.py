@@ -71,14 +71,19 @@ class SchedulerMetrics:
         if state.first_scheduled_ns is not None:
             self.queue_time.observe((state.first_scheduled_ns - state.arrival_ns) / 1e9)
 
-    def sample_gauges(self, engine) -> None:
-        """Refresh gauges and scheduler-owned counters from the engine."""
-        self.num_requests_running.set(engine.num_running)
-        self.num_requests_waiting.set(engine.num_waiting)
-        live = [w.scheduler for w in engine.workers.values() if w.scheduler is not None]
-        total = sum(s.config.num_blocks for s in live)
-        used = sum(s.config.num_blocks - s.num_free_blocks for s in live)
-        self.kv_cache_usage_perc.set(used / total if total else 0.0)
+    def bind_engine(self, engine) -> None:
+        """Gauges read the engine at scrape time (never stale)."""
+        self.num_requests_running.set_function(lambda: engine.num_running)
+        self.num_requests_waiting.set_function(lambda: engine.num_waiting)
+        self.kv_cache_usage_perc.set_function(lambda: kv_cache_usage(engine))
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)
+
+
+def kv_cache_usage(engine) -> float:
+    """Used / total KV blocks over every live executor."""
+    live = [w.scheduler for w in engine.workers.values() if w.scheduler is not None]
+    total = sum(s.config.num_blocks for s in live)
+    used = sum(s.config.num_blocks - s.num_free_blocks for s in live)
+    return used / total if total else 0.0
