@@ -8,9 +8,7 @@ owns no block accounting. A plan error hits only the sequence it concerns.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from pathlib import Path
 
 import structlog
 import torch
@@ -91,7 +89,7 @@ class ModelRunner:
             num_kv_blocks=num_blocks,
             max_model_len=self.max_model_len,
             vocab_size=self.config.vocab_size,
-            eos_token_ids=_eos_token_ids(model_path, self.config),
+            eos_token_ids=tuple(dict.fromkeys(self.config.eos_token_ids + checkpoint.extra_eos_token_ids)),
             bos_token_id=self.config.bos_token_id,
         )
         self._seqs: dict[int, SequenceState] = {}
@@ -245,12 +243,3 @@ class ModelRunner:
             outputs.append(t.SeqOutput(state.seq_id, (sampled.token_id,), logprobs))
         return outputs
 
-
-def _eos_token_ids(model_path: str, config: ModelConfig) -> tuple[int, ...]:
-    """EOS ids of config.json, then those of generation_config.json, deduplicated."""
-    ids = list(config.eos_token_ids)
-    gen_file = Path(model_path) / "generation_config.json"
-    if gen_file.is_file():
-        value = json.loads(gen_file.read_text()).get("eos_token_id")
-        ids += value if isinstance(value, list) else ([] if value is None else [value])
-    return tuple(dict.fromkeys(int(i) for i in ids))

@@ -24,6 +24,8 @@ class Checkpoint:
     config: dict[str, Any]
     tensors: dict[str, torch.Tensor]
     name: str
+    # EOS ids known beside config.json (GGUF end-of-turn ids, generation_config.json).
+    extra_eos_token_ids: tuple[int, ...] = ()
 
 
 def load_checkpoint(model_path: str | Path) -> Checkpoint:
@@ -37,12 +39,22 @@ def load_checkpoint(model_path: str | Path) -> Checkpoint:
         from executor_svc.gguf_loader import load_gguf  # only GGUF users need it
 
         loaded = load_gguf(path)
-        return Checkpoint(dict(loaded.config), dict(loaded.tensors), path.stem)
+        return Checkpoint(dict(loaded.config), dict(loaded.tensors), path.stem, tuple(loaded.eos_token_ids))
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"no config.json in {path}")
     config = json.loads(config_file.read_text())
-    return Checkpoint(config, _load_safetensors(path), path.name)
+    return Checkpoint(config, _load_safetensors(path), path.name, _generation_eos_ids(path))
+
+
+def _generation_eos_ids(folder: Path) -> tuple[int, ...]:
+    gen_file = folder / "generation_config.json"
+    if not gen_file.is_file():
+        return ()
+    value = json.loads(gen_file.read_text()).get("eos_token_id")
+    if value is None:
+        return ()
+    return tuple(int(i) for i in (value if isinstance(value, list) else [value]))
 
 
 def _load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
