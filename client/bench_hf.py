@@ -120,23 +120,35 @@ def warm_up(model: Any, batch_size: int) -> None:
 def run_hf(
     model: Any, requests: Sequence[BenchRequest], config: HfBackendConfig, progress: ProgressBar
 ) -> tuple[list[RequestRecord], float]:
-    """Run the workload in static batches (after a warm-up); returns (records, duration)."""
+    """Run the workload in static batches (after a warm-up); returns (records, duration).
+
+    When ``max_duration_s`` cuts a batch, its requests fail and the duration
+    is the end of the last whole batch, so the throughput is that of the
+    batches that ran to completion.
+    """
     warm_up(model, min(config.batch_size, len(requests)))
     t0 = time.perf_counter()
     records = [RequestRecord(r.index, r.prompt_len, r.output_len, 0.0) for r in requests]
+    duration_s = 0.0
     for start in range(0, len(requests), config.batch_size):
         if time.perf_counter() - t0 > config.max_duration_s:
             break
         batch = requests[start:start + config.batch_size]
         step_times = run_batch(model, batch, t0, config.max_duration_s)
-        for request, record in zip(batch, records[start:start + config.batch_size]):
+        batch_records = records[start:start + config.batch_size]
+        for request, record in zip(batch, batch_records):
             own_times = step_times[:request.output_len]
             record.chunk_times_s = own_times
             record.chunk_num_tokens = [1] * len(own_times)
             record.success = len(own_times) == request.output_len
             record.error = "" if record.success else "cut: --max-duration-s reached"
             progress.update(num_done=1, num_tokens=len(own_times))
+        if not all(r.success for r in batch_records):
+            for record in batch_records:
+                record.success, record.error = False, "cut: --max-duration-s reached"
+            break
+        duration_s = time.perf_counter() - t0
     for record in records:
         if not record.success and not record.error:
             record.error = "not run: --max-duration-s reached"
-    return records, time.perf_counter() - t0
+    return records, duration_s or time.perf_counter() - t0

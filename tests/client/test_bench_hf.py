@@ -52,3 +52,13 @@ def test_bench_cli_hf_backend_writes_json(client_tiny_model_dir, tmp_path, capsy
     assert metrics["completed"] == 4 and metrics["total_output_tokens"] == sum(wanted)
     assert metrics["goodput"] == pytest.approx(metrics["request_throughput"])
     assert document["config"]["input_len_range"] == [4, 16]
+
+
+def test_time_bound_stops_at_batch_boundaries(client_tiny_model_dir):
+    config = HfBackendConfig(str(client_tiny_model_dir), batch_size=2, max_duration_s=0.0)
+    model = load_model(config)
+    requests = random_workload(4, (3, 5), (2, 3), seed=0, vocab_size=384)
+    records, _ = run_hf(model, requests, config, ProgressBar(4, enabled=False))
+    assert not any(r.success for r in records)
+    assert {r.error for r in records} == {"not run: --max-duration-s reached"}
+    assert [r.output_len for r in records] == [0, 0, 0, 0]
