@@ -12,6 +12,7 @@ import pathlib
 
 import grpc
 import structlog
+from pagoda.runtime.grpc_server import MalformedRequestInterceptor
 
 log = structlog.get_logger("scheduler")
 
@@ -81,6 +82,8 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
 
 def build_interceptors(api_keys: str, api_keys_file: str) -> list[grpc.aio.ServerInterceptor]:
-    """The client API's interceptors for this configuration."""
+    """The client API's interceptors: API keys (when configured) first, so a
+    refused call is never parsed; then malformed requests → INVALID_ARGUMENT."""
     keys = load_api_keys(api_keys, api_keys_file)
-    return [ApiKeyInterceptor(keys)] if keys else []
+    auth = [ApiKeyInterceptor(keys)] if keys else []
+    return [*auth, MalformedRequestInterceptor()]

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import random
 
-from scheduler_svc.errors import InvalidRequest
+from scheduler_svc.errors import DeadlineExceeded, InvalidRequest
 from scheduler_svc.request import GenerationRequest, PromptInput
 from scheduler_svc.types import SamplingParams, StoppingCriteria
 
@@ -130,7 +130,7 @@ def stopping_criteria(request: GenerationRequest, num_prompt_tokens: int, limits
 
 
 def check_request_fields(request: GenerationRequest) -> None:
-    """Checks that need no model: ids, priority, salt."""
+    """Checks that need no model: ids, priority, salt, deadline (DeadlineExceeded)."""
     if len(request.request_id) > MAX_ID_CHARS:
         raise InvalidRequest("request_id", f"at most {MAX_ID_CHARS} characters")
     if not -MAX_PRIORITY <= request.priority <= MAX_PRIORITY:
@@ -138,5 +138,5 @@ def check_request_fields(request: GenerationRequest) -> None:
     if len(request.cache_salt) > MAX_SALT_CHARS:
         raise InvalidRequest("cache_salt", f"at most {MAX_SALT_CHARS} characters")
     if request.timeout_s is not None and request.timeout_s <= 0:
-        raise InvalidRequest("timeout", "deadline already passed")
+        raise DeadlineExceeded("the request's deadline passed before it arrived")
     check_prompt_input(request.prompt)

@@ -65,6 +65,59 @@ def channel_credentials(ca: str | None, cert: str | None = None, key: str | None
     return grpc.ssl_channel_credentials(root_certificates=_read(ca), private_key=_read(key), certificate_chain=_read(cert))
 
 
+class _Malformed:
+    """Stands in for a request whose bytes did not parse."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """Answers a request that does not parse (invalid UTF-8 in a string field,
+    truncated bytes, wrong wire types, nesting too deep) with INVALID_ARGUMENT.
+
+    Without it grpc answers UNKNOWN and logs a traceback per bad message.
+    Only unary requests are wrapped (the client API); streams keep grpc's handling.
+    """
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        parse = handler.request_deserializer
+
+        def deserialize(data: bytes):
+            try:
+                return parse(data)
+            except Exception as exc:  # DecodeError, or UnicodeDecodeError from some protobuf backends
+                return _Malformed(exc)
+
+        if handler.response_streaming:
+            behavior = handler.unary_stream
+
+            async def checked_stream(request, context):
+                if isinstance(request, _Malformed):
+                    await _refuse(context, request)
+                async for response in behavior(request, context):
+                    yield response
+
+            return grpc.unary_stream_rpc_method_handler(checked_stream, deserialize, handler.response_serializer)
+        behavior = handler.unary_unary
+
+        async def checked_unary(request, context):
+            if isinstance(request, _Malformed):
+                await _refuse(context, request)
+            return await behavior(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(checked_unary, deserialize, handler.response_serializer)
+
+
+async def _refuse(context: grpc.aio.ServicerContext, request: _Malformed) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"malformed request (not a valid protobuf message, or a string field is not UTF-8): "
+                        f"{type(request.error).__name__}")
+
+
 def add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
     """Bind `address`, with TLS when credentials are given; returns the port."""
     if credentials is None:
