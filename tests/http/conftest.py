@@ -33,12 +33,12 @@ def wait_http_health(base_url: str, timeout_s: float = 30.0) -> None:
 
 @pytest.fixture(scope="module")
 def http_system(http_tiny_model_dir, tmp_path_factory):
-    """(launcher, base_url): fp32, 64 KV blocks of 16, HTTP API on a free port."""
+    """(launcher, base_url): fp32, 64 KV blocks of 16 (the whole context), HTTP API on a free port."""
     from pagoda_client.launcher import Launcher, free_port
 
     port = free_port()
     logs = tmp_path_factory.mktemp("http-logs")
-    with Launcher(str(http_tiny_model_dir), num_executors=1, dtype="float32", kv_cache_memory="256KiB",
+    with Launcher(str(http_tiny_model_dir), num_executors=1, dtype="float32", kv_cache_memory="512KiB",
                   http_port=port, log_dir=logs, startup_timeout_s=120) as system:
         base_url = f"http://127.0.0.1:{port}"
         wait_http_health(base_url)
