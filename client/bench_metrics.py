@@ -145,6 +145,7 @@ def compute_metrics(
         "duration_s": duration_s,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
+        "total_cached_tokens": sum(r.cached_tokens for r in done),
         "request_throughput": len(done) / duration_s,
         "output_throughput": total_output / duration_s,
         "total_token_throughput": (total_input + total_output) / duration_s,

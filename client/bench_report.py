@@ -28,6 +28,7 @@ def format_report(name: str, metrics: Mapping[str, Any]) -> str:
         _line("Benchmark duration (s):", float(metrics["duration_s"])),
         _line("Total input tokens:", metrics["total_input_tokens"]),
         _line("Total generated tokens:", metrics["total_output_tokens"]),
+        _line("Prefix-cached prompt tokens:", metrics.get("total_cached_tokens", 0)),
         _line("Request throughput (req/s):", float(metrics["request_throughput"])),
         _line("Output token throughput (tok/s):", float(metrics["output_throughput"])),
         _line("Total token throughput (tok/s):", float(metrics["total_token_throughput"])),

@@ -72,11 +72,13 @@ def _three_records() -> list[RequestRecord]:
 
 
 def test_run_metrics_throughput_and_latencies():
-    records = _three_records() + [RequestRecord(3, 99, 8, 0.0, error="UNAVAILABLE: down")]
+    records = _three_records() + [RequestRecord(3, 99, 8, 0.0, error="UNAVAILABLE: down", cached_tokens=5)]
+    records[1].cached_tokens = 16
     metrics = compute_metrics(records, duration_s=2.0)
     assert metrics["completed"] == 3 and metrics["failed"] == 1
     assert metrics["total_input_tokens"] == 100
     assert metrics["total_output_tokens"] == 12
+    assert metrics["total_cached_tokens"] == 16
     assert metrics["request_throughput"] == pytest.approx(1.5)
     assert metrics["output_throughput"] == pytest.approx(6.0)
     assert metrics["total_token_throughput"] == pytest.approx(56.0)
