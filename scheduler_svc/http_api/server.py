@@ -19,7 +19,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_svc.auth import bearer_token, key_is_valid, load_api_keys
 from scheduler_svc.errors import RequestError
-from scheduler_svc.http_api.errors import ApiError, from_request_error, model_not_found, unauthorized, unavailable
+from scheduler_svc.http_api.errors import (
+    ApiError, from_request_error, model_not_found, server_error, unauthorized, unavailable,
+)
 from scheduler_svc.http_api.protocol import ParsedRequest, parse_chat, parse_completion, read_json
 from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter, check_output
 
@@ -91,6 +93,9 @@ class HttpApi:
             kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
             message = f"{exc.reason}: {request.method} {request.path}"
             return ApiError(exc.status, message, type=kind, code=str(exc.status)).response()
+        except Exception as exc:  # a bug, not the client's fault: still an OpenAI-shaped 500
+            log.exception("http_handler_failed", path=request.path)
+            return server_error(f"internal error: {type(exc).__name__}").response()
 
     # ----- routes ----------------------------------------------------------
 
@@ -145,11 +150,7 @@ class HttpApi:
     async def _run(self, request: web.Request, parsed: ParsedRequest, formatter, chat: bool) -> web.StreamResponse:
         outputs = self.engine.generate(parsed.generation)
         try:
-            try:
-                first = await anext(outputs)
-            except RequestError as exc:
-                log.info("request_rejected", error=str(exc))
-                raise from_request_error(exc, chat=chat, aliases=parsed.param_aliases) from None
+            first = await anext(outputs)
             if parsed.stream:
                 return await self._stream(request, parsed, formatter, first, outputs)
             collected = [first]
@@ -157,6 +158,9 @@ class HttpApi:
                 collected += [out async for out in outputs]
             body = formatter.response(collected)
             return web.json_response(body, headers={"x-request-id": parsed.generation.request_id})
+        except RequestError as exc:
+            log.info("request_rejected", error=str(exc))
+            raise from_request_error(exc, chat=chat, aliases=parsed.param_aliases) from None
         finally:
             await outputs.aclose()
 

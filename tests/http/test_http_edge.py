@@ -14,9 +14,11 @@ from scheduler_svc.engine import Engine
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
 from scheduler_svc.http_api.errors import ApiError, from_request_error
 from scheduler_svc.http_api.protocol import parse_chat, parse_completion, read_json
+from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter
 from scheduler_svc.http_api.server import HttpApi
 from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.request import ChatMessage
+from scheduler_svc.request import ChatMessage, RequestOutput, Usage
+from scheduler_svc.types import FinishReason
 
 
 def _api_error(call, *args) -> ApiError:
@@ -149,3 +151,28 @@ async def test_api_keys_health_metrics_and_error_shapes(keyed_api):
     assert status == 503 and json.loads(text) == {"status": "not_serving"}
     status, text = await _call(keyed_api, "GET", "/metrics")
     assert status == 200 and "pagoda:num_requests_running" in text
+
+
+def _outputs(last_reason: FinishReason) -> list[RequestOutput]:
+    usage = Usage(prompt_tokens=4, completion_tokens=3, cached_tokens=2)
+    return [RequestOutput("r", "Hel", (11, 12)),
+            RequestOutput("r", "lo", (13,), finish_reason=last_reason, usage=usage, error="boom")]
+
+
+def test_formatters_join_text_and_report_usage():
+    body = CompletionFormatter("cmpl-r", "m", None, None).response(_outputs(FinishReason.LENGTH))
+    assert body["choices"][0]["text"] == "Hello" and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 2}}
+    chat = ChatFormatter("chatcmpl-r", "m", None, None)
+    chunks = [chunk for out in _outputs(FinishReason.STOP) for chunk in chat.chunks(out)]
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Hel"}, {"content": "lo"}]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, "stop"]
+    assert chat.usage_chunk()["choices"] == [] and chat.usage_chunk()["usage"]["total_tokens"] == 7
+
+
+@pytest.mark.parametrize("reason, status", [(FinishReason.ERROR, 500), (FinishReason.ABORT, 503)])
+def test_a_failed_request_becomes_an_error_not_a_completion(reason, status):
+    with pytest.raises(ApiError) as info:
+        ChatFormatter("chatcmpl-r", "m", None, None).response(_outputs(reason))
+    assert info.value.status == status and "boom" in info.value.message
