@@ -11,10 +11,11 @@ import importlib.util
 
 import torch
 
+from executor_svc.attention import cpu_kernel
 from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
 from executor_svc.attention.torch_backend import TorchAttentionBackend
 
-BACKEND_NAMES = ("auto", "torch", "triton")
+BACKEND_NAMES = ("auto", "torch", "cpp", "triton")
 
 
 def triton_available() -> bool:
@@ -25,16 +26,23 @@ def triton_available() -> bool:
 def get_backend(name: str, device: torch.device, dtype: torch.dtype):
     """Returns the attention backend for a device.
 
-    ``auto`` picks the Triton kernels on CUDA when triton is installed, else the
-    torch backend.
+    ``auto`` picks the Triton kernels on CUDA when triton is installed; on the
+    CPU the C++ decode kernel when it is already built (see cpu_kernel), else
+    the torch backend.
 
     Raises:
-        ValueError: an unknown name, or triton asked for without CUDA / triton.
+        ValueError: an unknown name, or a backend this machine cannot run.
     """
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; use one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
-        name = "triton" if device.type == "cuda" and triton_available() else "torch"
+        name = _auto_backend(device)
+    if name == "cpp":
+        if device.type != "cpu" or not (cpu_kernel.is_built() or cpu_kernel.can_build()):
+            raise ValueError("attention backend 'cpp' needs the CPU device and a C++ compiler with ninja")
+        from executor_svc.attention.cpp_backend import CppAttentionBackend
+
+        return CppAttentionBackend(dtype)
     if name == "triton":
         if device.type != "cuda" or not triton_available():
             raise ValueError("attention backend 'triton' needs a CUDA device and the triton package")
@@ -42,6 +50,14 @@ def get_backend(name: str, device: torch.device, dtype: torch.dtype):
 
         return TritonAttentionBackend(dtype)
     return TorchAttentionBackend(dtype)
+
+
+def _auto_backend(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "triton" if triton_available() else "torch"
+    if device.type == "cpu" and cpu_kernel.is_built():
+        return "cpp"
+    return "torch"
 
 
 __all__ = ["AttentionMetadata", "PrefillSpan", "TorchAttentionBackend", "get_backend", "triton_available"]

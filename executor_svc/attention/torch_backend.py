@@ -64,7 +64,9 @@ class TorchAttentionBackend:
             plain = span.num_cached_tokens == 0 and (
                 meta.sliding_window is None or span.num_query_tokens <= meta.sliding_window
             )
-            masks.append(None if plain else _prefill_mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, meta.slot_mapping.device))
+            device = meta.slot_mapping.device
+            mask = _prefill_mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, device)
+            masks.append(None if plain else mask)
         return TorchStepState(meta, self._decode_groups(meta), [], masks, block_ids)
 
     def _decode_groups(self, meta: AttentionMetadata) -> list[DecodeGroup]:

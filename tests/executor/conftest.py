@@ -108,3 +108,13 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     """Every tiny architecture, saved once per session."""
     root = tmp_path_factory.mktemp("ckpt")
     return {arch: make_tiny_checkpoint(root, arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def cpp_kernel():
+    """Builds the C++ kernel once per machine (cached); skips without a compiler."""
+    from executor_svc.attention import cpu_kernel
+
+    if not (cpu_kernel.is_built() or cpu_kernel.can_build()):
+        pytest.skip("needs a C++ compiler and ninja")
+    return cpu_kernel.load()

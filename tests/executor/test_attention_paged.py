@@ -91,6 +91,17 @@ def test_torch_backend_matches_dense(block_size, case, window):
     assert _run_case("torch", "cpu", block_size, CASES[case], window) < 1e-5
 
 
+@pytest.mark.parametrize("block_size", [1, 5, 16])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("window", [None, 4])
+def test_cpp_backend_matches_dense(cpp_kernel, block_size, case, window):
+    assert _run_case("cpp", "cpu", block_size, CASES[case], window) < 1e-5
+
+
+def test_cpp_backend_bf16_close_to_dense(cpp_kernel):
+    assert _run_case("cpp", "cpu", 16, CASES["many_decodes"], None, dtype=torch.bfloat16) < 5e-2
+
+
 def test_torch_backend_bf16_cache_close_to_dense():
     assert _run_case("torch", "cpu", 5, CASES["mixed_with_cached"], None, dtype=torch.bfloat16) < 5e-2
 

@@ -27,10 +27,14 @@ def _hf_last_logits(hf, token_ids) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_mixed_step_logits_match_transformers(arch, checkpoints):
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, request):
     """Prefill chunks, decodes and a cached-prefix sequence in one step match HF within 1e-4."""
+    if backend == "cpp":
+        request.getfixturevalue("cpp_kernel")
     hf = load_hf(checkpoints[arch])
-    runner = _runner(checkpoints[arch])
+    runner = _runner(checkpoints[arch], attention_backend=backend)
+    assert runner.backend.name == backend
     recorder = install_recorder(runner)
     gen = torch.Generator().manual_seed(1)
     prompt_a = torch.randint(3, 128, (21,), generator=gen).tolist()

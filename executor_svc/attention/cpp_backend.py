@@ -1,0 +1,67 @@
+"""The torch backend with decode attention done by our C++ kernel.
+
+Decode tokens read K/V in place from the paged cache (no gather copy, about
+3-4x faster than gather + batched matmul at batch 64, context 512 on this
+CPU); prefill chunks keep the torch SDPA path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from executor_svc.attention import cpu_kernel
+from executor_svc.attention.metadata import AttentionMetadata
+from executor_svc.attention.torch_backend import TorchAttentionBackend, TorchStepState, _prefill, write_kv
+
+
+@dataclasses.dataclass
+class CppStepState:
+    """Per-step tensors shared by all layers."""
+
+    meta: AttentionMetadata
+    torch_state: TorchStepState  # prefill spans only
+    block_tables: torch.Tensor  # [D, max_blocks] int64, contiguous
+    context_lens: torch.Tensor  # [D] int64
+
+
+class CppAttentionBackend(TorchAttentionBackend):
+    """CPU paged attention: C++ decode kernel, torch prefill."""
+
+    name = "cpp"
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__(dtype)
+        self.kernel = cpu_kernel.load()
+
+    def prepare(self, meta: AttentionMetadata) -> CppStepState:
+        """Decode block tables and lengths once for the step."""
+        num_decode = meta.num_decode_seqs
+        prefill_only = dataclasses.replace(meta, num_decode_seqs=0)
+        return CppStepState(
+            meta=meta,
+            torch_state=super().prepare(prefill_only),
+            block_tables=meta.block_tables[:num_decode].contiguous(),
+            context_lens=meta.context_lens[:num_decode].contiguous(),
+        )
+
+    def forward(self, q, k, v, k_cache, v_cache, state: CppStepState, scale: float) -> torch.Tensor:
+        """Writes this step's K/V, then attends; returns [T, H * Dh]."""
+        meta = state.meta
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        num_tokens, num_heads, head_dim = q.shape
+        num_decode = meta.num_decode_seqs
+        if not meta.prefills:
+            out = self.kernel.paged_decode(q, k_cache, v_cache, state.block_tables, state.context_lens,
+                                           scale, meta.sliding_window or 0)
+            return out.view(num_tokens, num_heads * head_dim)
+        out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+        if num_decode:
+            out[:num_decode] = self.kernel.paged_decode(q[:num_decode], k_cache, v_cache, state.block_tables,
+                                                        state.context_lens, scale, meta.sliding_window or 0)
+        torch_state = state.torch_state
+        for span, mask, block_ids in zip(meta.prefills, torch_state.prefill_masks, torch_state.prefill_block_ids):
+            rows = slice(span.query_start, span.query_start + span.num_query_tokens)
+            out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, span.context_len, mask, block_ids, scale)
+        return out.view(num_tokens, num_heads * head_dim)
