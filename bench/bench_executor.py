@@ -19,7 +19,7 @@ import time
 import torch
 
 from executor_svc import types as t
-from executor_svc.attention import get_backend, triton_available
+from executor_svc.attention import cpu_kernel, get_backend, triton_available
 from executor_svc.model_runner import ModelRunner
 
 GREEDY = t.SamplingParams(temperature=0.0)
@@ -159,7 +159,11 @@ def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
     peaks = measure_peaks(device)
     print(f"\n== {dtype} on {device}: GEMM fp32 {peaks['gemm_float32_tflops']:.2f} TFLOP/s, "
           f"bf16 {peaks['gemm_bfloat16_tflops']:.2f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s")
-    backends = ["torch"] + (["triton"] if device.type == "cuda" and triton_available() else [])
+    backends = ["torch"]
+    if device.type == "cpu" and (cpu_kernel.is_built() or cpu_kernel.can_build()):
+        backends.append("cpp")
+    if device.type == "cuda" and triton_available():
+        backends.append("triton")
     for backend_name in backends:
         runner.backend = AttentionTimer(get_backend(backend_name, device, runner.dtype), device)
         runner.warmup()
