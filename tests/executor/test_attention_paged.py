@@ -135,3 +135,11 @@ def test_triton_kernel_interpreted_on_cpu_matches_dense():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", _INTERPRETED_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_backend_selection_errors_are_clear():
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
+        get_backend("flash", torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="'triton' needs a CUDA device"):
+        get_backend("triton", torch.device("cpu"), torch.float32)
+    assert get_backend("torch", torch.device("cpu"), torch.float32).name == "torch"
