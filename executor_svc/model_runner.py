@@ -170,6 +170,7 @@ class ModelRunner:
     def _admit(self, entry: t.NewSequence | t.ScheduledSequence) -> tuple[SequenceState, int]:
         if isinstance(entry, t.NewSequence):
             self._check_block_ids(entry.block_ids)
+            self._check_token_ids(entry.token_ids)
             if not 0 <= entry.num_computed_tokens <= len(entry.token_ids):
                 raise PlanError(f"num_computed_tokens {entry.num_computed_tokens} outside [0, {len(entry.token_ids)}]")
             state = SequenceState(
@@ -191,6 +192,13 @@ class ModelRunner:
         for block_id in block_ids:
             if not 0 <= block_id < num_blocks:
                 raise PlanError(f"block id {block_id} out of range [0, {num_blocks})")
+
+    def _check_token_ids(self, token_ids) -> None:
+        """An id outside the embedding table would fail the whole step's forward."""
+        vocab_size = self.config.vocab_size
+        if token_ids and not (min(token_ids) >= 0 and max(token_ids) < vocab_size):
+            bad = next(i for i in token_ids if not 0 <= i < vocab_size)
+            raise PlanError(f"token id {bad} outside the vocabulary [0, {vocab_size})")
 
     def _check_schedule(self, state: SequenceState, num_scheduled: int) -> None:
         end = state.num_computed_tokens + num_scheduled
