@@ -277,7 +277,8 @@ class Engine:
             state = self._requests.get(new.seq_id)
             if state is not None and state.first_scheduled_ns is None:
                 state.first_scheduled_ns = now
-        self.metrics.on_step(plan, result, duration_s)
+        if worker.scheduler is not None:
+            self.metrics.on_step(plan, result, duration_s, worker.scheduler)
         if result.draining:
             self._update_health()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -41,11 +42,29 @@ class SchedulerMetrics:
         self.batch_size = Histogram(P + "step_batch_tokens", "Tokens per step", buckets=_BATCH_BUCKETS, registry=r)
         self.batch_seqs = Histogram(P + "step_batch_sequences", "Sequences per step", buckets=_BATCH_BUCKETS, registry=r)
         self._last_token_ns: dict[int, int] = {}
+        # Scheduler-owned counters already exported, per scheduler core.
+        self._exported: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Plain totals for the GetStatus RPC.
+        self.num_requests_total = 0
+        self.num_preemptions_total = 0
+        self.prefix_cache_queries_total = 0
+        self.prefix_cache_hits_total = 0
 
     def on_admitted(self, num_prompt_tokens: int) -> None:
         self.prompt_tokens.inc(num_prompt_tokens)
 
-    def on_step(self, plan: StepPlan, result: StepResult, duration_s: float) -> None:
+    def on_step(self, plan: StepPlan, result: StepResult, duration_s: float, scheduler) -> None:
+        """Record a step, and export what the scheduler core counted since the last one."""
+        counts = (scheduler.num_preemptions, scheduler.prefix_cache_queries, scheduler.prefix_cache_hits)
+        last = self._exported.get(scheduler, (0, 0, 0))
+        self._exported[scheduler] = counts
+        preemptions, queries, hits = (now - before for now, before in zip(counts, last))
+        self.num_preemptions.inc(preemptions)
+        self.prefix_cache_queries.inc(queries)
+        self.prefix_cache_hits.inc(hits)
+        self.num_preemptions_total += preemptions
+        self.prefix_cache_queries_total += queries
+        self.prefix_cache_hits_total += hits
         self.step_duration.observe(duration_s)
         self.batch_size.observe(plan.num_scheduled_tokens)
         self.batch_seqs.observe(len(plan.new_seqs) + len(plan.scheduled_seqs))
@@ -67,6 +86,7 @@ class SchedulerMetrics:
         now = time.monotonic_ns()
         self._last_token_ns.pop(state.seq.seq_id, None)
         self.request_success.labels(finished_reason=reason.value).inc()
+        self.num_requests_total += 1
         self.e2e.observe((now - state.arrival_ns) / 1e9)
         if state.first_scheduled_ns is not None:
             self.queue_time.observe((state.first_scheduled_ns - state.arrival_ns) / 1e9)

@@ -6,6 +6,7 @@ id (field, `x-request-id` metadata, or a fresh one) into every log line.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import grpc
@@ -56,11 +57,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
             gen_request = convert.request_from_pb(request, request_id, context.time_remaining())
-            async for out in self.engine.generate(gen_request):
-                if out.finish_reason is FinishReason.ERROR:
-                    await context.abort(grpc.StatusCode.INTERNAL,
-                                        f"request {request_id} failed in the executor: {out.error}")
-                yield convert.output_to_pb(out)
+            # aclosing: a cancelled call must abort the request now, not when
+            # the generator happens to be garbage-collected.
+            async with contextlib.aclosing(self.engine.generate(gen_request)) as outputs:
+                async for out in outputs:
+                    if out.finish_reason is FinishReason.ERROR:
+                        await context.abort(grpc.StatusCode.INTERNAL,
+                                            f"request {request_id} failed in the executor: {out.error}")
+                    yield convert.output_to_pb(out)
         except RequestError as exc:
             log.info("request_rejected", status=status_of(exc).name, error=str(exc))
             await context.abort(status_of(exc), str(exc))
@@ -126,11 +130,5 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
     return generation_pb2.ServerStatus(
         num_running=engine.num_running, num_waiting=engine.num_waiting,
         kv_cache_usage=used / total if total else 0.0, executors=executors,
-        num_requests_total=int(sum(s.value for s in _samples(m.request_success))),
-        num_preemptions_total=int(m.num_preemptions._value.get()),
-        prefix_cache_queries_total=int(m.prefix_cache_queries._value.get()),
-        prefix_cache_hits_total=int(m.prefix_cache_hits._value.get()))
-
-
-def _samples(counter):
-    return [s for metric in counter.collect() for s in metric.samples if s.name.endswith("_total")]
+        num_requests_total=m.num_requests_total, num_preemptions_total=m.num_preemptions_total,
+        prefix_cache_queries_total=m.prefix_cache_queries_total, prefix_cache_hits_total=m.prefix_cache_hits_total)
