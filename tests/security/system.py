@@ -47,12 +47,15 @@ class SecureSystem:
         scheduler_creds: credentials of the client channel to the scheduler.
         api_key: key sent by the readiness check.
         executor_server_name: name to check the executor's certificate against.
+        executor_route: address the scheduler dials instead of the executor's (a test proxy).
+        with_scheduler: False starts the executor alone.
     """
 
     def __init__(self, model_dir: Path, log_dir: Path, *, executor_args: Sequence[str] = (),
                  scheduler_args: Sequence[str] = (), executor_health_creds: grpc.ChannelCredentials | None = None,
                  scheduler_creds: grpc.ChannelCredentials | None = None, api_key: str | None = None,
-                 kv_cache_memory: str = "256KiB", executor_server_name: str = "") -> None:
+                 kv_cache_memory: str = "256KiB", executor_server_name: str = "", executor_route: str = "",
+                 with_scheduler: bool = True) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         executor_port, self.port = free_port(), free_port()
         self.executor = Child("executor", [
@@ -62,13 +65,14 @@ class SecureSystem:
         ], f"{LOOPBACK}:{executor_port}", log_dir / "executor.log")
         self.scheduler = Child("scheduler", [
             *service_command("pagoda-scheduler", "scheduler_svc.main"), "--host", LOOPBACK,
-            "--port", str(self.port), "--executors", self.executor.address, "--log-format", "json",
+            "--port", str(self.port), "--executors", executor_route or self.executor.address, "--log-format", "json",
             *scheduler_args,
         ], f"{LOOPBACK}:{self.port}", log_dir / "scheduler.log")
         self._executor_health_creds = executor_health_creds
         self._scheduler_creds = scheduler_creds
         self._api_key = api_key
         self._executor_server_name = executor_server_name
+        self._with_scheduler = with_scheduler
 
     @property
     def target(self) -> str:
@@ -78,6 +82,8 @@ class SecureSystem:
         try:
             self._spawn(self.executor)
             self._wait_healthy(self.executor, self._executor_health_creds, self._executor_server_name)
+            if not self._with_scheduler:
+                return self
             self._spawn(self.scheduler)
             self._wait_healthy(self.scheduler, self._scheduler_creds)
             self._wait_executor_ready()
