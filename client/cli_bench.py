@@ -132,9 +132,10 @@ def run_bench(args: argparse.Namespace, connection: dict[str, Any]) -> int:
         print(format_report(f"hf static batching, batch {args.hf_batch_size}, {args.dtype}", runs["hf"][0]))
     extra = {}
     if len(runs) == 2:
-        ratio = runs["pagoda"][0]["output_throughput"] / runs["hf"][0]["output_throughput"]
+        ratio = throughput_ratio(runs["pagoda"][0], runs["hf"][0])
         extra["output_throughput_ratio_pagoda_over_hf"] = ratio
-        print(f"Output token throughput, pagoda / hf: {ratio:.2f}x")
+        shown = "n/a (a run completed no request)" if ratio is None else f"{ratio:.2f}x"
+        print(f"Output token throughput, pagoda / hf: {shown}")
     if args.json_path:
         config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "func"}
         write_json(args.json_path, config, runs, extra)
@@ -142,6 +143,13 @@ def run_bench(args: argparse.Namespace, connection: dict[str, Any]) -> int:
         for path in write_plots(args.plot_dir, {name: records for name, (_, records) in runs.items()}):
             print(f"wrote {path}", file=sys.stderr)
     return 0 if all(m["completed"] for m, _ in runs.values()) else 1
+
+
+def throughput_ratio(pagoda: dict[str, Any], hf: dict[str, Any]) -> float | None:
+    """Output token throughput of pagoda over hf; None when either is zero."""
+    if not pagoda["output_throughput"] or not hf["output_throughput"]:
+        return None
+    return pagoda["output_throughput"] / hf["output_throughput"]
 
 
 def _vocabulary(use_pagoda: bool, model: Any, connection: dict[str, Any], args: argparse.Namespace

@@ -133,3 +133,10 @@ def test_client_imports_no_heavy_modules():
             "'executor_svc') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_throughput_ratio():
+    from pagoda_client.cli_bench import throughput_ratio
+
+    assert throughput_ratio({"output_throughput": 300.0}, {"output_throughput": 60.0}) == 5.0
+    assert throughput_ratio({"output_throughput": 300.0}, {"output_throughput": 0.0}) is None
