@@ -197,7 +197,7 @@ class Launcher:
         end = time.monotonic() + self.startup_timeout_s
         pending = list(children)
         while pending:
-            self.raise_if_dead()
+            self.raise_if_dead(children)
             pending = [c for c in pending if check_health(c.address, tls=tls) != ServingStatus.SERVING]
             if pending and time.monotonic() > end:
                 names = ", ".join(c.name for c in pending)
@@ -224,16 +224,16 @@ class Launcher:
                 time.sleep(0.2)
         raise LauncherError(f"the scheduler did not report {len(self.executors)} executors READY: {states}")
 
-    def dead_child(self) -> tuple[str, int] | None:
-        """``(name, exit code)`` of the first child that has exited, or None."""
-        for child in [*self.executors, self.scheduler]:
+    def dead_child(self, children: Sequence[_Child] | None = None) -> tuple[str, int] | None:
+        """``(name, exit code)`` of the first child (of ``children``, default all) that has exited, or None."""
+        for child in children if children is not None else [*self.executors, self.scheduler]:
             if child.process is not None and child.process.poll() is not None:
                 return child.name, child.process.returncode
         return None
 
-    def raise_if_dead(self) -> None:
-        """Raise ``LauncherError`` (with the child's exit code) if one exited."""
-        dead = self.dead_child()
+    def raise_if_dead(self, children: Sequence[_Child] | None = None) -> None:
+        """Raise ``LauncherError`` (with the child's exit code) if one (of ``children``) exited."""
+        dead = self.dead_child(children)
         if dead is not None:
             name, code = dead
             hint = f"; see {self.log_dir / (name + '.log')}" if self.log_dir else ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -20,20 +19,11 @@ from executor_svc.metrics import ExecutorMetrics
 from executor_svc.model_cache import resolve_model
 from executor_svc.model_runner import ModelRunner
 from executor_svc.server import ExecutorServicer
-from executor_svc.tokenizer_files import TokenizerFiles, from_gguf, read_tokenizer_files
+from executor_svc.tokenizer_files import load_tokenizer_files
 
 log = structlog.get_logger("executor")
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 CPU_DEFAULT_KV_BYTES = 2**30
-
-
-def load_tokenizer_files(model_path: str) -> TokenizerFiles:
-    """Tokenizer files from a checkpoint folder or from the GGUF metadata."""
-    if model_path.endswith(".gguf"):
-        from executor_svc.gguf_loader import load_gguf
-
-        return from_gguf(load_gguf(model_path))
-    return read_tokenizer_files(pathlib.Path(model_path))
 
 
 def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
