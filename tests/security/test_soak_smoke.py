@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 def _load_soak():
     spec = importlib.util.spec_from_file_location("soak", SOAK)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["soak"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
