@@ -32,6 +32,8 @@ class HfBackendConfig:
     dtype: str = "float32"
     batch_size: int = 16
     max_duration_s: float = 600.0
+    num_threads: int | None = None
+    """torch intra-op threads (None: torch's default)."""
 
 
 def resolve_model_path(model: str) -> str:
@@ -50,6 +52,8 @@ def load_model(config: HfBackendConfig) -> Any:
 
     if config.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}")
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(config.model_path), dtype=getattr(torch, config.dtype)
     )

@@ -46,6 +46,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="dtype of the HF baseline")
     parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument("--hf-num-threads", type=int, default=None, help="torch threads of the HF baseline")
     parser.add_argument("--compare-hf", action="store_true", help="run pagoda, then the HF baseline")
     parser.add_argument("--max-duration-s", type=float, default=600.0, help="bound on each run's wall time")
     parser.add_argument("--request-timeout-s", type=float, default=None)
@@ -95,9 +96,9 @@ def _run_pagoda(args: argparse.Namespace, requests: list[BenchRequest], connecti
 
 
 def _run_hf(args: argparse.Namespace, model: Any, requests: list[BenchRequest]) -> tuple[list[RequestRecord], float]:
-    from pagoda_client.bench_hf import HfBackendConfig, run_hf
+    from pagoda_client.bench_hf import run_hf
 
-    config = HfBackendConfig(args.model, args.dtype, args.hf_batch_size, args.max_duration_s)
+    config = _hf_config(args)
     progress = ProgressBar(len(requests), "hf", enabled=not args.no_progress)
     try:
         return run_hf(model, requests, config, progress)
@@ -106,9 +107,15 @@ def _run_hf(args: argparse.Namespace, model: Any, requests: list[BenchRequest]) 
 
 
 def _hf_model(args: argparse.Namespace) -> Any:
-    from pagoda_client.bench_hf import HfBackendConfig, load_model
+    from pagoda_client.bench_hf import load_model
 
-    return load_model(HfBackendConfig(args.model, args.dtype, args.hf_batch_size, args.max_duration_s))
+    return load_model(_hf_config(args))
+
+
+def _hf_config(args: argparse.Namespace) -> Any:
+    from pagoda_client.bench_hf import HfBackendConfig
+
+    return HfBackendConfig(args.model, args.dtype, args.hf_batch_size, args.max_duration_s, args.hf_num_threads)
 
 
 def run_bench(args: argparse.Namespace, connection: dict[str, Any]) -> int:

@@ -56,7 +56,7 @@ def test_bench_defaults_are_w_mixed():
     assert args.num_prompts == 64 and args.seed == 0
     assert args.input_len_range == (16, 512) and args.output_len_range == (16, 256)
     assert math.isinf(args.request_rate) and args.burstiness == 1.0 and args.max_concurrency is None
-    assert args.hf_batch_size == 16 and not args.compare_hf
+    assert args.hf_batch_size == 16 and args.hf_num_threads is None and not args.compare_hf
 
 
 def test_bench_flags():
