@@ -28,7 +28,7 @@ def test_smollm2_greedy_batch_matches_generate(smollm2_folder):
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     runner = ModelRunner(str(smollm2_folder), dtype="float32", device="cpu", block_size=BLOCK_SIZE,
-                         kv_cache_memory_bytes=2**28, attention_backend="torch")
+                         kv_cache_memory_bytes=2**28, attention_backend="auto")
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (3, 9, 17, 30, 44, 61, 80, 120)]
     alloc = BlockAllocator(runner.info.num_kv_blocks)
