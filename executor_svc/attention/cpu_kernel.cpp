@@ -34,7 +34,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   Q* out_ptr = out.data_ptr<Q>();
   at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(group * head_dim), acc(group * head_dim), scores;
+    std::vector<float> query(group * head_dim), acc(group * head_dim), row(head_dim), scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / num_kv_heads, kv_head = item % num_kv_heads;
       const int64_t context = lens[seq];
@@ -46,14 +46,21 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
           query[g * head_dim + d] = to_float(q_ptr[(seq * num_heads + kv_head * group + g) * head_dim + d]) * scale;
       const C* k_head = k_ptr + kv_head * num_blocks * block_size * head_dim;
       const C* v_head = v_ptr + kv_head * num_blocks * block_size * head_dim;
-      for (int64_t pos = first; pos < context; ++pos) {
-        const int64_t block = tables[seq * max_blocks + pos / block_size];
-        const C* key = k_head + (block * block_size + pos % block_size) * head_dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = query.data() + g * head_dim;
-          float dot = 0.f;
-          for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * to_float(key[d]);
-          scores[g * length + pos - first] = dot;
+      const int64_t* table = tables + seq * max_blocks;
+      // Pass 1: scores. Each key row is widened to float once, then dotted
+      // with every query of the group (loops the compiler vectorises).
+      for (int64_t block = first / block_size; block * block_size < context; ++block) {
+        const C* key_block = k_head + table[block] * block_size * head_dim;
+        const int64_t lo = std::max(first, block * block_size), hi = std::min(context, (block + 1) * block_size);
+        for (int64_t pos = lo; pos < hi; ++pos) {
+          const C* key = key_block + (pos - block * block_size) * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) row[d] = to_float(key[d]);
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = query.data() + g * head_dim;
+            float dot = 0.f;
+            for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * row[d];
+            scores[g * length + pos - first] = dot;
+          }
         }
       }
       for (int64_t g = 0; g < group; ++g) {
@@ -64,14 +71,19 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         const float inv = 1.f / total;
         for (int64_t i = 0; i < length; ++i) s[i] *= inv;
       }
+      // Pass 2: probability-weighted sum of the value rows.
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t pos = first; pos < context; ++pos) {
-        const int64_t block = tables[seq * max_blocks + pos / block_size];
-        const C* value = v_head + (block * block_size + pos % block_size) * head_dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * length + pos - first];
-          float* a = acc.data() + g * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) a[d] += p * to_float(value[d]);
+      for (int64_t block = first / block_size; block * block_size < context; ++block) {
+        const C* value_block = v_head + table[block] * block_size * head_dim;
+        const int64_t lo = std::max(first, block * block_size), hi = std::min(context, (block + 1) * block_size);
+        for (int64_t pos = lo; pos < hi; ++pos) {
+          const C* value = value_block + (pos - block * block_size) * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) row[d] = to_float(value[d]);
+          for (int64_t g = 0; g < group; ++g) {
+            const float p = scores[g * length + pos - first];
+            float* a = acc.data() + g * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) a[d] += p * row[d];
+          }
         }
       }
       for (int64_t g = 0; g < group; ++g)
