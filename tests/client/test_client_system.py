@@ -195,3 +195,15 @@ def test_retry_before_first_token_when_server_starts_late(client_tiny_model_dir,
     finally:
         starter.join()
         launcher.stop()
+
+
+def test_logprobs_and_seeded_sampling(client_tiny_system):
+    with Client(client_tiny_system.target, timeout=60) as client:
+        result = client.generate(token_ids=PROMPT, max_tokens=5, temperature=0, ignore_eos=True, logprobs=2)
+        first = client.generate(token_ids=PROMPT, max_tokens=8, temperature=1.0, seed=11, ignore_eos=True)
+        again = client.generate(token_ids=PROMPT, max_tokens=8, temperature=1.0, seed=11, ignore_eos=True)
+    assert [e.sampled.token_id for e in result.logprobs] == result.token_ids
+    for entry in result.logprobs:
+        assert len(entry.top) == 2 and entry.sampled.logprob <= 0.0
+        assert entry.top[0].token_id == entry.sampled.token_id  # greedy picks the most likely token
+    assert first.token_ids == again.token_ids
