@@ -73,7 +73,8 @@ def check_prompt_tokens(token_ids: list[int] | tuple[int, ...], limits: Limits) 
 def sampling_params(request: GenerationRequest, limits: Limits) -> SamplingParams:
     """Effective sampling parameters with defaults, range-checked."""
     s = request.sampling
-    temperature = _finite("sampling.temperature", 1.0 if s.temperature is None else s.temperature)
+    # Greedy unless asked (as TGI): reproducible answers from a bare request.
+    temperature = _finite("sampling.temperature", 0.0 if s.temperature is None else s.temperature)
     if temperature < 0:
         raise InvalidRequest("sampling.temperature", f"must be >= 0, got {temperature}")
     top_p = _finite("sampling.top_p", 1.0 if s.top_p is None else s.top_p)
