@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pagoda_client.launcher import Launcher, LauncherError
@@ -53,6 +56,14 @@ def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence
     )
 
 
+def _pagoda_command() -> str:
+    """`pagoda` if it is on PATH, else its path next to this interpreter (a venv not activated)."""
+    beside = Path(sys.executable).parent / "pagoda"
+    if shutil.which("pagoda") == str(beside) or not beside.exists():
+        return "pagoda"
+    return os.path.relpath(beside) if not os.path.relpath(beside).startswith("..") else str(beside)
+
+
 def _ready_message(launcher: Launcher, args: argparse.Namespace) -> str:
     lines = [
         f"Pagoda is serving {args.model or 'default'} on {launcher.target} "
@@ -62,7 +73,7 @@ def _ready_message(launcher: Launcher, args: argparse.Namespace) -> str:
         lines.append(f"OpenAI-compatible API: http://{launcher.target.rsplit(':', 1)[0]}:{args.http_port}/v1")
     lines += [
         "Try:",
-        f'  pagoda chat "What is the capital of France?" --target {launcher.target}',
+        f'  {_pagoda_command()} chat "What is the capital of France?" --target {launcher.target}',
         "Press Ctrl-C to stop.",
     ]
     return "\n".join(lines)
