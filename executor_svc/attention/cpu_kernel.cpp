@@ -14,282 +14,10 @@
 // order); with a bf16 query and AVX512-BF16 the scores use vdpbf16ps on the
 // cache rows directly. Anything else runs plain loops that the compiler
 // vectorises (-O3 -ffast-math), so the build works on any CPU.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <type_traits>
-#include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-#if defined(__GNUC__)
-#define PAGODA_INLINE inline __attribute__((always_inline))
-#else
-#define PAGODA_INLINE inline
-#endif
+#include "cpu_kernel_common.h"
+#include "cpu_kernel_avx512.h"
 
 namespace {
-
-using BF16 = c10::BFloat16;
-constexpr int64_t kTile = 16;         // positions per online-softmax step
-constexpr int64_t kPrefetchRows = 16;  // how far ahead of the tile rows are prefetched
-constexpr float kNegBig = -1e30f;     // "minus infinity" that stays finite under -ffast-math
-constexpr int64_t kMinSplit = 256;    // fewest positions worth a split of their own
-constexpr int64_t kMaxSplits = 16;
-
-inline float to_float(float x) { return x; }
-inline float to_float(BF16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
-
-// Shapes and pointers shared by every work item of one call.
-struct Job {
-  int64_t num_heads, num_kv_heads, head_dim, group, block_size, num_blocks, max_blocks;
-  const int64_t* block_tables;  // [S, max_blocks]
-  const int64_t* context_lens;  // [S]
-  float scale;
-  int64_t window;
-  bool permuted;   // fp32 rows in even/odd lane order (see widen_row)
-  bool bf16_dot;   // scores by vdpbf16ps from a bf16 query
-};
-
-// Online-softmax state of one item (or one split of it): [G] max, [G] sum, [G, D] acc.
-struct State {
-  float* row_max;
-  float* row_sum;
-  float* acc;
-};
-
-// Per-thread scratch, 64-byte aligned: widened K and V tiles [kTile, D] each,
-// probabilities [G, kTile], the group's queries [G, D] (fp32, or bf16 for bf16_dot).
-struct Scratch {
-  Scratch(int64_t group, int64_t head_dim)
-      : head_dim(head_dim), buffer(2 * kTile * head_dim + group * kTile + group * head_dim + 16, 0.f) {
-    auto address = reinterpret_cast<uintptr_t>(buffer.data());
-    base = buffer.data() + ((64 - address % 64) % 64) / sizeof(float);
-  }
-  float* keys() { return base; }
-  float* values() { return base + kTile * head_dim; }
-  float* probs() { return base + 2 * kTile * head_dim; }
-  float* query(int64_t group) { return probs() + group * kTile; }
-  int64_t head_dim;
-  std::vector<float> buffer;
-  float* base;
-};
-
-// Position of dim d in the even/odd order: per 32 dims, the 16 even ones then the 16 odd ones.
-inline int64_t lane_of(int64_t d, bool permuted) {
-  return permuted ? (d & ~int64_t(31)) + (d & 1) * 16 + (d & 31) / 2 : d;
-}
-
-template <typename C>
-inline void prefetch_row(const C* row, int64_t head_dim) {
-#if defined(__GNUC__)
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t offset = 0; offset < head_dim * int64_t(sizeof(C)); offset += 64) __builtin_prefetch(p + offset);
-#endif
-}
-
-// Walks positions of one sequence's paged rows (a cursor into its block table).
-struct RowCursor {
-  const int64_t* table;
-  int64_t block_size, block, offset;
-  int64_t row() const { return table[block] * block_size + offset; }
-  void advance() {
-    if (++offset == block_size) { offset = 0; ++block; }
-  }
-};
-
-#if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load16(const BF16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-// Widens one row of D = 16 * NC values to fp32; bf16 with even NC goes in
-// even/odd order (a shift and a mask per 32 values, no shuffle).
-template <typename C, int NC>
-inline void widen_row(const C* row, float* dst) {
-  if constexpr (std::is_same_v<C, BF16> && NC % 2 == 0) {
-    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    for (int w = 0; w < NC / 2; ++w) {
-      const __m512i pairs = _mm512_loadu_si512(row + 32 * w);
-      _mm512_store_ps(dst + 32 * w, _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)));
-      _mm512_store_ps(dst + 32 * w + 16, _mm512_castsi512_ps(_mm512_and_si512(pairs, high)));
-    }
-  } else {
-    for (int c = 0; c < NC; ++c) _mm512_store_ps(dst + 16 * c, load16(row + 16 * c));
-  }
-}
-
-PAGODA_INLINE __m512 exp16(__m512 x) {
-  // exp(x) = 2^n * e^r, n = round(x / ln2), |r| <= ln2 / 2; degree-6 polynomial.
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-104.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Returns s with s[i] = sum of all lanes of part[i] (a 16x16 transpose-add).
-PAGODA_INLINE __m512 sum_rows16(const __m512* part) {
-  __m512 pairs[8], quads[4], octs[2];
-  for (int j = 0; j < 8; ++j)  // lanes (0,1) hold row 2j, (2,3) row 2j+1
-    pairs[j] = _mm512_add_ps(_mm512_shuffle_f32x4(part[2 * j], part[2 * j + 1], 0x44),
-                             _mm512_shuffle_f32x4(part[2 * j], part[2 * j + 1], 0xEE));
-  for (int j = 0; j < 4; ++j)  // lane L holds row 4j+L
-    quads[j] = _mm512_add_ps(_mm512_shuffle_f32x4(pairs[2 * j], pairs[2 * j + 1], 0x88),
-                             _mm512_shuffle_f32x4(pairs[2 * j], pairs[2 * j + 1], 0xDD));
-  for (int j = 0; j < 2; ++j)  // lane L: rows 8j+L and 8j+4+L, two partials each
-    octs[j] = _mm512_add_ps(_mm512_unpacklo_ps(quads[2 * j], quads[2 * j + 1]),
-                            _mm512_unpackhi_ps(quads[2 * j], quads[2 * j + 1]));
-  const __m512 mixed = _mm512_add_ps(_mm512_shuffle_ps(octs[0], octs[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_ps(octs[0], octs[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // mixed[4L + k] is row 4k + L.
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, mixed);
-}
-
-// Scores of one fp32 query [D] against the widened key tile [16, D].
-template <int NC>
-PAGODA_INLINE __m512 scores_fp32(const float* keys, const float* query) {
-  constexpr int64_t D = NC * 16;
-  __m512 q[NC], part[16];
-  for (int c = 0; c < NC; ++c) q[c] = _mm512_loadu_ps(query + 16 * c);
-  for (int i = 0; i < 16; ++i) {
-    __m512 s = _mm512_mul_ps(q[0], _mm512_load_ps(keys + i * D));
-    for (int c = 1; c < NC; ++c) s = _mm512_fmadd_ps(q[c], _mm512_load_ps(keys + i * D + 16 * c), s);
-    part[i] = s;
-  }
-  return sum_rows16(part);
-}
-
-// Scores of one bf16 query [D] (natural order) against 16 bf16 cache rows.
-template <int NC>
-PAGODA_INLINE __m512 scores_bf16(const BF16* const* rows, const BF16* query, float scale) {
-#if defined(__AVX512BF16__)
-  if constexpr (NC % 2 == 0) {
-    __m512bh q[NC / 2];
-    __m512 part[16];
-    for (int w = 0; w < NC / 2; ++w) q[w] = (__m512bh)_mm512_loadu_si512(query + 32 * w);
-    for (int i = 0; i < 16; ++i) {
-      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(rows[i]), q[0]);
-      for (int w = 1; w < NC / 2; ++w) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(rows[i] + 32 * w), q[w]);
-      part[i] = s;
-    }
-    return _mm512_mul_ps(sum_rows16(part), _mm512_set1_ps(scale));
-  }
-#endif
-  TORCH_CHECK(false, "bf16 dot path not compiled");
-  return _mm512_setzero_ps();
-}
-
-// Widens one cache row into NC registers (same lane order as widen_row).
-template <typename C, int NC>
-PAGODA_INLINE void widen_regs(const C* row, __m512* out) {
-  if constexpr (std::is_same_v<C, BF16> && NC % 2 == 0) {
-    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    for (int w = 0; w < NC / 2; ++w) {
-      const __m512i pairs = _mm512_loadu_si512(row + 32 * w);
-      out[2 * w] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-      out[2 * w + 1] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
-    }
-  } else {
-    for (int c = 0; c < NC; ++c) out[c] = load16(row + 16 * c);
-  }
-}
-
-// One tile for GB queries at once (their latency chains overlap): scores,
-// online-softmax update, then each V row is widened once and accumulated
-// into all GB queries (GB * NC accumulators kept in registers).
-template <typename C, int NC, int GB>
-PAGODA_INLINE void tile_step_avx512(const Job& job, const C* k_head, const C* v_head, const int64_t* key_rows,
-                                    const int64_t* value_rows, int64_t count, const float* keys, const void* query,
-                                    float* row_max, float* row_sum, float* acc, float* probs) {
-  constexpr int64_t D = NC * 16;
-  const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
-  __m512 scores[GB];
-  if constexpr (std::is_same_v<C, BF16>) {
-    if (job.bf16_dot) {
-      const BF16* rows[kTile];
-      for (int64_t i = 0; i < kTile; ++i) rows[i] = k_head + key_rows[i];
-      for (int g = 0; g < GB; ++g)
-        scores[g] = scores_bf16<NC>(rows, static_cast<const BF16*>(query) + g * D, job.scale);
-    } else {
-      for (int g = 0; g < GB; ++g) scores[g] = scores_fp32<NC>(keys, static_cast<const float*>(query) + g * D);
-    }
-  } else {
-    for (int g = 0; g < GB; ++g) scores[g] = scores_fp32<NC>(keys, static_cast<const float*>(query) + g * D);
-  }
-  __m512 out[GB][NC];
-  for (int g = 0; g < GB; ++g) {
-    const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), valid, scores[g]);
-    const float new_max = std::max(row_max[g], _mm512_reduce_max_ps(s));
-    const __m512 rescale = exp16(_mm512_set1_ps(row_max[g] - new_max));
-    const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_max))));
-    row_max[g] = new_max;
-    row_sum[g] = row_sum[g] * _mm512_cvtss_f32(rescale) + _mm512_reduce_add_ps(p);
-    _mm512_store_ps(probs + g * kTile, p);
-    for (int c = 0; c < NC; ++c) out[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + 16 * c), rescale);
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    __m512 value[NC];
-    widen_regs<C, NC>(v_head + value_rows[i], value);
-    for (int g = 0; g < GB; ++g) {
-      const __m512 weight = _mm512_set1_ps(probs[g * kTile + i]);
-      for (int c = 0; c < NC; ++c) out[g][c] = _mm512_fmadd_ps(weight, value[c], out[g][c]);
-    }
-  }
-  for (int g = 0; g < GB; ++g)
-    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, out[g][c]);
-}
-
-// All G queries of the item through tile_step_avx512, GB at a time (GB * NC <= 16).
-template <typename C, int NC>
-inline void tile_all_avx512(const Job& job, const C* k_head, const C* v_head, const int64_t* key_rows,
-                            const int64_t* value_rows, int64_t count, const float* keys, const float* query,
-                            State state, float* probs) {
-  constexpr int kMaxGB = NC <= 4 ? 4 : 2;
-  constexpr int64_t D = NC * 16;
-  const size_t query_bytes = job.bf16_dot ? sizeof(BF16) : sizeof(float);
-  for (int64_t g = 0; g < job.group;) {
-    const int64_t gb = std::min<int64_t>(kMaxGB, job.group - g);
-    const void* qg = reinterpret_cast<const char*>(query) + g * D * query_bytes;
-    float *m = state.row_max + g, *l = state.row_sum + g, *acc = state.acc + g * D, *p = probs + g * kTile;
-    switch (gb) {
-      case 1: tile_step_avx512<C, NC, 1>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p); break;
-      case 2: tile_step_avx512<C, NC, 2>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p); break;
-      case 3:
-        if constexpr (kMaxGB >= 3)
-          tile_step_avx512<C, NC, 3>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p);
-        break;
-      default:
-        if constexpr (kMaxGB >= 4)
-          tile_step_avx512<C, NC, 4>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p);
-        break;
-    }
-    g += gb;
-  }
-}
-#endif
 
 // Portable tile step for one query, any head_dim: keys/values [count, D] fp32.
 inline void tile_step_generic(const float* keys, const float* values, const float* query, int64_t count,
@@ -533,4 +261,63 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("paged_decode", &paged_decode); }
+namespace {
+
+template <typename S, typename C>
+void store_rows(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
+  const int64_t num_tokens = src.size(0), num_kv_heads = src.size(1), head_dim = src.size(2);
+  const int64_t num_slots = cache.size(1) * cache.size(2);
+  const S* from = src.data_ptr<S>();
+  C* to = cache.data_ptr<C>();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const S* row = from + t * src.stride(0) + h * src.stride(1);
+      C* dst = to + (h * num_slots + slots[t]) * head_dim;
+      if constexpr (std::is_same_v<S, C>) {
+        std::memcpy(dst, row, head_dim * sizeof(C));
+      } else {
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<C>(to_float(row[d]));
+      }
+    }
+  }
+}
+
+template <typename S>
+void store_dispatch(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
+  switch (cache.scalar_type()) {
+    case at::kFloat: return store_rows<S, float>(src, cache, slots);
+    case at::kBFloat16: return store_rows<S, BF16>(src, cache, slots);
+    case at::kHalf: return store_rows<S, c10::Half>(src, cache, slots);
+    default: TORCH_CHECK(false, "unsupported KV cache dtype ", cache.scalar_type());
+  }
+}
+
+void store_one(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
+  TORCH_CHECK(src.dim() == 3 && src.stride(2) == 1, "K/V rows must be [T, KVH, D] with contiguous rows");
+  TORCH_CHECK(cache.is_contiguous() && src.size(1) == cache.size(0) && src.size(2) == cache.size(3),
+              "K/V rows do not match the cache");
+  switch (src.scalar_type()) {
+    case at::kFloat: return store_dispatch<float>(src, cache, slots);
+    case at::kBFloat16: return store_dispatch<BF16>(src, cache, slots);
+    case at::kHalf: return store_dispatch<c10::Half>(src, cache, slots);
+    default: TORCH_CHECK(false, "unsupported K/V dtype ", src.scalar_type());
+  }
+}
+
+}  // namespace
+
+// Writes the step's K/V rows k, v [T, KVH, D] (rows contiguous, any other
+// strides) into the caches [KVH, NB, BS, D] at slot_mapping [T] int64
+// (slot = block * BS + offset), converting to the cache dtype.
+void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slot_mapping) {
+  slot_mapping = slot_mapping.contiguous();
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.size(0) == k.size(0), "bad slot_mapping");
+  store_one(k, k_cache, slot_mapping.data_ptr<int64_t>());
+  store_one(v, v_cache, slot_mapping.data_ptr<int64_t>());
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode);
+  m.def("store_kv", &store_kv);
+}

@@ -84,3 +84,20 @@ def test_split_context_matches_dense(cpp_kernel, context_len):
 def test_large_group(cpp_kernel):
     _check(cpp_kernel, head_dim=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, block_size=16,
            context_lens=[90, 31], group=8, num_kv_heads=1, tol=2e-2)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_matches_index_copy(cpp_kernel, kv_dtype):
+    """The step's K/V rows land where write_kv puts them, converted to the cache dtype."""
+    from executor_svc.attention.torch_backend import write_kv
+
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(5, 4 + 2 * 2, 16, generator=gen)  # strided K/V views, as the model passes them
+    k, v = qkv[:, 4:6], qkv[:, 6:]
+    slots = torch.tensor([0, 7, 33, 12, 25])
+    caches = [torch.zeros(2, 7, 5, 16, dtype=kv_dtype) for _ in range(4)]
+    cpp_kernel.store_kv(k, v, caches[0], caches[1], slots)
+    write_kv(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpp_kernel.store_kv(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 35]))

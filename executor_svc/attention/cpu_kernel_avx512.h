@@ -1,0 +1,191 @@
+// AVX-512 tile steps of the CPU paged decode kernel (see cpu_kernel.cpp).
+#pragma once
+#include "cpu_kernel_common.h"
+
+namespace {
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const BF16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// Widens one row of D = 16 * NC values to fp32; bf16 with even NC goes in
+// even/odd order (a shift and a mask per 32 values, no shuffle).
+template <typename C, int NC>
+inline void widen_row(const C* row, float* dst) {
+  if constexpr (std::is_same_v<C, BF16> && NC % 2 == 0) {
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int w = 0; w < NC / 2; ++w) {
+      const __m512i pairs = _mm512_loadu_si512(row + 32 * w);
+      _mm512_store_ps(dst + 32 * w, _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)));
+      _mm512_store_ps(dst + 32 * w + 16, _mm512_castsi512_ps(_mm512_and_si512(pairs, high)));
+    }
+  } else {
+    for (int c = 0; c < NC; ++c) _mm512_store_ps(dst + 16 * c, load16(row + 16 * c));
+  }
+}
+
+PAGODA_INLINE __m512 exp16(__m512 x) {
+  // exp(x) = 2^n * e^r, n = round(x / ln2), |r| <= ln2 / 2; degree-6 polynomial.
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-104.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Returns s with s[i] = sum of all lanes of part[i] (a 16x16 transpose-add).
+PAGODA_INLINE __m512 sum_rows16(const __m512* part) {
+  __m512 pairs[8], quads[4], octs[2];
+  for (int j = 0; j < 8; ++j)  // lanes (0,1) hold row 2j, (2,3) row 2j+1
+    pairs[j] = _mm512_add_ps(_mm512_shuffle_f32x4(part[2 * j], part[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(part[2 * j], part[2 * j + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)  // lane L holds row 4j+L
+    quads[j] = _mm512_add_ps(_mm512_shuffle_f32x4(pairs[2 * j], pairs[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(pairs[2 * j], pairs[2 * j + 1], 0xDD));
+  for (int j = 0; j < 2; ++j)  // lane L: rows 8j+L and 8j+4+L, two partials each
+    octs[j] = _mm512_add_ps(_mm512_unpacklo_ps(quads[2 * j], quads[2 * j + 1]),
+                            _mm512_unpackhi_ps(quads[2 * j], quads[2 * j + 1]));
+  const __m512 mixed = _mm512_add_ps(_mm512_shuffle_ps(octs[0], octs[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(octs[0], octs[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // mixed[4L + k] is row 4k + L.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, mixed);
+}
+
+// Scores of one fp32 query [D] against the widened key tile [16, D].
+template <int NC>
+PAGODA_INLINE __m512 scores_fp32(const float* keys, const float* query) {
+  constexpr int64_t D = NC * 16;
+  __m512 q[NC], part[16];
+  for (int c = 0; c < NC; ++c) q[c] = _mm512_loadu_ps(query + 16 * c);
+  for (int i = 0; i < 16; ++i) {
+    __m512 s = _mm512_mul_ps(q[0], _mm512_load_ps(keys + i * D));
+    for (int c = 1; c < NC; ++c) s = _mm512_fmadd_ps(q[c], _mm512_load_ps(keys + i * D + 16 * c), s);
+    part[i] = s;
+  }
+  return sum_rows16(part);
+}
+
+// Scores of one bf16 query [D] (natural order) against 16 bf16 cache rows.
+template <int NC>
+PAGODA_INLINE __m512 scores_bf16(const BF16* const* rows, const BF16* query, float scale) {
+#if defined(__AVX512BF16__)
+  if constexpr (NC % 2 == 0) {
+    __m512bh q[NC / 2];
+    __m512 part[16];
+    for (int w = 0; w < NC / 2; ++w) q[w] = (__m512bh)_mm512_loadu_si512(query + 32 * w);
+    for (int i = 0; i < 16; ++i) {
+      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(rows[i]), q[0]);
+      for (int w = 1; w < NC / 2; ++w) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(rows[i] + 32 * w), q[w]);
+      part[i] = s;
+    }
+    return _mm512_mul_ps(sum_rows16(part), _mm512_set1_ps(scale));
+  }
+#endif
+  TORCH_CHECK(false, "bf16 dot path not compiled");
+  return _mm512_setzero_ps();
+}
+
+// Widens one cache row into NC registers (same lane order as widen_row).
+template <typename C, int NC>
+PAGODA_INLINE void widen_regs(const C* row, __m512* out) {
+  if constexpr (std::is_same_v<C, BF16> && NC % 2 == 0) {
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int w = 0; w < NC / 2; ++w) {
+      const __m512i pairs = _mm512_loadu_si512(row + 32 * w);
+      out[2 * w] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+      out[2 * w + 1] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
+    }
+  } else {
+    for (int c = 0; c < NC; ++c) out[c] = load16(row + 16 * c);
+  }
+}
+
+// One tile for GB queries at once (their latency chains overlap): scores,
+// online-softmax update, then each V row is widened once and accumulated
+// into all GB queries (GB * NC accumulators kept in registers).
+template <typename C, int NC, int GB>
+PAGODA_INLINE void tile_step_avx512(const Job& job, const C* k_head, const C* v_head, const int64_t* key_rows,
+                                    const int64_t* value_rows, int64_t count, const float* keys, const void* query,
+                                    float* row_max, float* row_sum, float* acc, float* probs) {
+  constexpr int64_t D = NC * 16;
+  const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+  __m512 scores[GB];
+  if constexpr (std::is_same_v<C, BF16>) {
+    if (job.bf16_dot) {
+      const BF16* rows[kTile];
+      for (int64_t i = 0; i < kTile; ++i) rows[i] = k_head + key_rows[i];
+      for (int g = 0; g < GB; ++g)
+        scores[g] = scores_bf16<NC>(rows, static_cast<const BF16*>(query) + g * D, job.scale);
+    } else {
+      for (int g = 0; g < GB; ++g) scores[g] = scores_fp32<NC>(keys, static_cast<const float*>(query) + g * D);
+    }
+  } else {
+    for (int g = 0; g < GB; ++g) scores[g] = scores_fp32<NC>(keys, static_cast<const float*>(query) + g * D);
+  }
+  __m512 out[GB][NC];
+  for (int g = 0; g < GB; ++g) {
+    const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), valid, scores[g]);
+    const float new_max = std::max(row_max[g], _mm512_reduce_max_ps(s));
+    const __m512 rescale = exp16(_mm512_set1_ps(row_max[g] - new_max));
+    const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_max))));
+    row_max[g] = new_max;
+    row_sum[g] = row_sum[g] * _mm512_cvtss_f32(rescale) + _mm512_reduce_add_ps(p);
+    _mm512_store_ps(probs + g * kTile, p);
+    for (int c = 0; c < NC; ++c) out[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + 16 * c), rescale);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    __m512 value[NC];
+    widen_regs<C, NC>(v_head + value_rows[i], value);
+    for (int g = 0; g < GB; ++g) {
+      const __m512 weight = _mm512_set1_ps(probs[g * kTile + i]);
+      for (int c = 0; c < NC; ++c) out[g][c] = _mm512_fmadd_ps(weight, value[c], out[g][c]);
+    }
+  }
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, out[g][c]);
+}
+
+// All G queries of the item through tile_step_avx512, GB at a time (GB * NC <= 16).
+template <typename C, int NC>
+inline void tile_all_avx512(const Job& job, const C* k_head, const C* v_head, const int64_t* key_rows,
+                            const int64_t* value_rows, int64_t count, const float* keys, const float* query,
+                            State state, float* probs) {
+  constexpr int kMaxGB = NC <= 4 ? 4 : 2;
+  constexpr int64_t D = NC * 16;
+  const size_t query_bytes = job.bf16_dot ? sizeof(BF16) : sizeof(float);
+  for (int64_t g = 0; g < job.group;) {
+    const int64_t gb = std::min<int64_t>(kMaxGB, job.group - g);
+    const void* qg = reinterpret_cast<const char*>(query) + g * D * query_bytes;
+    float *m = state.row_max + g, *l = state.row_sum + g, *acc = state.acc + g * D, *p = probs + g * kTile;
+    switch (gb) {
+      case 1: tile_step_avx512<C, NC, 1>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p); break;
+      case 2: tile_step_avx512<C, NC, 2>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p); break;
+      case 3:
+        if constexpr (kMaxGB >= 3)
+          tile_step_avx512<C, NC, 3>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p);
+        break;
+      default:
+        if constexpr (kMaxGB >= 4)
+          tile_step_avx512<C, NC, 4>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p);
+        break;
+    }
+    g += gb;
+  }
+}
+#endif
+
+}  // namespace
