@@ -8,6 +8,7 @@ writes the step's K/V into the cache at ``meta.slot_mapping`` then attends).
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import torch
 
@@ -37,12 +38,16 @@ def get_backend(name: str, device: torch.device, dtype: torch.dtype):
         raise ValueError(f"unknown attention backend {name!r}; use one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
         name = _auto_backend(device)
+        if name == "cpp":
+            try:
+                return _cpp_backend(dtype)
+            except Exception as exc:  # a broken build must not stop the executor
+                warnings.warn(f"C++ attention kernel unusable ({exc}); using the torch backend", stacklevel=2)
+                return TorchAttentionBackend(dtype)
     if name == "cpp":
         if device.type != "cpu" or not (cpu_kernel.is_built() or cpu_kernel.can_build()):
             raise ValueError("attention backend 'cpp' needs the CPU device and a C++ compiler with ninja")
-        from executor_svc.attention.cpp_backend import CppAttentionBackend
-
-        return CppAttentionBackend(dtype)
+        return _cpp_backend(dtype)
     if name == "triton":
         if device.type != "cuda" or not triton_available():
             raise ValueError("attention backend 'triton' needs a CUDA device and the triton package")
@@ -50,6 +55,12 @@ def get_backend(name: str, device: torch.device, dtype: torch.dtype):
 
         return TritonAttentionBackend(dtype)
     return TorchAttentionBackend(dtype)
+
+
+def _cpp_backend(dtype: torch.dtype):
+    from executor_svc.attention.cpp_backend import CppAttentionBackend
+
+    return CppAttentionBackend(dtype)
 
 
 def _auto_backend(device: torch.device) -> str:
