@@ -210,8 +210,13 @@ class Engine:
             self._orphans[state.seq.seq_id] = state.seq
             return
         self._orphans.pop(state.seq.seq_id, None)
+        try:
+            worker.add(state.seq)
+        except ValueError as exc:  # executors with smaller pools than the one it was admitted for
+            state.worker = None
+            state.fail(FinishReason.ERROR, str(exc))
+            return
         state.worker = worker
-        worker.add(state.seq)
         log.debug("request_routed", request_id=state.request_id, executor=worker.address, prefix_hit_tokens=hit)
 
     def abort(self, state: RequestState) -> None:
