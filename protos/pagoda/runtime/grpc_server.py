@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 
 import grpc
@@ -98,8 +99,11 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
             async def checked_stream(request, context):
                 if isinstance(request, _Malformed):
                     await _refuse(context, request)
-                async for response in behavior(request, context):
-                    yield response
+                # aclosing: a cancelled call must close the inner handler now
+                # (it aborts its request), not when it is garbage-collected.
+                async with contextlib.aclosing(behavior(request, context)) as responses:
+                    async for response in responses:
+                        yield response
 
             return grpc.unary_stream_rpc_method_handler(checked_stream, deserialize, handler.response_serializer)
         behavior = handler.unary_unary
