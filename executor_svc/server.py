@@ -40,6 +40,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._stream_generation = 0
         self._active_streams = 0
         self._info = executor_pb2.ExecutorInfo()
+        # seq_id -> request_id of the sequences held, for log lines.
+        self._request_ids: dict[int, str] = {}
 
     def attach(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str) -> None:
         """Start serving `runner` (weights loaded, warm-up done)."""
@@ -76,6 +78,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         try:
             async with self._lock:
                 await asyncio.to_thread(self.runner.reset)
+                self._request_ids.clear()
             finished_at = time.perf_counter_ns()
             async for plan in request_iterator:
                 if generation != self._stream_generation:
@@ -94,13 +97,17 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 
     async def _run_step(self, plan: executor_pb2.StepPlan, idle_ns: int, started_ns: int) -> executor_pb2.StepResult:
         step = pb_convert.step_from_pb(plan)
+        for seq_id in step.dropped_seq_ids:
+            self._request_ids.pop(seq_id, None)
         for seq in step.new_seqs:
-            log.debug("sequence_added", request_id=seq.request_id, seq_id=seq.seq_id,
-                      num_tokens=len(seq.token_ids), num_computed_tokens=seq.num_computed_tokens)
+            self._request_ids[seq.seq_id] = seq.request_id
+            log.info("sequence_added", request_id=seq.request_id, seq_id=seq.seq_id,
+                     num_tokens=len(seq.token_ids), num_computed_tokens=seq.num_computed_tokens)
         async with self._lock:
             out = await asyncio.to_thread(self.runner.execute, step)
         for err in out.errors:
-            log.error("sequence_failed", seq_id=err.seq_id, error=err.message)
+            log.error("sequence_failed", request_id=self._request_ids.pop(err.seq_id, ""), seq_id=err.seq_id,
+                      error=err.message)
         step_ns = time.perf_counter_ns() - started_ns
         if self._metrics is not None:
             self._metrics.observe_step(out, step_ns, idle_ns, self.runner.num_sequences())
