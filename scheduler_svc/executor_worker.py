@@ -62,7 +62,6 @@ class ExecutorWorker:
         self._tls_server_name = tls_server_name  # checked instead of the dialed IP address
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.last_step_end_s = time.monotonic()
 
     @property
     def accepts_new(self) -> bool:
@@ -193,7 +192,6 @@ class ExecutorWorker:
             self.state = WorkerState.DRAINING
             log.info("executor_draining", executor=self.address)
         updates = self.scheduler.update(result)
-        self.last_step_end_s = time.monotonic()
         self._listener.on_step(self, plan, result, duration_s)
         self._listener.on_updates(self, updates, result)
 
