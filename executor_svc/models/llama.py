@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from executor_svc.model_config import ModelConfig
-from executor_svc.models.rope import RotaryEmbedding, apply_rotary
+from executor_svc.models.layer_ops import TorchLayerOps, layer_ops
+from executor_svc.models.rope import RotaryEmbedding
 
 
 @dataclasses.dataclass
@@ -41,8 +42,10 @@ class LlamaModel:
         dtype: torch.dtype,
         device: torch.device,
         max_len: int,
+        ops: TorchLayerOps | None = None,
     ):
         self.config = config
+        self.ops = ops or layer_ops(device)
         self.dtype = dtype
         self.device = device
         self.embed = tensors["model.embed_tokens.weight"].to(device=device, dtype=dtype)
@@ -90,18 +93,22 @@ class LlamaModel:
         Returns:
             Hidden states [T, hidden] before the final norm.
         """
-        cos, sin = self.rope.lookup(positions)
-        hidden = F.embedding(input_ids, self.embed)  # [T, hidden]
-        for index, layer in enumerate(self.layers):
+        ops, eps, layers = self.ops, self.config.rms_norm_eps, self.layers
+        rotary = ops.rotary_for(self.rope, positions)
+        hidden = F.embedding(input_ids, self.embed)  # [T, hidden], the residual stream (updated in place)
+        normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
+        for index, layer in enumerate(layers):
             k_cache, v_cache = kv_cache.layer(index)
-            normed = F.rms_norm(hidden, hidden.shape[-1:], layer.input_norm, self.config.rms_norm_eps)
-            attn_out = self._attention(normed, layer, cos, sin, k_cache, v_cache, backend, attn_state)
-            hidden = hidden + F.linear(attn_out, layer.o_proj)
-            normed = F.rms_norm(hidden, hidden.shape[-1:], layer.post_norm, self.config.rms_norm_eps)
-            hidden = hidden + self._mlp(normed, layer)
+            attn_out = self._attention(normed, layer, rotary, k_cache, v_cache, backend, attn_state)
+            normed = ops.add_rms_norm(F.linear(attn_out, layer.o_proj), hidden, layer.post_norm, eps)
+            mlp_out = F.linear(ops.silu_and_mul(F.linear(normed, layer.gate_up)), layer.down)
+            if index + 1 < len(layers):
+                normed = ops.add_rms_norm(mlp_out, hidden, layers[index + 1].input_norm, eps)
+            else:
+                hidden.add_(mlp_out)
         return hidden
 
-    def _attention(self, x, layer, cos, sin, k_cache, v_cache, backend, attn_state) -> torch.Tensor:
+    def _attention(self, x, layer, rotary, k_cache, v_cache, backend, attn_state) -> torch.Tensor:
         config = self.config
         num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [T, (H + 2 KVH) Dh]
@@ -112,17 +119,12 @@ class LlamaModel:
             q = F.rms_norm(qk[:, :num_heads], (head_dim,), layer.q_norm, eps)
             k = F.rms_norm(qk[:, num_heads:], (head_dim,), layer.k_norm, eps)
             qk = torch.cat((q, k), dim=1)
-        qk = apply_rotary(qk, cos, sin)
+        qk = self.ops.rotate(qk, rotary)
         q, k = qk[:, :num_heads], qk[:, num_heads:]
         v = qkv[:, num_heads + num_kv_heads :]  # [T, KVH, Dh]
         return backend.forward(q, k, v, k_cache, v_cache, attn_state, self.scale)
 
-    def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        gate_up = F.linear(x, layer.gate_up)  # [T, 2 * intermediate]
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down)
-
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the rows to sample only: [N, hidden] -> [N, V]."""
-        normed = F.rms_norm(hidden, hidden.shape[-1:], self.final_norm, self.config.rms_norm_eps)
+        normed = self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.config.rms_norm_eps)
         return F.linear(normed, self.lm_head)

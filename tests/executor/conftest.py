@@ -112,9 +112,10 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def cpp_kernel():
-    """Builds the C++ kernel once per machine (cached); skips without a compiler."""
-    from executor_svc.attention import cpu_kernel
+    """Builds the C++ kernel and layer ops once per machine (cached); skips without a compiler."""
+    from executor_svc.native import build
 
-    if not (cpu_kernel.is_built() or cpu_kernel.can_build()):
+    if not all(ext.is_built() for ext in build.EXTENSIONS) and not build.can_build():
         pytest.skip("needs a C++ compiler and ninja")
-    return cpu_kernel.load()
+    build.OPS.load()
+    return build.ATTENTION.load()

@@ -7,6 +7,7 @@ import torch
 
 from executor_svc import types as t
 from executor_svc.model_runner import ModelRunner
+from executor_svc.models.layer_ops import TorchLayerOps
 from tests.executor.conftest import ARCHS, GREEDY, BlockAllocator, blocks_needed, install_recorder, load_hf
 
 BLOCK_SIZE = 4
@@ -29,12 +30,15 @@ def _hf_last_logits(hf, token_ids) -> torch.Tensor:
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, request):
-    """Prefill chunks, decodes and a cached-prefix sequence in one step match HF within 1e-4."""
+    """Prefill chunks, decodes and a cached-prefix sequence in one step match HF within 1e-4 (torch or C++ code)."""
     if backend == "cpp":
         request.getfixturevalue("cpp_kernel")
     hf = load_hf(checkpoints[arch])
     runner = _runner(checkpoints[arch], attention_backend=backend)
     assert runner.backend.name == backend
+    if backend == "torch":  # the torch path end to end: layer ops too
+        runner.model.ops = TorchLayerOps()
+    assert runner.model.ops.name == backend
     recorder = install_recorder(runner)
     gen = torch.Generator().manual_seed(1)
     prompt_a = torch.randint(3, 128, (21,), generator=gen).tolist()

@@ -1,0 +1,205 @@
+// Fused elementwise ops of the decoder layer for the CPU: RMSNorm (alone and
+// with the residual add), SiLU-and-multiply, and rotary embeddings in place.
+//
+// Each is one pass over its rows instead of the 3-10 torch kernels (and fp32
+// copies) the unfused code runs; at decode batch sizes those launches cost
+// more than the arithmetic. Math is fp32; results are rounded to the tensor's
+// dtype at the same points as the Hugging Face modules round them (so bf16
+// outputs equal theirs bit for bit up to the order of a sum).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+namespace {
+
+using BF16 = c10::BFloat16;
+using Half = c10::Half;
+
+inline float to_float(float x) { return x; }
+inline float to_float(BF16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline float to_float(Half x) { return static_cast<float>(x); }
+
+// Rounds to T's precision (round to nearest even), staying in fp32.
+template <typename T>
+inline float round_to(float x) {
+  if constexpr (std::is_same_v<T, BF16>) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+    std::memcpy(&x, &bits, sizeof(x));
+    return x;
+  } else if constexpr (std::is_same_v<T, Half>) {
+    return static_cast<float>(static_cast<Half>(x));
+  } else {
+    return x;
+  }
+}
+
+template <typename T>
+inline T from_float(float x) {
+  if constexpr (std::is_same_v<T, BF16>) {
+    BF16 out;
+    uint32_t bits;
+    x = round_to<BF16>(x);
+    std::memcpy(&bits, &x, sizeof(bits));
+    out.x = static_cast<uint16_t>(bits >> 16);
+    return out;
+  } else {
+    return static_cast<T>(x);
+  }
+}
+
+// Rows per parallel chunk so that small (decode) inputs stay on one thread.
+inline int64_t grain_rows(int64_t row_elements) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elements)); }
+
+// One row: out = weight * round(x * rsqrt(mean(x^2) + eps)), x already rounded.
+template <typename T>
+inline void norm_row(const float* x, const T* weight, T* out, int64_t hidden, float eps) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < hidden; ++i) sum += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + eps);
+  for (int64_t i = 0; i < hidden; ++i) out[i] = from_float<T>(to_float(weight[i]) * round_to<T>(x[i] * inv));
+}
+
+template <typename T>
+void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, double eps,
+                   at::Tensor* residual) {
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  const T* src = x.data_ptr<T>();
+  const T* w = weight.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  T* res = residual ? residual->data_ptr<T>() : nullptr;
+  at::parallel_for(0, rows, grain_rows(hidden), [&](int64_t begin, int64_t end) {
+    std::vector<float> row(hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* in = src + r * hidden;
+      if (res) {  // residual = round(residual + x), normed from the rounded sum
+        T* acc = res + r * hidden;
+        for (int64_t i = 0; i < hidden; ++i) {
+          row[i] = round_to<T>(to_float(acc[i]) + to_float(in[i]));
+          acc[i] = from_float<T>(row[i]);
+        }
+      } else {
+        for (int64_t i = 0; i < hidden; ++i) row[i] = to_float(in[i]);
+      }
+      norm_row(row.data(), w, dst + r * hidden, hidden, static_cast<float>(eps));
+    }
+  });
+}
+
+void check_rows(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous(), "expected a contiguous [N, H] CPU tensor");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type() &&
+                  weight.is_contiguous(),
+              "weight must be [H] in the input's dtype");
+}
+
+template <typename Fn>
+void dispatch_float(at::ScalarType type, Fn&& fn) {
+  switch (type) {
+    case at::kFloat: return fn(float{});
+    case at::kBFloat16: return fn(BF16{});
+    case at::kHalf: return fn(Half{});
+    default: TORCH_CHECK(false, "unsupported dtype ", type);
+  }
+}
+
+}  // namespace
+
+// x [N, H] -> weight * normalized x (Llama RMSNorm).
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
+  check_rows(x, weight);
+  auto out = at::empty_like(x);
+  dispatch_float(x.scalar_type(), [&](auto tag) { rms_norm_impl<decltype(tag)>(x, weight, out, eps, nullptr); });
+  return out;
+}
+
+// residual += x (in place, rounded to the dtype); returns RMSNorm(residual).
+at::Tensor add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double eps) {
+  check_rows(x, weight);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type() && residual.is_contiguous(),
+              "residual must match x");
+  auto out = at::empty_like(x);
+  dispatch_float(x.scalar_type(), [&](auto tag) { rms_norm_impl<decltype(tag)>(x, weight, out, eps, &residual); });
+  return out;
+}
+
+// gate_up [N, 2I] (gate then up) -> round(round(silu(gate)) * up) [N, I].
+at::Tensor silu_and_mul(at::Tensor gate_up) {
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "expected a contiguous [N, 2I] CPU tensor");
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+  auto out = at::empty({rows, width}, gate_up.options());
+  dispatch_float(gate_up.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = gate_up.data_ptr<T>();
+    T* dst = out.data_ptr<T>();
+    at::parallel_for(0, rows, grain_rows(width), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* gate = src + r * 2 * width;
+        const T* up = gate + width;
+        T* row = dst + r * width;
+        for (int64_t i = 0; i < width; ++i) {
+          const float g = to_float(gate[i]);
+          row[i] = from_float<T>(round_to<T>(g / (1.f + std::exp(-g))) * to_float(up[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// Rotates x [T, N, D] in place (rotate_half convention) with cos/sin tables
+// [max_len, D / 2] looked up at positions [T] int64:
+// first half = round(round(x1 cos) - round(x2 sin)), second = round(round(x2 cos) + round(x1 sin)).
+void rotary_(at::Tensor x, at::Tensor positions, at::Tensor cos_table, at::Tensor sin_table) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.stride(2) == 1 && x.size(2) % 2 == 0,
+              "x must be a CPU [T, N, D] tensor with contiguous rows");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.size(0) == x.size(0),
+              "positions must be int64 [T]");
+  TORCH_CHECK(cos_table.dim() == 2 && cos_table.size(1) * 2 == x.size(2) && cos_table.sizes() == sin_table.sizes() &&
+                  cos_table.is_contiguous() && sin_table.is_contiguous() &&
+                  cos_table.scalar_type() == x.scalar_type() && sin_table.scalar_type() == x.scalar_type(),
+              "cos/sin tables must be contiguous [max_len, D / 2] in x's dtype");
+  positions = positions.contiguous();
+  const int64_t tokens = x.size(0), heads = x.size(1), half = x.size(2) / 2, max_len = cos_table.size(0);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_len, "position ", pos[t], " outside the rotary table");
+  dispatch_float(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    T* base = x.data_ptr<T>();
+    const T* cos_base = cos_table.data_ptr<T>();
+    const T* sin_base = sin_table.data_ptr<T>();
+    const int64_t stride_t = x.stride(0), stride_n = x.stride(1);
+    at::parallel_for(0, tokens, grain_rows(heads * 2 * half), [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const T* c = cos_base + pos[t] * half;
+        const T* s = sin_base + pos[t] * half;
+        for (int64_t n = 0; n < heads; ++n) {
+          T* x1 = base + t * stride_t + n * stride_n;
+          T* x2 = x1 + half;
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = to_float(x1[i]), b = to_float(x2[i]), cf = to_float(c[i]), sf = to_float(s[i]);
+            x1[i] = from_float<T>(round_to<T>(a * cf) - round_to<T>(b * sf));
+            x2[i] = from_float<T>(round_to<T>(b * cf) + round_to<T>(a * sf));
+          }
+        }
+      }
+    });
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm);
+  m.def("add_rms_norm", &add_rms_norm);
+  m.def("silu_and_mul", &silu_and_mul);
+  m.def("rotary_", &rotary_);
+}

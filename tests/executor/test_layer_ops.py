@@ -1,0 +1,108 @@
+"""The fused C++ layer ops against the Hugging Face modules they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps, layer_ops
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# bf16 is rounded at the same points as the HF code, so it matches bit for bit;
+# fp32/fp16 differ only by the order of a sum.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 0.0, torch.float16: 2e-3}
+
+
+@pytest.fixture(scope="module")
+def ops(cpp_kernel) -> CppLayerOps:
+    return CppLayerOps()
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert (actual.float() - expected.float()).abs().max().item() <= TOLERANCE[dtype] * max(1.0, expected.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_rms_norm_matches_llama_rmsnorm(ops, dtype, rows):
+    gen = torch.Generator().manual_seed(rows)
+    norm = LlamaRMSNorm(96, eps=1e-5)
+    norm.weight.data = torch.rand(96, generator=gen) + 0.5
+    norm = norm.to(dtype)
+    x = (torch.randn(rows, 96, generator=gen) * 3).to(dtype)
+    _close(ops.rms_norm(x, norm.weight.data, 1e-5), norm(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_updates_the_residual_then_normalizes(ops, dtype):
+    gen = torch.Generator().manual_seed(3)
+    norm = LlamaRMSNorm(64, eps=1e-6).to(dtype)
+    norm.weight.data = (torch.rand(64, generator=gen) + 0.5).to(dtype)
+    x, residual = (torch.randn(5, 64, generator=gen).to(dtype) for _ in range(2))
+    expected_residual = residual + x  # the HF decoder layer's residual add, rounded in dtype
+    out = ops.add_rms_norm(x, residual, norm.weight.data, 1e-6)
+    assert torch.equal(residual, expected_residual)
+    _close(out, norm(expected_residual), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_the_mlp_activation(ops, dtype):
+    gate_up = (torch.randn(9, 2 * 80, generator=torch.Generator().manual_seed(4)) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    _close(ops.silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_in_place_matches_apply_rotary_pos_emb(ops, dtype):
+    gen = torch.Generator().manual_seed(5)
+    tokens, heads, kv_heads, head_dim, max_len = 6, 4, 2, 32, 50
+    freqs = torch.outer(torch.arange(max_len).float(), torch.rand(head_dim // 2, generator=gen))
+    cos_table, sin_table = freqs.cos().to(dtype), freqs.sin().to(dtype)
+    positions = torch.tensor([0, 3, 49, 7, 7, 12])
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
+    untouched_v = qkv[:, heads + kv_heads :].clone()
+    q, k = qkv[:, :heads].clone(), qkv[:, heads : heads + kv_heads].clone()
+    cos = torch.cat((cos_table[positions], cos_table[positions]), dim=-1)  # HF's full-width [T, D]
+    sin = torch.cat((sin_table[positions], sin_table[positions]), dim=-1)
+    # HF layout [B, N, T, D]; unsqueeze_dim=1 broadcasts cos [B, T, D] over heads.
+    q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
+    qk = qkv[:, : heads + kv_heads]
+    assert ops.rotate(qk, (positions, cos_table, sin_table)) is qk
+    _close(qkv[:, :heads], q_ref[0].transpose(0, 1), dtype)
+    _close(qkv[:, heads : heads + kv_heads], k_ref[0].transpose(0, 1), dtype)
+    assert torch.equal(qkv[:, heads + kv_heads :], untouched_v)
+
+
+def test_torch_ops_agree_with_cpp_ops(ops):
+    gen = torch.Generator().manual_seed(6)
+    x, residual = (torch.randn(4, 48, generator=gen) for _ in range(2))
+    weight = torch.rand(48, generator=gen) + 0.5
+    torch_residual = residual.clone()
+    _close(ops.add_rms_norm(x, residual, weight, 1e-5), TorchLayerOps().add_rms_norm(x, torch_residual, weight, 1e-5),
+           torch.float32)
+    _close(residual, torch_residual, torch.float32)
+
+
+def test_bad_inputs_are_refused(ops):
+    weight = torch.ones(8)
+    with pytest.raises(RuntimeError, match="weight"):
+        ops.rms_norm(torch.ones(2, 8), torch.ones(9), 1e-6)
+    with pytest.raises(RuntimeError, match=r"\[N, H\]"):
+        ops.rms_norm(torch.ones(2, 8).t(), weight[:2], 1e-6)
+    with pytest.raises(RuntimeError, match="residual"):
+        ops.add_rms_norm(torch.ones(2, 8), torch.ones(3, 8), weight, 1e-6)
+    with pytest.raises(RuntimeError, match="2I"):
+        ops.silu_and_mul(torch.ones(2, 7))
+    table = torch.ones(4, 4)
+    with pytest.raises(RuntimeError, match="outside the rotary table"):
+        ops.rotate(torch.ones(1, 2, 8), (torch.tensor([4]), table, table))
+
+
+def test_layer_ops_picks_torch_off_the_cpu_or_unbuilt(monkeypatch):
+    from executor_svc.native import build
+
+    assert layer_ops(torch.device("meta")).name == "torch"
+    monkeypatch.setattr(build.Extension, "is_built", lambda self: False)
+    assert layer_ops(torch.device("cpu")).name == "torch"
