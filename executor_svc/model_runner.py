@@ -245,7 +245,7 @@ class ModelRunner:
         sample_fn, request_cls = self._sample_fn
         requests = [request_cls(s.sampling, s.token_ids, s.num_prompt_tokens) for s in states]
         outputs = []
-        for state, sampled in zip(states, sample_fn(logits, requests)):
+        for state, sampled in zip(states, sample_fn(logits, requests, self.model.ops.argmax)):
             state.token_ids.append(sampled.token_id)
             logprobs = () if sampled.logprob is None else (sampled.logprob,)
             outputs.append(t.SeqOutput(state.seq_id, (sampled.token_id,), logprobs))

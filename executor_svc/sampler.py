@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -119,12 +119,18 @@ def _is_plain_greedy(params: SamplingParams) -> bool:
     )
 
 
-def sample(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[SampleOutput]:
+def sample(
+    logits: torch.Tensor,
+    requests: Sequence[SampleRequest],
+    argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> list[SampleOutput]:
     """Samples one token per row (see the module docstring for the exact rules).
 
     Args:
         logits: [B, V] any float dtype, on the model's device; one row per request.
         requests: B requests, in row order.
+        argmax: row-wise argmax for the all-greedy fast path (a faster kernel
+            for the logits' dtype); torch.argmax when None.
 
     Returns:
         B outputs, in row order.
@@ -132,7 +138,8 @@ def sample(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[Samp
     if logits.dim() != 2 or logits.shape[0] != len(requests):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(requests)} requests")
     if all(_is_plain_greedy(r.params) for r in requests):
-        return [SampleOutput(t, None) for t in logits.argmax(dim=-1).tolist()]
+        token_ids = argmax(logits) if argmax is not None else logits.argmax(dim=-1)
+        return [SampleOutput(t, None) for t in token_ids.tolist()]
     logits = logits.float()  # [B, V]
     if any(_has_repetition(r.params) or _has_output_penalty(r.params) for r in requests):
         logits = _penalise(logits, requests)

@@ -44,6 +44,10 @@ class TorchLayerOps:
         cos, sin = rotary
         return apply_rotary(x, cos, sin)
 
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Row-wise argmax [B, V] -> [B] int64 (first index of the max; NaN counts as max)."""
+        return logits.argmax(dim=-1)
+
 
 class CppLayerOps(TorchLayerOps):
     """The fused C++ CPU kernels; rotates in place."""
@@ -68,6 +72,11 @@ class CppLayerOps(TorchLayerOps):
     def rotate(self, x, rotary):
         self.kernel.rotary_(x, *rotary)
         return x
+
+    def argmax(self, logits):
+        if logits.dtype == torch.bfloat16 and logits.dim() == 2 and logits.stride(-1) == 1 and logits.shape[1]:
+            return self.kernel.argmax_rows(logits)
+        return logits.argmax(dim=-1)
 
 
 def layer_ops(device: torch.device) -> TorchLayerOps:

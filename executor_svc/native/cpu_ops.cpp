@@ -1,5 +1,6 @@
 // Fused elementwise ops of the decoder layer for the CPU: RMSNorm (alone and
-// with the residual add), SiLU-and-multiply, and rotary embeddings in place.
+// with the residual add), SiLU-and-multiply, rotary embeddings in place, and
+// the greedy argmax over bf16 logits.
 //
 // Each is one pass over its rows instead of the 3-10 torch kernels (and fp32
 // copies) the unfused code runs; at decode batch sizes those launches cost
@@ -11,6 +12,9 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -197,9 +201,78 @@ void rotary_(at::Tensor x, at::Tensor positions, at::Tensor cos_table, at::Tenso
   });
 }
 
+namespace {
+
+// First index of the largest value of a bf16 row; a NaN counts as largest (as
+// torch.argmax). NaNs are found from the bits (-ffast-math assumes none).
+inline bool is_nan_bits(uint16_t bits) { return (bits & 0x7FFFu) > 0x7F80u; }
+
+int64_t argmax_scalar(const BF16* row, int64_t begin, int64_t n, int64_t best, float best_value) {
+  for (int64_t i = begin; i < n; ++i) {
+    if (is_nan_bits(row[i].x)) return i;
+    const float v = to_float(row[i]);
+    if (v > best_value) best = i, best_value = v;
+  }
+  return best;
+}
+
+int64_t argmax_row(const BF16* row, int64_t n) {
+#if defined(__AVX512F__)
+  if (n >= 16) {
+    auto load = [&](int64_t at) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + at))); };
+    const __m512i magnitude = _mm512_set1_epi32(0x7FFF), nan_floor = _mm512_set1_epi32(0x7F80), step = _mm512_set1_epi32(16);
+    __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), max_i = index;
+    __m512i raw = load(0);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(raw, magnitude), nan_floor);
+    __m512 max_v = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+    int64_t start = 16;
+    for (; start + 16 <= n; start += 16) {
+      index = _mm512_add_epi32(index, step);
+      raw = load(start);
+      nan |= _mm512_cmpgt_epi32_mask(_mm512_and_si512(raw, magnitude), nan_floor);
+      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      const __mmask16 greater = _mm512_cmp_ps_mask(v, max_v, _CMP_GT_OQ);  // strict: a lane keeps its first max
+      max_v = _mm512_mask_mov_ps(max_v, greater, v);
+      max_i = _mm512_mask_mov_epi32(max_i, greater, index);
+    }
+    if (nan) return argmax_scalar(row, 0, n, 0, to_float(row[0]));  // finds the first NaN in order
+    alignas(64) float values[16];
+    alignas(64) int32_t indices[16];
+    _mm512_store_ps(values, max_v);
+    _mm512_store_si512(indices, max_i);
+    int64_t best = indices[0];
+    float best_value = values[0];
+    for (int lane = 1; lane < 16; ++lane)
+      if (values[lane] > best_value || (values[lane] == best_value && indices[lane] < best))
+        best = indices[lane], best_value = values[lane];
+    return argmax_scalar(row, start, n, best, best_value);
+  }
+#endif
+  if (is_nan_bits(row[0].x)) return 0;
+  return argmax_scalar(row, 1, n, 0, to_float(row[0]));
+}
+
+}  // namespace
+
+// Row-wise argmax of bf16 logits [B, V] -> int64 [B] (torch.argmax is not vectorised for bf16).
+at::Tensor argmax_rows(at::Tensor logits) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == at::kBFloat16 &&
+                  logits.stride(1) == 1 && logits.size(1) > 0,
+              "expected bf16 [B, V] CPU logits with contiguous rows");
+  const int64_t rows = logits.size(0), vocab = logits.size(1), stride = logits.stride(0);
+  auto out = at::empty({rows}, logits.options().dtype(at::kLong));
+  const BF16* base = logits.data_ptr<BF16>();
+  int64_t* dst = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) dst[r] = argmax_row(base + r * stride, vocab);
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_and_mul", &silu_and_mul);
   m.def("rotary_", &rotary_);
+  m.def("argmax_rows", &argmax_rows);
 }
