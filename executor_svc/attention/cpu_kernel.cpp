@@ -66,22 +66,15 @@ void attend_span(const Job& job, const C* k_head, const C* v_head, const int64_t
                  State state, Scratch& scratch) {
   const int64_t head_dim = job.head_dim, group = job.group;
   float *keys = scratch.keys(), *values = scratch.values(), *probs = scratch.probs(), *query = scratch.query(group);
-  RowCursor cursor{table, job.block_size, lo / job.block_size, lo % job.block_size};
-  const int64_t ahead_start = std::min(hi, lo + kPrefetchRows);
-  RowCursor ahead{table, job.block_size, ahead_start / job.block_size, ahead_start % job.block_size};
-  int64_t ahead_pos = ahead_start, rows[kTile];  // rows: element offsets of the tile's K (= V) rows
-  for (int64_t pos = lo; pos < hi; pos += kTile) {
-    const int64_t count = std::min(kTile, hi - pos);
-    for (; ahead_pos < std::min(hi, pos + count + kPrefetchRows); ++ahead_pos, ahead.advance()) {
-      prefetch_row(k_head + ahead.row() * head_dim, head_dim);
-      prefetch_row(v_head + ahead.row() * head_dim, head_dim);
-    }
-    for (int64_t i = 0; i < kTile; ++i) {  // rows past count repeat the last one (masked out)
-      rows[i] = cursor.row() * head_dim;
-      if (i + 1 < count) cursor.advance();
-    }
-    cursor.advance();
-    if (!job.bf16_dot) widen_tile<C, NC>(k_head, rows, count, head_dim, keys);
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<C, BF16> && NC % 2 == 0) {
+    if (job.bf16_dot) return span_bf16_all<NC>(job, k_head, v_head, table, lo, hi, state, query);
+  }
+#endif
+  TileWalker<C> walker(job, k_head, v_head, table, lo, hi);
+  int64_t rows[kTile];  // element offsets of the tile's K (= V) rows
+  while (const int64_t count = walker.next(rows)) {
+    widen_tile<C, NC>(k_head, rows, count, head_dim, keys);
 #if defined(__AVX512F__)
     if constexpr (NC > 0) {
       tile_all_avx512<C, NC>(job, k_head, v_head, rows, rows, count, keys, query, state, probs);
@@ -121,10 +114,11 @@ void pick_layout(Job& job) {
 #if defined(__AVX512F__)
   fast = job.head_dim == 32 || job.head_dim == 64 || job.head_dim == 128;
 #endif
-  job.permuted = fast && std::is_same_v<C, BF16>;
+  job.lanes = fast && std::is_same_v<C, BF16> ? kEvenOdd : kNatural;
   job.bf16_dot = false;
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   job.bf16_dot = fast && std::is_same_v<C, BF16> && std::is_same_v<Q, BF16>;
+  if (job.bf16_dot) job.lanes = kPairs;
 #endif
 }
 
@@ -151,7 +145,7 @@ void load_query(const Job& job, const Q* q, int64_t seq, int64_t kv_head, float*
   }
   for (int64_t g = 0; g < job.group; ++g)
     for (int64_t d = 0; d < job.head_dim; ++d)
-      query[g * job.head_dim + lane_of(d, job.permuted)] = to_float(src[g * job.head_dim + d]) * job.scale;
+      query[g * job.head_dim + lane_of(d, job.lanes)] = to_float(src[g * job.head_dim + d]) * job.scale;
 }
 
 // Output rows of one item: merges `num_splits` states and writes the group's
@@ -168,7 +162,7 @@ void write_output(const Job& job, const State* states, int64_t num_splits, Q* ou
     }
     const float inv = total > 0.f ? 1.f / total : 0.f;
     for (int64_t d = 0; d < head_dim; ++d) {
-      const int64_t lane = g * head_dim + lane_of(d, job.permuted);
+      const int64_t lane = g * head_dim + lane_of(d, job.lanes);
       float value = 0.f;
       for (int64_t s = 0; s < num_splits; ++s) value += weights[s] * states[s].acc[lane];
       out[g * head_dim + d] = static_cast<Q>(value * inv);
@@ -186,7 +180,7 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
   const SpanFn<C> span_fn = pick_span_fn<C>(head_dim);
   auto state_at = [&](float* base) { return State{base, base + group, base + 2 * group}; };
   auto out_of = [&](int64_t item) { return out + (item / num_kv_heads * job.num_heads + item % num_kv_heads * group) * head_dim; };
-  at::parallel_for(0, num_items * num_splits, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(num_items * num_splits, [&](int64_t begin, int64_t end) {
     Scratch scratch(group, head_dim);
     std::vector<float> own(num_splits == 1 ? state_floats : 0);
     for (int64_t unit = begin; unit < end; ++unit) {
@@ -209,7 +203,7 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
     }
   });
   if (num_splits == 1) return;
-  at::parallel_for(0, num_items, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(num_items, [&](int64_t begin, int64_t end) {
     State parts[kMaxSplits];
     for (int64_t item = begin; item < end; ++item) {
       for (int64_t s = 0; s < num_splits; ++s) parts[s] = state_at(states.data() + (item * num_splits + s) * state_floats);
@@ -250,7 +244,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
   TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(0) == 0, "head shapes do not match");
   Job job{q.size(1), k_cache.size(0), q.size(2), q.size(1) / k_cache.size(0), k_cache.size(2), k_cache.size(1),
           block_tables.size(1), block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
-          static_cast<float>(scale), window, false, false};
+          static_cast<float>(scale), window, kNatural, false};
   auto out = at::empty_like(q);
   switch (q.scalar_type()) {
     case at::kFloat: dispatch_cache<float>(job, q, k_cache, v_cache, out); break;

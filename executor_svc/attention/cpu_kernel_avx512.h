@@ -79,26 +79,6 @@ PAGODA_INLINE __m512 scores_fp32(const float* keys, const float* query) {
   return sum_rows16(part);
 }
 
-// Scores of one bf16 query [D] (natural order) against 16 bf16 cache rows.
-template <int NC>
-PAGODA_INLINE __m512 scores_bf16(const BF16* const* rows, const BF16* query, float scale) {
-#if defined(__AVX512BF16__)
-  if constexpr (NC % 2 == 0) {
-    __m512bh q[NC / 2];
-    __m512 part[16];
-    for (int w = 0; w < NC / 2; ++w) q[w] = (__m512bh)_mm512_loadu_si512(query + 32 * w);
-    for (int i = 0; i < 16; ++i) {
-      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(rows[i]), q[0]);
-      for (int w = 1; w < NC / 2; ++w) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(rows[i] + 32 * w), q[w]);
-      part[i] = s;
-    }
-    return _mm512_mul_ps(sum_rows16(part), _mm512_set1_ps(scale));
-  }
-#endif
-  TORCH_CHECK(false, "bf16 dot path not compiled");
-  return _mm512_setzero_ps();
-}
-
 // Widens one cache row into NC registers (same lane order as widen_row).
 template <typename C, int NC>
 PAGODA_INLINE void widen_regs(const C* row, __m512* out) {
@@ -114,28 +94,17 @@ PAGODA_INLINE void widen_regs(const C* row, __m512* out) {
   }
 }
 
-// One tile for GB queries at once (their latency chains overlap): scores,
+// One tile for GB fp32 queries at once (their latency chains overlap): scores,
 // online-softmax update, then each V row is widened once and accumulated
 // into all GB queries (GB * NC accumulators kept in registers).
 template <typename C, int NC, int GB>
 PAGODA_INLINE void tile_step_avx512(const Job& job, const C* k_head, const C* v_head, const int64_t* key_rows,
-                                    const int64_t* value_rows, int64_t count, const float* keys, const void* query,
+                                    const int64_t* value_rows, int64_t count, const float* keys, const float* query,
                                     float* row_max, float* row_sum, float* acc, float* probs) {
   constexpr int64_t D = NC * 16;
   const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
   __m512 scores[GB];
-  if constexpr (std::is_same_v<C, BF16>) {
-    if (job.bf16_dot) {
-      const BF16* rows[kTile];
-      for (int64_t i = 0; i < kTile; ++i) rows[i] = k_head + key_rows[i];
-      for (int g = 0; g < GB; ++g)
-        scores[g] = scores_bf16<NC>(rows, static_cast<const BF16*>(query) + g * D, job.scale);
-    } else {
-      for (int g = 0; g < GB; ++g) scores[g] = scores_fp32<NC>(keys, static_cast<const float*>(query) + g * D);
-    }
-  } else {
-    for (int g = 0; g < GB; ++g) scores[g] = scores_fp32<NC>(keys, static_cast<const float*>(query) + g * D);
-  }
+  for (int g = 0; g < GB; ++g) scores[g] = scores_fp32<NC>(keys, query + g * D);
   __m512 out[GB][NC];
   for (int g = 0; g < GB; ++g) {
     const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), valid, scores[g]);
@@ -166,10 +135,9 @@ inline void tile_all_avx512(const Job& job, const C* k_head, const C* v_head, co
                             State state, float* probs) {
   constexpr int kMaxGB = NC <= 4 ? 4 : 2;
   constexpr int64_t D = NC * 16;
-  const size_t query_bytes = job.bf16_dot ? sizeof(BF16) : sizeof(float);
   for (int64_t g = 0; g < job.group;) {
     const int64_t gb = std::min<int64_t>(kMaxGB, job.group - g);
-    const void* qg = reinterpret_cast<const char*>(query) + g * D * query_bytes;
+    const float* qg = query + g * D;
     float *m = state.row_max + g, *l = state.row_sum + g, *acc = state.acc + g * D, *p = probs + g * kTile;
     switch (gb) {
       case 1: tile_step_avx512<C, NC, 1>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p); break;
@@ -186,6 +154,135 @@ inline void tile_all_avx512(const Job& job, const C* k_head, const C* v_head, co
     g += gb;
   }
 }
-#endif
+
+#if defined(__AVX512BF16__)
+// Tile position held by lane l of span_bf16's score vectors (the order its
+// transpose-add leaves them in).
+constexpr int kScoreLane[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
+
+// Scores (unscaled) of GB bf16 queries against 16 bf16 rows. Each K vector
+// holds 16 dims of row k in its low half and the same dims of row k + 8 in its
+// high half (qx: the query's 16 dims twice), so a tile needs 8 * NC vdpbf16ps
+// per query and a three-stage transpose-add of 8 vectors. Lane l ends up
+// holding position kScoreLane[l].
+template <int NC, int GB>
+PAGODA_INLINE void scores_bf16(const BF16* const* rows, const __m512bh* qx, __m512* out) {
+  __m512 quad[GB][4];  // 128-bit lane L of quad[m] holds row (2m, 2m + 8, 2m + 1, 2m + 9)[L]
+  for (int m = 0; m < 4; ++m) {
+    __m512 part[GB][2];
+    for (int h = 0; h < 2; ++h) {
+      const BF16 *low = rows[2 * m + h], *high = rows[2 * m + h + 8];
+      for (int g = 0; g < GB; ++g) part[g][h] = _mm512_setzero_ps();
+      for (int c = 0; c < NC; ++c) {
+        const __m512i x = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + 16 * c))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high + 16 * c)), 1);
+        for (int g = 0; g < GB; ++g) part[g][h] = _mm512_dpbf16_ps(part[g][h], (__m512bh)x, qx[g * NC + c]);
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      quad[g][m] = _mm512_add_ps(_mm512_shuffle_f32x4(part[g][0], part[g][1], 0x88),
+                                 _mm512_shuffle_f32x4(part[g][0], part[g][1], 0xDD));
+  }
+  for (int g = 0; g < GB; ++g) {
+    const __m512 lo = _mm512_add_ps(_mm512_unpacklo_ps(quad[g][0], quad[g][1]), _mm512_unpackhi_ps(quad[g][0], quad[g][1]));
+    const __m512 hi = _mm512_add_ps(_mm512_unpacklo_ps(quad[g][2], quad[g][3]), _mm512_unpackhi_ps(quad[g][2], quad[g][3]));
+    out[g] = _mm512_add_ps(_mm512_shuffle_ps(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+}
+
+// GB bf16 queries [GB, D] over positions [lo, hi), state kept in registers:
+// scores by scores_bf16; the online softmax keeps lane-wise sums and rescales
+// only when a query's max grows; P.V rounds the probabilities to bf16 and
+// feeds pairs of V rows, interleaved by unpacklo/hi_epi16, to vdpbf16ps
+// (accumulators in kPairs order).
+template <int NC, int GB>
+void span_bf16(const Job& job, const BF16* k_head, const BF16* v_head, const int64_t* table, int64_t lo, int64_t hi,
+               const BF16* query, float* row_max, float* row_sum, float* acc_out) {
+  static_assert(NC % 2 == 0, "rows of whole 32-dim pairs");
+  constexpr int64_t D = NC * 16;
+  __m512bh qx[GB * NC];
+  __m512 acc[GB][NC], sum[GB], top[GB];
+  for (int g = 0; g < GB; ++g) {
+    for (int c = 0; c < NC; ++c) {
+      const __m256i dims = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(query + g * D + 16 * c));
+      qx[g * NC + c] = (__m512bh)_mm512_broadcast_i64x4(dims);
+      acc[g][c] = _mm512_loadu_ps(acc_out + g * D + 16 * c);
+    }
+    top[g] = _mm512_set1_ps(row_max[g]);
+    sum[g] = _mm512_zextps128_ps512(_mm_set_ss(row_sum[g]));
+  }
+  const __m512 scale = _mm512_set1_ps(job.scale);
+  const __m512i lane_pos = _mm512_loadu_si512(kScoreLane);
+  alignas(64) uint32_t pairs[GB][8];  // bf16 probabilities, two positions a dword
+  TileWalker<BF16> walker(job, k_head, v_head, table, lo, hi);
+  int64_t offsets[kTile];
+  while (const int64_t count = walker.next(offsets)) {
+    const BF16 *krows[kTile], *vrows[kTile];
+    for (int i = 0; i < kTile; ++i) krows[i] = k_head + offsets[i];
+    for (int i = 0; i < kTile; ++i) vrows[i] = v_head + offsets[kScoreLane[i]];
+    __m512 scores[GB];
+    scores_bf16<NC, GB>(krows, qx, scores);
+    const __mmask16 valid =
+        count == kTile ? __mmask16(0xFFFF) : _mm512_cmplt_epi32_mask(lane_pos, _mm512_set1_epi32(int(count)));
+    for (int g = 0; g < GB; ++g) {
+      const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), valid, _mm512_mul_ps(scores[g], scale));
+      if (_mm512_cmp_ps_mask(s, top[g], _CMP_GT_OQ)) {  // the max grows: rescale
+        const __m512 new_top = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(s, top[g])));
+        const __m512 alpha = exp16(_mm512_sub_ps(top[g], new_top));
+        sum[g] = _mm512_mul_ps(sum[g], alpha);
+        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_mul_ps(acc[g][c], alpha);
+        top[g] = new_top;
+      }
+      const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, top[g])));
+      sum[g] = _mm512_add_ps(sum[g], p);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
+    }
+    for (int t = 0; t < 8; ++t) {
+      const BF16 *first = vrows[2 * t], *second = vrows[2 * t + 1];
+      for (int w = 0; w < NC / 2; ++w) {
+        const __m512i a = _mm512_loadu_si512(first + 32 * w), b = _mm512_loadu_si512(second + 32 * w);
+        const __m512bh low = (__m512bh)_mm512_unpacklo_epi16(a, b), high = (__m512bh)_mm512_unpackhi_epi16(a, b);
+        for (int g = 0; g < GB; ++g) {
+          const __m512bh weight = (__m512bh)_mm512_set1_epi32(int(pairs[g][t]));
+          acc[g][2 * w] = _mm512_dpbf16_ps(acc[g][2 * w], low, weight);
+          acc[g][2 * w + 1] = _mm512_dpbf16_ps(acc[g][2 * w + 1], high, weight);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc_out + g * D + 16 * c, acc[g][c]);
+    row_max[g] = _mm512_cvtss_f32(top[g]);
+    row_sum[g] = _mm512_reduce_add_ps(sum[g]);
+  }
+}
+
+// All G queries of the item through span_bf16, GB at a time (GB * NC <= 16).
+template <int NC>
+inline void span_bf16_all(const Job& job, const BF16* k_head, const BF16* v_head, const int64_t* table, int64_t lo,
+                          int64_t hi, State state, const float* query_scratch) {
+  constexpr int kMaxGB = NC <= 4 ? 4 : 2;
+  constexpr int64_t D = NC * 16;
+  const BF16* query = reinterpret_cast<const BF16*>(query_scratch);
+  for (int64_t g = 0; g < job.group;) {
+    const int64_t gb = std::min<int64_t>(kMaxGB, job.group - g);
+    const BF16* qg = query + g * D;
+    float *m = state.row_max + g, *l = state.row_sum + g, *acc = state.acc + g * D;
+    switch (gb) {
+      case 1: span_bf16<NC, 1>(job, k_head, v_head, table, lo, hi, qg, m, l, acc); break;
+      case 2: span_bf16<NC, 2>(job, k_head, v_head, table, lo, hi, qg, m, l, acc); break;
+      case 3:
+        if constexpr (kMaxGB >= 3) span_bf16<NC, 3>(job, k_head, v_head, table, lo, hi, qg, m, l, acc);
+        break;
+      default:
+        if constexpr (kMaxGB >= 4) span_bf16<NC, 4>(job, k_head, v_head, table, lo, hi, qg, m, l, acc);
+        break;
+    }
+    g += gb;
+  }
+}
+#endif  // __AVX512BF16__
+#endif  // __AVX512F__
 
 }  // namespace

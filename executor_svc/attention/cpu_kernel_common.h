@@ -4,6 +4,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -43,8 +45,8 @@ struct Job {
   const int64_t* context_lens;  // [S]
   float scale;
   int64_t window;
-  bool permuted;   // fp32 rows in even/odd lane order (see widen_row)
-  bool bf16_dot;   // scores by vdpbf16ps from a bf16 query
+  int lanes;       // Lanes: dim order of the fp32 accumulators (and fp32 queries)
+  bool bf16_dot;   // bf16 query and cache on AVX512-BF16: the vdpbf16ps span (span_bf16)
 };
 
 // Online-softmax state of one item (or one split of it): [G] max, [G] sum, [G, D] acc.
@@ -71,9 +73,20 @@ struct Scratch {
   float* base;
 };
 
-// Position of dim d in the even/odd order: per 32 dims, the 16 even ones then the 16 odd ones.
-inline int64_t lane_of(int64_t d, bool permuted) {
-  return permuted ? (d & ~int64_t(31)) + (d & 1) * 16 + (d & 31) / 2 : d;
+// Dim orders of fp32 rows. kEvenOdd (widened bf16 rows): per 32 dims, the 16
+// even ones then the 16 odd ones. kPairs (span_bf16's accumulators, the order
+// unpacklo/hi_epi16 leave): per 32 dims, dims 8L..8L+3 of each 128-bit lane L,
+// then dims 8L+4..8L+7.
+enum Lanes { kNatural, kEvenOdd, kPairs };
+
+// Position of dim d in the given order.
+inline int64_t lane_of(int64_t d, int lanes) {
+  const int64_t base = d & ~int64_t(31), r = d & 31;
+  switch (lanes) {
+    case kEvenOdd: return base + (r & 1) * 16 + r / 2;
+    case kPairs: return base + ((r >> 2) & 1) * 16 + (r >> 3) * 4 + (r & 3);
+    default: return d;
+  }
 }
 
 template <typename C>
@@ -84,6 +97,46 @@ inline void prefetch_row(const C* row, int64_t head_dim) {
 #endif
 }
 
+#if !defined(_OPENMP) && defined(__GNUC__)
+// libgomp's entry point for `#pragma omp parallel` (torch's CPU build ships and
+// loads libgomp); weak, so a process without it runs the body inline.
+extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
+    __attribute__((weak));
+#endif
+
+// at::parallel_for(0, count, 1, body), which runs `body` inline unless this
+// file is compiled with OpenMP: without -fopenmp, the same split (one
+// contiguous chunk per thread) runs on torch's OpenMP threads through libgomp.
+template <typename F>
+void parallel_for(int64_t count, const F& body) {
+#if !defined(_OPENMP) && defined(__GNUC__)
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
+  if (GOMP_parallel != nullptr && threads > 1 && !at::in_parallel_region()) {
+    struct Shared {
+      const F* body;
+      int64_t count, threads;
+      std::atomic<int64_t> next_thread{0};
+      std::atomic<bool> failed{false};
+      std::exception_ptr error;
+    } shared{&body, count, threads};
+    auto run = [](void* data) {
+      auto& s = *static_cast<Shared*>(data);
+      const int64_t t = s.next_thread.fetch_add(1), chunk = (s.count + s.threads - 1) / s.threads;
+      if (t >= s.threads || t * chunk >= s.count) return;  // more OpenMP threads than chunks
+      try {
+        (*s.body)(t * chunk, std::min(s.count, (t + 1) * chunk));
+      } catch (...) {
+        if (!s.failed.exchange(true)) s.error = std::current_exception();
+      }
+    };
+    GOMP_parallel(run, &shared, 0, 0);  // 0: torch's thread count (no num_threads clause, as in ATen)
+    if (shared.error) std::rethrow_exception(shared.error);
+    return;
+  }
+#endif
+  at::parallel_for(0, count, 1, body);
+}
+
 // Walks positions of one sequence's paged rows (a cursor into its block table).
 struct RowCursor {
   const int64_t* table;
@@ -92,6 +145,39 @@ struct RowCursor {
   void advance() {
     if (++offset == block_size) { offset = 0; ++block; }
   }
+};
+
+// Walks positions [lo, hi) of one sequence in tiles of kTile, prefetching K and
+// V rows kPrefetchRows ahead. next() fills the tile's row offsets (elements
+// into a head; rows past the count repeat the last one) and returns the count,
+// 0 at the end.
+template <typename C>
+struct TileWalker {
+  TileWalker(const Job& job, const C* k_head, const C* v_head, const int64_t* table, int64_t lo, int64_t hi)
+      : k_head(k_head), v_head(v_head), head_dim(job.head_dim), pos(lo), hi(hi),
+        ahead_pos(std::min(hi, lo + kPrefetchRows)),
+        cursor{table, job.block_size, lo / job.block_size, lo % job.block_size},
+        ahead{table, job.block_size, ahead_pos / job.block_size, ahead_pos % job.block_size} {}
+
+  int64_t next(int64_t* rows) {
+    if (pos >= hi) return 0;
+    const int64_t count = std::min(kTile, hi - pos);
+    for (; ahead_pos < std::min(hi, pos + count + kPrefetchRows); ++ahead_pos, ahead.advance()) {
+      prefetch_row(k_head + ahead.row() * head_dim, head_dim);
+      prefetch_row(v_head + ahead.row() * head_dim, head_dim);
+    }
+    for (int64_t i = 0; i < kTile; ++i) {
+      rows[i] = cursor.row() * head_dim;
+      if (i + 1 < count) cursor.advance();
+    }
+    cursor.advance();
+    pos += count;
+    return count;
+  }
+
+  const C *k_head, *v_head;
+  int64_t head_dim, pos, hi, ahead_pos;
+  RowCursor cursor, ahead;
 };
 
 }  // namespace

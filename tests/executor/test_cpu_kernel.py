@@ -1,8 +1,10 @@
 """The C++ paged decode kernel against dense attention, every code path.
 
-Head dims 64/128 (AVX-512 intrinsics, even/odd bf16 lanes, vdpbf16ps), 16
-(intrinsics, natural lanes), 24 (portable loops); fp32/bf16/fp16 queries and
-caches; split-K (few sequences, long contexts); windows and empty tails.
+Head dims 64/128 (AVX-512 intrinsics, even/odd bf16 lanes), 16 (intrinsics,
+natural lanes), 24 (portable loops); fp32/bf16/fp16 queries and caches; the
+bf16 query + bf16 cache span (vdpbf16ps scores and P.V, bf16 probabilities)
+at every group size and odd tile tails; split-K (few sequences, long
+contexts); windows and empty tails.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ def _dense(q, k_cache, v_cache, block_table, context_len, window):
 
 
 def _check(kernel, *, head_dim, q_dtype, kv_dtype, block_size, context_lens, window=0, group=3, num_kv_heads=2,
-           tol=1e-5):
+           tol=1e-5, q_scale=1.0):
     gen = torch.Generator().manual_seed(head_dim * 31 + block_size + len(context_lens))
     num_heads = group * num_kv_heads
     max_blocks = max(-(-c // block_size) for c in context_lens)
     num_blocks = len(context_lens) * max_blocks + 5
     k_cache = torch.randn(num_kv_heads, num_blocks, block_size, head_dim, generator=gen).to(kv_dtype)
     v_cache = torch.randn(num_kv_heads, num_blocks, block_size, head_dim, generator=gen).to(kv_dtype)
-    q = torch.randn(len(context_lens), num_heads, head_dim, generator=gen).to(q_dtype)
+    q = (torch.randn(len(context_lens), num_heads, head_dim, generator=gen) * q_scale).to(q_dtype)
     block_tables = torch.randperm(num_blocks, generator=gen)[: len(context_lens) * max_blocks].view(-1, max_blocks)
     lens = torch.tensor(context_lens, dtype=torch.long)
     out = kernel.paged_decode(q, k_cache, v_cache, block_tables, lens, 1 / math.sqrt(head_dim), window)
@@ -79,6 +81,62 @@ def test_split_context_matches_dense(cpp_kernel, context_len):
            context_lens=[context_len], num_kv_heads=1)
     _check(cpp_kernel, head_dim=128, q_dtype=torch.float32, kv_dtype=torch.bfloat16, block_size=5,
            context_lens=[context_len, 300], num_kv_heads=1, group=4, window=700)
+
+
+_ODD_LENS = [1, 2, 7, 15, 16, 17, 31, 32, 33, 47, 63, 65, 100, 255]
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_bf16_span_matches_dense(cpp_kernel, head_dim, group):
+    """bf16 query and cache: every group size (one or more passes of up to 4 queries) and tile tail."""
+    _check(cpp_kernel, head_dim=head_dim, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, block_size=16,
+           context_lens=_ODD_LENS, group=group, tol=2e-2)
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 32])
+def test_bf16_span_block_sizes(cpp_kernel, block_size):
+    _check(cpp_kernel, head_dim=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, block_size=block_size,
+           context_lens=_ODD_LENS, tol=2e-2)
+
+
+@pytest.mark.parametrize("q_scale", [4.0, 12.0])
+def test_bf16_span_peaky_scores(cpp_kernel, q_scale):
+    """Large scores: the running max grows often and the softmax is far from flat."""
+    _check(cpp_kernel, head_dim=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, block_size=16,
+           context_lens=[1, 33, 100, 500], q_scale=q_scale, tol=3e-2)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 33, 600])
+def test_bf16_span_window(cpp_kernel, window):
+    _check(cpp_kernel, head_dim=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, block_size=16,
+           context_lens=[1, 3, 21, 50, 1000], window=window, tol=2e-2)
+
+
+@pytest.mark.parametrize("context_len", [300, 513, 1301, 4099])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_span_split_context(cpp_kernel, context_len, head_dim):
+    """Few sequences with long contexts on two threads: split-K states in the paired lane order, merged."""
+    torch.set_num_threads(2)
+    _check(cpp_kernel, head_dim=head_dim, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, block_size=16,
+           context_lens=[context_len], num_kv_heads=1, tol=2e-2)
+    _check(cpp_kernel, head_dim=head_dim, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, block_size=16,
+           context_lens=[context_len, 77], num_kv_heads=3, group=3, window=1000, tol=2e-2)
+
+
+def test_threads_agree(cpp_kernel):
+    """The result does not depend on the thread count (work splits, not math, change)."""
+    gen = torch.Generator().manual_seed(5)
+    k_cache = torch.randn(3, 200, 16, 64, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(3, 200, 16, 64, generator=gen).to(torch.bfloat16)
+    q = torch.randn(24, 9, 64, generator=gen).to(torch.bfloat16)
+    block_tables = torch.randperm(200, generator=gen)[:192].view(24, 8)
+    lens = torch.randint(1, 129, (24,), generator=gen)
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        outs.append(cpp_kernel.paged_decode(q, k_cache, v_cache, block_tables, lens, 0.125, 0))
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_large_group(cpp_kernel):
