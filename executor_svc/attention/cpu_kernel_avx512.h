@@ -168,7 +168,8 @@ constexpr int kScoreLane[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13
 template <int NC, int GB>
 PAGODA_INLINE void scores_bf16(const BF16* const* rows, const __m512bh* qx, __m512* out) {
   __m512 quad[GB][4];  // 128-bit lane L of quad[m] holds row (2m, 2m + 8, 2m + 1, 2m + 9)[L]
-  for (int m = 0; m < 4; ++m) {
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {  // unrolled: quad stays in registers
     __m512 part[GB][2];
     for (int h = 0; h < 2; ++h) {
       const BF16 *low = rows[2 * m + h], *high = rows[2 * m + h + 8];
@@ -238,6 +239,7 @@ void span_bf16(const Job& job, const BF16* k_head, const BF16* v_head, const int
       sum[g] = _mm512_add_ps(sum[g], p);
       _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[g]), (__m256i)_mm512_cvtneps_pbh(p));
     }
+#pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
       const BF16 *first = vrows[2 * t], *second = vrows[2 * t + 1];
       for (int w = 0; w < NC / 2; ++w) {
