@@ -67,12 +67,12 @@ class LogitsRecorder:
     def __init__(self):
         self.records: list[tuple[list[int], torch.Tensor]] = []
 
-    def __call__(self, logits, requests):
+    def __call__(self, logits, requests, argmax=None):
         from executor_svc.sampler import sample
 
         for row, request in zip(logits, requests):
             self.records.append((list(request.token_ids), row.clone()))
-        return sample(logits, requests)
+        return sample(logits, requests, argmax)
 
 
 def install_recorder(runner) -> LogitsRecorder:
