@@ -21,6 +21,14 @@ class TorchLayerOps:
 
     name = "torch"
 
+    def pack(self, weight: torch.Tensor):
+        """A weight [out, in] in the form ``linear`` takes (here: as is)."""
+        return weight
+
+    def linear(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [N, in] @ weight.T (+ bias) -> [N, out]."""
+        return F.linear(x, weight, bias)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dim of x [N, H]."""
         return F.rms_norm(x, x.shape[-1:], weight, eps)
@@ -54,8 +62,25 @@ class CppLayerOps(TorchLayerOps):
 
     name = "cpp"
 
-    def __init__(self):
+    def __init__(self, pack_weights: bool | None = None):
         self.kernel = build.OPS.load()
+        self.pack_weights = _can_pack() if pack_weights is None else pack_weights
+
+    def pack(self, weight):
+        """bf16 weights reordered once into oneDNN's blocked layout: an unpacked
+        weight is reordered again inside every matmul call, which costs more
+        than the product itself at decode batch sizes. The product is the same
+        (bf16 inputs, fp32 accumulation). fp32 weights stay dense: their
+        plain path is what the fp32 token-for-token tests against
+        transformers pin down."""
+        if not self.pack_weights or weight.dtype != torch.bfloat16:
+            return weight
+        return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight, None), weight.shape[0])
+
+    def linear(self, x, weight, bias=None):
+        if isinstance(weight, PackedWeight):
+            return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+        return F.linear(x, weight, bias)
 
     def rms_norm(self, x, weight, eps):
         return self.kernel.rms_norm(x, weight, eps)
@@ -77,6 +102,19 @@ class CppLayerOps(TorchLayerOps):
         if logits.dtype == torch.bfloat16 and logits.dim() == 2 and logits.stride(-1) == 1 and logits.shape[1]:
             return self.kernel.argmax_rows(logits)
         return logits.argmax(dim=-1)
+
+
+class PackedWeight:
+    """A linear weight in oneDNN's blocked layout (opaque; only ``linear`` reads it)."""
+
+    def __init__(self, packed: torch.Tensor, out_features: int):
+        self.packed = packed
+        self.out_features = out_features
+
+
+def _can_pack() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
 def layer_ops(device: torch.device) -> TorchLayerOps:

@@ -19,7 +19,7 @@ from executor_svc.models.rope import RotaryEmbedding
 
 @dataclasses.dataclass
 class LayerWeights:
-    """One decoder layer's tensors, [out, in] as F.linear takes them."""
+    """One decoder layer's tensors; matrices [out, in] as the layer ops' ``linear`` takes them (maybe packed)."""
 
     input_norm: torch.Tensor  # [hidden]
     qkv: torch.Tensor  # [(H + 2 * KVH) * Dh, hidden]
@@ -45,13 +45,13 @@ class LlamaModel:
         ops: TorchLayerOps | None = None,
     ):
         self.config = config
-        self.ops = ops or layer_ops(device)
         self.dtype = dtype
         self.device = device
         self.embed = tensors["model.embed_tokens.weight"].to(device=device, dtype=dtype)
         self.final_norm = tensors["model.norm.weight"].to(device=device, dtype=dtype)
         lm_head = tensors.get("lm_head.weight")
-        self.lm_head = self.embed if lm_head is None else lm_head.to(device=device, dtype=dtype)
+        self.ops = ops or layer_ops(device)
+        self.lm_head = self.ops.pack(self.embed if lm_head is None else lm_head.to(device=device, dtype=dtype))
         self.layers = [self._layer(tensors, i) for i in range(config.num_layers)]
         self.rope = RotaryEmbedding(config, max_len, dtype, device)
         self.scale = config.head_dim**-0.5
@@ -62,6 +62,8 @@ class LlamaModel:
         def get(name: str) -> torch.Tensor:
             return tensors[prefix + name].to(device=self.device, dtype=self.dtype)
 
+        pack = self.ops.pack
+
         def maybe(name: str) -> torch.Tensor | None:
             return get(name) if prefix + name in tensors else None
 
@@ -71,14 +73,14 @@ class LlamaModel:
             qkv_bias = torch.cat([get(attn + f"{p}_proj.bias") for p in "qkv"])
         return LayerWeights(
             input_norm=get("input_layernorm.weight"),
-            qkv=torch.cat([get(attn + f"{p}_proj.weight") for p in "qkv"]),
+            qkv=pack(torch.cat([get(attn + f"{p}_proj.weight") for p in "qkv"])),
             qkv_bias=qkv_bias,
             q_norm=maybe(attn + "q_norm.weight") if self.config.qk_norm else None,
             k_norm=maybe(attn + "k_norm.weight") if self.config.qk_norm else None,
-            o_proj=get(attn + "o_proj.weight"),
+            o_proj=pack(get(attn + "o_proj.weight")),
             post_norm=get("post_attention_layernorm.weight"),
-            gate_up=torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
-            down=get("mlp.down_proj.weight"),
+            gate_up=pack(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])),
+            down=pack(get("mlp.down_proj.weight")),
         )
 
     def forward(self, input_ids, positions, kv_cache, backend, attn_state) -> torch.Tensor:
@@ -100,8 +102,8 @@ class LlamaModel:
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_cache.layer(index)
             attn_out = self._attention(normed, layer, rotary, k_cache, v_cache, backend, attn_state)
-            normed = ops.add_rms_norm(F.linear(attn_out, layer.o_proj), hidden, layer.post_norm, eps)
-            mlp_out = F.linear(ops.silu_and_mul(F.linear(normed, layer.gate_up)), layer.down)
+            normed = ops.add_rms_norm(ops.linear(attn_out, layer.o_proj), hidden, layer.post_norm, eps)
+            mlp_out = ops.linear(ops.silu_and_mul(ops.linear(normed, layer.gate_up)), layer.down)
             if index + 1 < len(layers):
                 normed = ops.add_rms_norm(mlp_out, hidden, layers[index + 1].input_norm, eps)
             else:
@@ -111,7 +113,7 @@ class LlamaModel:
     def _attention(self, x, layer, rotary, k_cache, v_cache, backend, attn_state) -> torch.Tensor:
         config = self.config
         num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [T, (H + 2 KVH) Dh]
+        qkv = self.ops.linear(x, layer.qkv, layer.qkv_bias)  # [T, (H + 2 KVH) Dh]
         qkv = qkv.view(-1, num_heads + 2 * num_kv_heads, head_dim)
         qk = qkv[:, : num_heads + num_kv_heads]  # [T, H + KVH, Dh]
         if layer.q_norm is not None:
@@ -127,4 +129,4 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the rows to sample only: [N, hidden] -> [N, V]."""
         normed = self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.config.rms_norm_eps)
-        return F.linear(normed, self.lm_head)
+        return self.ops.linear(normed, self.lm_head)
