@@ -121,3 +121,25 @@ def test_argmax_matches_torch_first_max_and_nan(ops, vocab):
     assert torch.equal(ops.argmax(logits), logits.argmax(dim=-1))
     strided = torch.randn(4, 2 * vocab, generator=gen).to(torch.bfloat16)[:, :vocab]  # rows not adjacent
     assert torch.equal(ops.argmax(strided), strided.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 48, 200])
+def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
+    from executor_svc.models.layer_ops import PackedWeight
+
+    ops = CppLayerOps(pack_weights=True)
+    if not ops.pack_weights:
+        pytest.skip("this torch build has no oneDNN linear packing")
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(96, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    packed = ops.pack(weight)
+    assert isinstance(packed, PackedWeight)
+    expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    for b in (None, bias):
+        out = ops.linear(x, packed, b)
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
+        reference = expected if b is not None else expected - bias.float()
+        assert (out.float() - reference).abs().max().item() <= 0.02 * reference.abs().max().item()
+    assert ops.pack(weight.float()) is not None and not isinstance(ops.pack(weight.float()), PackedWeight)
