@@ -180,7 +180,7 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
   const SpanFn<C> span_fn = pick_span_fn<C>(head_dim);
   auto state_at = [&](float* base) { return State{base, base + group, base + 2 * group}; };
   auto out_of = [&](int64_t item) { return out + (item / num_kv_heads * job.num_heads + item % num_kv_heads * group) * head_dim; };
-  parallel_for(num_items * num_splits, [&](int64_t begin, int64_t end) {
+  parallel_for(num_items * num_splits, 1, [&](int64_t begin, int64_t end) {
     Scratch scratch(group, head_dim);
     std::vector<float> own(num_splits == 1 ? state_floats : 0);
     for (int64_t unit = begin; unit < end; ++unit) {
@@ -203,7 +203,7 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
     }
   });
   if (num_splits == 1) return;
-  parallel_for(num_items, [&](int64_t begin, int64_t end) {
+  parallel_for(num_items, 1, [&](int64_t begin, int64_t end) {
     State parts[kMaxSplits];
     for (int64_t item = begin; item < end; ++item) {
       for (int64_t s = 0; s < num_splits; ++s) parts[s] = state_at(states.data() + (item * num_splits + s) * state_floats);

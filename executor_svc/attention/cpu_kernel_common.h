@@ -10,17 +10,14 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+#include "../native/cpu_common.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
-#if defined(__GNUC__)
-#define PAGODA_INLINE inline __attribute__((always_inline))
-#else
-#define PAGODA_INLINE inline
-#endif
-
 namespace {
+
+using pagoda::parallel_for;
 
 using BF16 = c10::BFloat16;
 constexpr int64_t kTile = 16;         // positions per online-softmax step
@@ -97,45 +94,6 @@ inline void prefetch_row(const C* row, int64_t head_dim) {
 #endif
 }
 
-#if !defined(_OPENMP) && defined(__GNUC__)
-// libgomp's entry point for `#pragma omp parallel` (torch's CPU build ships and
-// loads libgomp); weak, so a process without it runs the body inline.
-extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
-    __attribute__((weak));
-#endif
-
-// at::parallel_for(0, count, 1, body), which runs `body` inline unless this
-// file is compiled with OpenMP: without -fopenmp, the same split (one
-// contiguous chunk per thread) runs on torch's OpenMP threads through libgomp.
-template <typename F>
-void parallel_for(int64_t count, const F& body) {
-#if !defined(_OPENMP) && defined(__GNUC__)
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
-  if (GOMP_parallel != nullptr && threads > 1 && !at::in_parallel_region()) {
-    struct Shared {
-      const F* body;
-      int64_t count, threads;
-      std::atomic<int64_t> next_thread{0};
-      std::atomic<bool> failed{false};
-      std::exception_ptr error;
-    } shared{&body, count, threads};
-    auto run = [](void* data) {
-      auto& s = *static_cast<Shared*>(data);
-      const int64_t t = s.next_thread.fetch_add(1), chunk = (s.count + s.threads - 1) / s.threads;
-      if (t >= s.threads || t * chunk >= s.count) return;  // more OpenMP threads than chunks
-      try {
-        (*s.body)(t * chunk, std::min(s.count, (t + 1) * chunk));
-      } catch (...) {
-        if (!s.failed.exchange(true)) s.error = std::current_exception();
-      }
-    };
-    GOMP_parallel(run, &shared, 0, 0);  // 0: torch's thread count (no num_threads clause, as in ATen)
-    if (shared.error) std::rethrow_exception(shared.error);
-    return;
-  }
-#endif
-  at::parallel_for(0, count, 1, body);
-}
 
 // Walks positions of one sequence's paged rows (a cursor into its block table).
 struct RowCursor {

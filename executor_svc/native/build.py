@@ -113,9 +113,9 @@ _ATTENTION_DIR = _HERE.parent / "attention"
 ATTENTION = Extension(
     "pagoda_cpu_attention",
     (_ATTENTION_DIR / "cpu_kernel.cpp",),
-    (_ATTENTION_DIR / "cpu_kernel_common.h", _ATTENTION_DIR / "cpu_kernel_avx512.h"),
+    (_ATTENTION_DIR / "cpu_kernel_common.h", _ATTENTION_DIR / "cpu_kernel_avx512.h", _HERE / "cpu_common.h"),
 )
-OPS = Extension("pagoda_cpu_ops", (_HERE / "cpu_ops.cpp",))
+OPS = Extension("pagoda_cpu_ops", (_HERE / "cpu_ops.cpp",), (_HERE / "cpu_common.h",))
 EXTENSIONS = (ATTENTION, OPS)
 
 

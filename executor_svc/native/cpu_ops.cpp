@@ -7,14 +7,10 @@
 // more than the arithmetic. Math is fp32; results are rounded to the tensor's
 // dtype at the same points as the Hugging Face modules round them (so bf16
 // outputs equal theirs bit for bit up to the order of a sum).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "cpu_common.h"
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -60,6 +56,24 @@ inline T from_float(float x) {
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+inline __m512 load_bf16x16(const BF16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// 16 outputs of round(round(silu(gate)) * up) in bf16 (vcvtneps2bf16 rounds to nearest even).
+inline void silu_mul16(const BF16* gate, const BF16* up, BF16* out) {
+  const __m512 g = load_bf16x16(gate);
+  const __m512 e = pagoda::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+  const __m256bh silu_bf16 = _mm512_cvtneps_pbh(silu);
+  const __m512 silu_rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)silu_bf16), 16));
+  const __m256bh product = _mm512_cvtneps_pbh(_mm512_mul_ps(silu_rounded, load_bf16x16(up)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)product);
+}
+#endif
+
 // Rows per parallel chunk so that small (decode) inputs stay on one thread.
 inline int64_t grain_rows(int64_t row_elements) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elements)); }
 
@@ -80,7 +94,7 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, at::Tensor& ou
   const T* w = weight.data_ptr<T>();
   T* dst = out.data_ptr<T>();
   T* res = residual ? residual->data_ptr<T>() : nullptr;
-  at::parallel_for(0, rows, grain_rows(hidden), [&](int64_t begin, int64_t end) {
+  pagoda::parallel_for(rows, grain_rows(hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> row(hidden);
     for (int64_t r = begin; r < end; ++r) {
       const T* in = src + r * hidden;
@@ -145,12 +159,18 @@ at::Tensor silu_and_mul(at::Tensor gate_up) {
     using T = decltype(tag);
     const T* src = gate_up.data_ptr<T>();
     T* dst = out.data_ptr<T>();
-    at::parallel_for(0, rows, grain_rows(width), [&](int64_t begin, int64_t end) {
+    pagoda::parallel_for(rows, grain_rows(width), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* gate = src + r * 2 * width;
         const T* up = gate + width;
         T* row = dst + r * width;
-        for (int64_t i = 0; i < width; ++i) {
+        int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+        if constexpr (std::is_same_v<T, BF16>) {
+          for (; i + 16 <= width; i += 16) silu_mul16(gate + i, up + i, row + i);
+        }
+#endif
+        for (; i < width; ++i) {
           const float g = to_float(gate[i]);
           row[i] = from_float<T>(round_to<T>(g / (1.f + std::exp(-g))) * to_float(up[i]));
         }
@@ -183,7 +203,7 @@ void rotary_(at::Tensor x, at::Tensor positions, at::Tensor cos_table, at::Tenso
     const T* cos_base = cos_table.data_ptr<T>();
     const T* sin_base = sin_table.data_ptr<T>();
     const int64_t stride_t = x.stride(0), stride_n = x.stride(1);
-    at::parallel_for(0, tokens, grain_rows(heads * 2 * half), [&](int64_t begin, int64_t end) {
+    pagoda::parallel_for(tokens, grain_rows(heads * 2 * half), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const T* c = cos_base + pos[t] * half;
         const T* s = sin_base + pos[t] * half;
@@ -263,7 +283,7 @@ at::Tensor argmax_rows(at::Tensor logits) {
   auto out = at::empty({rows}, logits.options().dtype(at::kLong));
   const BF16* base = logits.data_ptr<BF16>();
   int64_t* dst = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  pagoda::parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) dst[r] = argmax_row(base + r * stride, vocab);
   });
   return out;

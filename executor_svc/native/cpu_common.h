@@ -1,0 +1,83 @@
+// What both C++ extensions share: threads through torch's OpenMP pool, and
+// AVX-512 helpers. Included by native/cpu_ops.cpp and attention/cpu_kernel*.
+#pragma once
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(__GNUC__)
+#define PAGODA_INLINE inline __attribute__((always_inline))
+#else
+#define PAGODA_INLINE inline
+#endif
+
+#if !defined(_OPENMP) && defined(__GNUC__)
+// libgomp's entry point for `#pragma omp parallel` (torch's CPU build ships and
+// loads libgomp); weak, so a process without it runs the body inline.
+extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
+    __attribute__((weak));
+#endif
+
+namespace pagoda {
+
+
+// at::parallel_for(0, count, grain, body), which runs `body` inline unless
+// this file is compiled with OpenMP: without -fopenmp, the same split (one
+// contiguous chunk per thread, at least `grain` items each) runs on torch's
+// OpenMP threads through libgomp.
+template <typename F>
+void parallel_for(int64_t count, int64_t grain, const F& body) {
+  if (count <= 0) return;
+#if !defined(_OPENMP) && defined(__GNUC__)
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (count + grain - 1) / std::max<int64_t>(1, grain));
+  if (GOMP_parallel != nullptr && threads > 1 && !at::in_parallel_region()) {
+    struct Shared {
+      const F* body;
+      int64_t count, threads;
+      std::atomic<int64_t> next_thread{0};
+      std::atomic<bool> failed{false};
+      std::exception_ptr error;
+    } shared{&body, count, threads};
+    auto run = [](void* data) {
+      auto& s = *static_cast<Shared*>(data);
+      const int64_t t = s.next_thread.fetch_add(1), chunk = (s.count + s.threads - 1) / s.threads;
+      if (t >= s.threads || t * chunk >= s.count) return;  // more OpenMP threads than chunks
+      try {
+        (*s.body)(t * chunk, std::min(s.count, (t + 1) * chunk));
+      } catch (...) {
+        if (!s.failed.exchange(true)) s.error = std::current_exception();
+      }
+    };
+    GOMP_parallel(run, &shared, 0, 0);  // 0: torch's thread count (no num_threads clause, as in ATen)
+    if (shared.error) std::rethrow_exception(shared.error);
+    return;
+  }
+#endif
+  at::parallel_for(0, count, grain, body);
+}
+
+#if defined(__AVX512F__)
+// exp of 16 floats: 2^n * e^r, n = round(x / ln2), |r| <= ln2 / 2; degree-6 polynomial.
+PAGODA_INLINE __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-104.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+}  // namespace pagoda
