@@ -62,15 +62,27 @@ inline __m512 load_bf16x16(const BF16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
+inline __m512 widen_bf16x16(__m256bh v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)v), 16));
+}
+inline __m512 round_bf16x16(__m512 v) { return widen_bf16x16(_mm512_cvtneps_pbh(v)); }
+inline void store_bf16x16(BF16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// 16 pairs of the rotary update (same rounding as the scalar loop of rotary_).
+inline void rotate16(BF16* x1, BF16* x2, const BF16* c, const BF16* s) {
+  const __m512 a = load_bf16x16(x1), b = load_bf16x16(x2), cf = load_bf16x16(c), sf = load_bf16x16(s);
+  store_bf16x16(x1, _mm512_sub_ps(round_bf16x16(_mm512_mul_ps(a, cf)), round_bf16x16(_mm512_mul_ps(b, sf))));
+  store_bf16x16(x2, _mm512_add_ps(round_bf16x16(_mm512_mul_ps(b, cf)), round_bf16x16(_mm512_mul_ps(a, sf))));
+}
+
 // 16 outputs of round(round(silu(gate)) * up) in bf16 (vcvtneps2bf16 rounds to nearest even).
 inline void silu_mul16(const BF16* gate, const BF16* up, BF16* out) {
   const __m512 g = load_bf16x16(gate);
   const __m512 e = pagoda::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
   const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-  const __m256bh silu_bf16 = _mm512_cvtneps_pbh(silu);
-  const __m512 silu_rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)silu_bf16), 16));
-  const __m256bh product = _mm512_cvtneps_pbh(_mm512_mul_ps(silu_rounded, load_bf16x16(up)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)product);
+  store_bf16x16(out, _mm512_mul_ps(round_bf16x16(silu), load_bf16x16(up)));
 }
 #endif
 
@@ -210,7 +222,13 @@ void rotary_(at::Tensor x, at::Tensor positions, at::Tensor cos_table, at::Tenso
         for (int64_t n = 0; n < heads; ++n) {
           T* x1 = base + t * stride_t + n * stride_n;
           T* x2 = x1 + half;
-          for (int64_t i = 0; i < half; ++i) {
+          int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+          if constexpr (std::is_same_v<T, BF16>) {
+            for (; i + 16 <= half; i += 16) rotate16(x1 + i, x2 + i, c + i, s + i);
+          }
+#endif
+          for (; i < half; ++i) {
             const float a = to_float(x1[i]), b = to_float(x2[i]), cf = to_float(c[i]), sf = to_float(s[i]);
             x1[i] = from_float<T>(round_to<T>(a * cf) - round_to<T>(b * sf));
             x2[i] = from_float<T>(round_to<T>(b * cf) + round_to<T>(a * sf));
