@@ -57,8 +57,8 @@ async def serve(config: ExecutorConfig) -> None:
 
     model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None)
     tokenizer = await asyncio.to_thread(load_tokenizer_files, model_path)
-    runner = await asyncio.to_thread(build_runner, config, model_path)
-    await asyncio.to_thread(runner.warmup)
+    runner = await servicer.run_model(build_runner, config, model_path)
+    await servicer.run_model(runner.warmup)
     metrics.kv_blocks.set(runner.info.num_kv_blocks)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)

@@ -1,7 +1,10 @@
 """The Executor gRPC servicer: a thin edge around ModelRunner.
 
-Each Execute message is converted, run on a worker thread (so health checks and
-the next plan's arrival proceed meanwhile), and answered with one StepResult.
+Each Execute message is converted, run on the model thread (so health checks
+and the next plan's arrival proceed meanwhile), and answered with one
+StepResult. All torch work runs on that one thread: torch's OpenMP thread team
+belongs to the thread that calls it, so alternating between pool threads would
+keep two teams spinning on the same cores.
 A new Execute stream supersedes the previous one: the executor forgets every
 sequence, because the scheduler that opened it resends what it wants computed.
 """
@@ -9,6 +12,8 @@ sequence, because the scheduler that opened it resends what it wants computed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import time
 import uuid
 
@@ -42,6 +47,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._info = executor_pb2.ExecutorInfo()
         # seq_id -> request_id of the sequences held, for log lines.
         self._request_ids: dict[int, str] = {}
+        self._model_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+
+    async def run_model(self, fn, *args):
+        """Runs fn(*args) on the model thread (every torch call goes there)."""
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, functools.partial(fn, *args))
 
     def attach(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str) -> None:
         """Start serving `runner` (weights loaded, warm-up done)."""
@@ -77,7 +87,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         log.info("scheduler_connected", peer=peer, generation=generation)
         try:
             async with self._lock:
-                await asyncio.to_thread(self.runner.reset)
+                await self.run_model(self.runner.reset)
                 self._request_ids.clear()
             finished_at = time.perf_counter_ns()
             async for plan in request_iterator:
@@ -104,7 +114,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             log.info("sequence_added", request_id=seq.request_id, seq_id=seq.seq_id,
                      num_tokens=len(seq.token_ids), num_computed_tokens=seq.num_computed_tokens)
         async with self._lock:
-            out = await asyncio.to_thread(self.runner.execute, step)
+            out = await self.run_model(self.runner.execute, step)
         for err in out.errors:
             log.error("sequence_failed", request_id=self._request_ids.pop(err.seq_id, ""), seq_id=err.seq_id,
                       error=err.message)
