@@ -99,7 +99,7 @@ class CppLayerOps(TorchLayerOps):
         return x
 
     def argmax(self, logits):
-        if logits.dtype == torch.bfloat16 and logits.dim() == 2 and logits.stride(-1) == 1 and logits.shape[1]:
+        if logits.dtype in (torch.bfloat16, torch.float32) and logits.dim() == 2 and logits.stride(-1) == 1 and logits.shape[1]:
             return self.kernel.argmax_rows(logits)
         return logits.argmax(dim=-1)
 

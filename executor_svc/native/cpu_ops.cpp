@@ -241,34 +241,51 @@ void rotary_(at::Tensor x, at::Tensor positions, at::Tensor cos_table, at::Tenso
 
 namespace {
 
-// First index of the largest value of a bf16 row; a NaN counts as largest (as
-// torch.argmax). NaNs are found from the bits (-ffast-math assumes none).
-inline bool is_nan_bits(uint16_t bits) { return (bits & 0x7FFFu) > 0x7F80u; }
+// First index of the largest value of a row (bf16 or fp32); a NaN counts as
+// largest (as torch.argmax). NaNs are found from the bits (-ffast-math assumes none).
+inline bool is_nan(BF16 x) { return (x.x & 0x7FFFu) > 0x7F80u; }
+inline bool is_nan(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return (bits & 0x7FFFFFFFu) > 0x7F800000u;
+}
 
-int64_t argmax_scalar(const BF16* row, int64_t begin, int64_t n, int64_t best, float best_value) {
+template <typename T>
+int64_t argmax_scalar(const T* row, int64_t begin, int64_t n, int64_t best, float best_value) {
   for (int64_t i = begin; i < n; ++i) {
-    if (is_nan_bits(row[i].x)) return i;
+    if (is_nan(row[i])) return i;
     const float v = to_float(row[i]);
     if (v > best_value) best = i, best_value = v;
   }
   return best;
 }
 
-int64_t argmax_row(const BF16* row, int64_t n) {
+#if defined(__AVX512F__)
+// 16 values as fp32 lanes plus a mask of the NaN lanes.
+inline __m512 load16_checked(const BF16* p, __mmask16* nan) {
+  const __m512i raw = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  *nan |= _mm512_cmpgt_epi32_mask(_mm512_and_si512(raw, _mm512_set1_epi32(0x7FFF)), _mm512_set1_epi32(0x7F80));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+}
+inline __m512 load16_checked(const float* p, __mmask16* nan) {
+  const __m512i raw = _mm512_loadu_si512(p);
+  *nan |= _mm512_cmpgt_epi32_mask(_mm512_and_si512(raw, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  return _mm512_castsi512_ps(raw);
+}
+#endif
+
+template <typename T>
+int64_t argmax_row(const T* row, int64_t n) {
 #if defined(__AVX512F__)
   if (n >= 16) {
-    auto load = [&](int64_t at) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + at))); };
-    const __m512i magnitude = _mm512_set1_epi32(0x7FFF), nan_floor = _mm512_set1_epi32(0x7F80), step = _mm512_set1_epi32(16);
+    const __m512i step = _mm512_set1_epi32(16);
     __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), max_i = index;
-    __m512i raw = load(0);
-    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(raw, magnitude), nan_floor);
-    __m512 max_v = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+    __mmask16 nan = 0;
+    __m512 max_v = load16_checked(row, &nan);
     int64_t start = 16;
     for (; start + 16 <= n; start += 16) {
       index = _mm512_add_epi32(index, step);
-      raw = load(start);
-      nan |= _mm512_cmpgt_epi32_mask(_mm512_and_si512(raw, magnitude), nan_floor);
-      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      const __m512 v = load16_checked(row + start, &nan);
       const __mmask16 greater = _mm512_cmp_ps_mask(v, max_v, _CMP_GT_OQ);  // strict: a lane keeps its first max
       max_v = _mm512_mask_mov_ps(max_v, greater, v);
       max_i = _mm512_mask_mov_epi32(max_i, greater, index);
@@ -286,24 +303,28 @@ int64_t argmax_row(const BF16* row, int64_t n) {
     return argmax_scalar(row, start, n, best, best_value);
   }
 #endif
-  if (is_nan_bits(row[0].x)) return 0;
+  if (is_nan(row[0])) return 0;
   return argmax_scalar(row, 1, n, 0, to_float(row[0]));
 }
 
 }  // namespace
 
-// Row-wise argmax of bf16 logits [B, V] -> int64 [B] (torch.argmax is not vectorised for bf16).
+// Row-wise argmax of bf16 or fp32 logits [B, V] -> int64 [B] (torch.argmax is
+// not vectorised for bf16 and slow for fp32 rows this long).
 at::Tensor argmax_rows(at::Tensor logits) {
-  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == at::kBFloat16 &&
-                  logits.stride(1) == 1 && logits.size(1) > 0,
-              "expected bf16 [B, V] CPU logits with contiguous rows");
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.stride(1) == 1 && logits.size(1) > 0 &&
+                  (logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kFloat),
+              "expected bf16 or fp32 [B, V] CPU logits with contiguous rows");
   const int64_t rows = logits.size(0), vocab = logits.size(1), stride = logits.stride(0);
   auto out = at::empty({rows}, logits.options().dtype(at::kLong));
-  const BF16* base = logits.data_ptr<BF16>();
   int64_t* dst = out.data_ptr<int64_t>();
-  pagoda::parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) dst[r] = argmax_row(base + r * stride, vocab);
-  });
+  auto run = [&](auto* base) {
+    pagoda::parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) dst[r] = argmax_row(base + r * stride, vocab);
+    });
+  };
+  if (logits.scalar_type() == at::kFloat) run(logits.data_ptr<float>());
+  else run(logits.data_ptr<BF16>());
   return out;
 }
 

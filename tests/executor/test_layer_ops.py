@@ -108,10 +108,11 @@ def test_layer_ops_picks_torch_off_the_cpu_or_unbuilt(monkeypatch):
     assert layer_ops(torch.device("cpu")).name == "torch"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("vocab", [1, 15, 16, 17, 49152, 1000])
-def test_argmax_matches_torch_first_max_and_nan(ops, vocab):
+def test_argmax_matches_torch_first_max_and_nan(ops, vocab, dtype):
     gen = torch.Generator().manual_seed(vocab)
-    logits = (torch.randn(6, vocab, generator=gen) * 5).to(torch.bfloat16)  # bf16 rounding makes ties likely
+    logits = (torch.randn(6, vocab, generator=gen) * 5).to(torch.bfloat16).to(dtype)  # bf16 values make ties likely
     logits[1] = logits[1].round()  # many exact ties: the first index wins
     logits[2] = float("-inf")
     if vocab > 3:
@@ -119,7 +120,7 @@ def test_argmax_matches_torch_first_max_and_nan(ops, vocab):
         logits[3, vocab - 1] = float("nan")  # the first NaN is the answer
         logits[4, vocab - 1] = float("inf")
     assert torch.equal(ops.argmax(logits), logits.argmax(dim=-1))
-    strided = torch.randn(4, 2 * vocab, generator=gen).to(torch.bfloat16)[:, :vocab]  # rows not adjacent
+    strided = torch.randn(4, 2 * vocab, generator=gen).to(dtype)[:, :vocab]  # rows not adjacent
     assert torch.equal(ops.argmax(strided), strided.argmax(dim=-1))
 
 
