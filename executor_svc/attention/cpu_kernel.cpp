@@ -12,7 +12,8 @@
 // dot products reduced by one transpose-add tree). bf16 rows widen without
 // shuffles into an even/odd lane order (queries and outputs use the same
 // order); with a bf16 query and AVX512-BF16 the scores use vdpbf16ps on the
-// cache rows directly. Anything else runs plain loops that the compiler
+// cache rows directly. An fp32 cache skips the widened copy too (span_fp32:
+// K rows scored in place, state in registers, all in fp32). Anything else runs plain loops that the compiler
 // vectorises (-O3 -ffast-math), so the build works on any CPU.
 #include "cpu_kernel_common.h"
 #include "cpu_kernel_avx512.h"
@@ -70,6 +71,9 @@ void attend_span(const Job& job, const C* k_head, const C* v_head, const int64_t
   if constexpr (std::is_same_v<C, BF16> && NC % 2 == 0) {
     if (job.bf16_dot) return span_bf16_all<NC>(job, k_head, v_head, table, lo, hi, state, query);
   }
+#endif
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<C, float> && NC > 0) return span_fp32_all<NC>(job, k_head, v_head, table, lo, hi, state, query);
 #endif
   TileWalker<C> walker(job, k_head, v_head, table, lo, hi);
   int64_t rows[kTile];  // element offsets of the tile's K (= V) rows

@@ -142,6 +142,125 @@ inline void tile_all_avx512(const Job& job, const C* k_head, const C* v_head, co
   }
 }
 
+// Scores of GB fp32 queries (registers q[GB * NC]) against 16 fp32 rows read
+// in place: lane i of out[g] is row i's dot product (a transpose-add tree as
+// in sum_rows16, built half a tile at a time to keep fewer vectors live).
+template <int NC, int GB>
+PAGODA_INLINE void scores_rows_fp32(const float* const* rows, const __m512* q, __m512* out) {
+  __m512 quads[GB][4];
+  for (int h = 0; h < 2; ++h) {
+    __m512 pairs[GB][4];
+    for (int j = 0; j < 4; ++j) {
+      const float *a = rows[8 * h + 2 * j], *b = rows[8 * h + 2 * j + 1];
+      __m512 ka[NC], kb[NC];
+      for (int c = 0; c < NC; ++c) ka[c] = _mm512_loadu_ps(a + 16 * c);
+      for (int c = 0; c < NC; ++c) kb[c] = _mm512_loadu_ps(b + 16 * c);
+      for (int g = 0; g < GB; ++g) {
+        __m512 x = _mm512_mul_ps(q[g * NC], ka[0]), y = _mm512_mul_ps(q[g * NC], kb[0]);
+        for (int c = 1; c < NC; ++c) {
+          x = _mm512_fmadd_ps(q[g * NC + c], ka[c], x);
+          y = _mm512_fmadd_ps(q[g * NC + c], kb[c], y);
+        }
+        // lanes (0,1): row a, (2,3): row b, per 128-bit pair
+        pairs[g][j] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int j = 0; j < 2; ++j)  // lane L holds row 8h + 4j + L (two partial sums)
+        quads[g][2 * h + j] = _mm512_add_ps(_mm512_shuffle_f32x4(pairs[g][2 * j], pairs[g][2 * j + 1], 0x88),
+                                            _mm512_shuffle_f32x4(pairs[g][2 * j], pairs[g][2 * j + 1], 0xDD));
+  }
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (int g = 0; g < GB; ++g) {
+    __m512 octs[2];
+    for (int j = 0; j < 2; ++j)
+      octs[j] = _mm512_add_ps(_mm512_unpacklo_ps(quads[g][2 * j], quads[g][2 * j + 1]),
+                              _mm512_unpackhi_ps(quads[g][2 * j], quads[g][2 * j + 1]));
+    const __m512 mixed = _mm512_add_ps(_mm512_shuffle_ps(octs[0], octs[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_ps(octs[0], octs[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    out[g] = _mm512_permutexvar_ps(order, mixed);  // mixed[4L + k] is row 4k + L
+  }
+}
+
+// GB fp32 queries [GB, D] (scaled, natural order) over positions [lo, hi) of
+// an fp32 cache, state kept in registers as in span_bf16: K rows scored in
+// place (no widened copy); lane-wise running sums, reduced once at the end;
+// the accumulators rescale only when a query's max grows. All in fp32.
+template <int NC, int GB>
+void span_fp32(const Job& job, const float* k_head, const float* v_head, const int64_t* table, int64_t lo,
+               int64_t hi, const float* query, float* row_max, float* row_sum, float* acc_out) {
+  constexpr int64_t D = NC * 16;
+  __m512 q[GB * NC], acc[GB][NC], sum[GB], top[GB];
+  for (int g = 0; g < GB; ++g) {
+    for (int c = 0; c < NC; ++c) {
+      q[g * NC + c] = _mm512_loadu_ps(query + g * D + 16 * c);
+      acc[g][c] = _mm512_loadu_ps(acc_out + g * D + 16 * c);
+    }
+    top[g] = _mm512_set1_ps(row_max[g]);
+    sum[g] = _mm512_zextps128_ps512(_mm_set_ss(row_sum[g]));
+  }
+  alignas(64) float probs[GB][kTile];
+  TileWalker<float> walker(job, k_head, v_head, table, lo, hi);
+  int64_t offsets[kTile];
+  while (const int64_t count = walker.next(offsets)) {
+    const float* krows[kTile];
+    for (int i = 0; i < kTile; ++i) krows[i] = k_head + offsets[i];
+    __m512 scores[GB];
+    scores_rows_fp32<NC, GB>(krows, q, scores);
+    const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+    for (int g = 0; g < GB; ++g) {
+      const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), valid, scores[g]);
+      if (_mm512_cmp_ps_mask(s, top[g], _CMP_GT_OQ)) {  // the max grows: rescale
+        const __m512 new_top = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(s, top[g])));
+        const __m512 alpha = exp16(_mm512_sub_ps(top[g], new_top));
+        sum[g] = _mm512_mul_ps(sum[g], alpha);
+        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_mul_ps(acc[g][c], alpha);
+        top[g] = new_top;
+      }
+      const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, top[g])));
+      sum[g] = _mm512_add_ps(sum[g], p);
+      _mm512_store_ps(probs[g], p);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < kTile; ++i) {  // rows past the count repeat the last one, with weight 0
+      const float* row = v_head + offsets[i];
+      for (int c = 0; c < NC; ++c) {
+        const __m512 value = _mm512_loadu_ps(row + 16 * c);
+        for (int g = 0; g < GB; ++g) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g][i]), value, acc[g][c]);
+      }
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc_out + g * D + 16 * c, acc[g][c]);
+    row_max[g] = _mm512_cvtss_f32(top[g]);
+    row_sum[g] = _mm512_reduce_add_ps(sum[g]);
+  }
+}
+
+// All G queries of the item through span_fp32, GB at a time (GB * NC <= 16).
+template <int NC>
+inline void span_fp32_all(const Job& job, const float* k_head, const float* v_head, const int64_t* table, int64_t lo,
+                          int64_t hi, State state, const float* query) {
+  constexpr int kMaxGB = NC <= 4 ? 4 : 2;
+  constexpr int64_t D = NC * 16;
+  for (int64_t g = 0; g < job.group;) {
+    const int64_t gb = std::min<int64_t>(kMaxGB, job.group - g);
+    const float* qg = query + g * D;
+    float *m = state.row_max + g, *l = state.row_sum + g, *acc = state.acc + g * D;
+    switch (gb) {
+      case 1: span_fp32<NC, 1>(job, k_head, v_head, table, lo, hi, qg, m, l, acc); break;
+      case 2: span_fp32<NC, 2>(job, k_head, v_head, table, lo, hi, qg, m, l, acc); break;
+      case 3:
+        if constexpr (kMaxGB >= 3) span_fp32<NC, 3>(job, k_head, v_head, table, lo, hi, qg, m, l, acc);
+        break;
+      default:
+        if constexpr (kMaxGB >= 4) span_fp32<NC, 4>(job, k_head, v_head, table, lo, hi, qg, m, l, acc);
+        break;
+    }
+    g += gb;
+  }
+}
+
 #if defined(__AVX512BF16__)
 // Tile position held by lane l of span_bf16's score vectors (the order its
 // transpose-add leaves them in).

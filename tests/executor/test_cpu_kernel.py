@@ -3,8 +3,9 @@
 Head dims 64/128 (AVX-512 intrinsics, even/odd bf16 lanes), 16 (intrinsics,
 natural lanes), 24 (portable loops); fp32/bf16/fp16 queries and caches; the
 bf16 query + bf16 cache span (vdpbf16ps scores and P.V, bf16 probabilities)
-at every group size and odd tile tails; split-K (few sequences, long
-contexts); windows and empty tails.
+and the fp32 cache span (K rows scored in place, all fp32: held to ~1e-6 of a
+float64 reference) at every group size and odd tile tails; split-K (few
+sequences, long contexts); windows and empty tails.
 """
 
 from __future__ import annotations
@@ -124,12 +125,61 @@ def test_bf16_span_split_context(cpp_kernel, context_len, head_dim):
            context_lens=[context_len, 77], num_kv_heads=3, group=3, window=1000, tol=2e-2)
 
 
-def test_threads_agree(cpp_kernel):
+_FP32_TOL = 3e-6  # fp32 all the way: no bf16 rounding anywhere
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_fp32_span_matches_dense(cpp_kernel, head_dim, group):
+    """fp32 query and cache: every group size (one or more passes of up to 4 queries) and tile tail."""
+    _check(cpp_kernel, head_dim=head_dim, q_dtype=torch.float32, kv_dtype=torch.float32, block_size=16,
+           context_lens=_ODD_LENS, group=group, tol=_FP32_TOL)
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 32])
+def test_fp32_span_block_sizes(cpp_kernel, block_size):
+    _check(cpp_kernel, head_dim=64, q_dtype=torch.float32, kv_dtype=torch.float32, block_size=block_size,
+           context_lens=_ODD_LENS, tol=_FP32_TOL)
+
+
+@pytest.mark.parametrize("q_scale", [4.0, 12.0])
+def test_fp32_span_peaky_scores(cpp_kernel, q_scale):
+    """Large scores: the running max grows often and the softmax is far from flat."""
+    _check(cpp_kernel, head_dim=64, q_dtype=torch.float32, kv_dtype=torch.float32, block_size=16,
+           context_lens=[1, 33, 100, 500], q_scale=q_scale, tol=_FP32_TOL)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 33, 600])
+def test_fp32_span_window(cpp_kernel, window):
+    _check(cpp_kernel, head_dim=64, q_dtype=torch.float32, kv_dtype=torch.float32, block_size=16,
+           context_lens=[1, 3, 21, 50, 1000], window=window, tol=_FP32_TOL)
+
+
+@pytest.mark.parametrize("context_len", [300, 513, 1301, 4099])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp32_span_split_context(cpp_kernel, context_len, head_dim):
+    """Few sequences with long contexts on two threads: split-K states, merged."""
+    torch.set_num_threads(2)
+    _check(cpp_kernel, head_dim=head_dim, q_dtype=torch.float32, kv_dtype=torch.float32, block_size=16,
+           context_lens=[context_len], num_kv_heads=1, tol=_FP32_TOL)
+    _check(cpp_kernel, head_dim=head_dim, q_dtype=torch.float32, kv_dtype=torch.float32, block_size=16,
+           context_lens=[context_len, 77], num_kv_heads=3, group=3, window=1000, tol=_FP32_TOL)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_fp32_cache_other_queries(cpp_kernel, q_dtype):
+    """An fp32 cache with a 16-bit query (widened and scaled into the fp32 span)."""
+    _check(cpp_kernel, head_dim=64, q_dtype=q_dtype, kv_dtype=torch.float32, block_size=16,
+           context_lens=[1, 17, 100], tol=1e-2)  # 16-bit output rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_threads_agree(cpp_kernel, dtype):
     """The result does not depend on the thread count (work splits, not math, change)."""
     gen = torch.Generator().manual_seed(5)
-    k_cache = torch.randn(3, 200, 16, 64, generator=gen).to(torch.bfloat16)
-    v_cache = torch.randn(3, 200, 16, 64, generator=gen).to(torch.bfloat16)
-    q = torch.randn(24, 9, 64, generator=gen).to(torch.bfloat16)
+    k_cache = torch.randn(3, 200, 16, 64, generator=gen).to(dtype)
+    v_cache = torch.randn(3, 200, 16, 64, generator=gen).to(dtype)
+    q = torch.randn(24, 9, 64, generator=gen).to(dtype)
     block_tables = torch.randperm(200, generator=gen)[:192].view(24, 8)
     lens = torch.randint(1, 129, (24,), generator=gen)
     outs = []
