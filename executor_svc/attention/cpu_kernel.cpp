@@ -174,6 +174,29 @@ void write_output(const Job& job, const State* states, int64_t num_splits, Q* ou
   }
 }
 
+// Prefetches (to L2) the K and V rows of the first tile of `unit`, the
+// thread's next one: its span would otherwise start on a cold tile.
+template <typename C, typename F>
+void prefetch_first_tile(const Job& job, const C* k_cache, const C* v_cache, int64_t unit, int64_t num_splits,
+                         const F& span_of) {
+#if defined(__GNUC__)
+  int64_t lo, hi;
+  span_of(unit, lo, hi);
+  const int64_t item = unit / num_splits, seq = item / job.num_kv_heads, kv_head = item % job.num_kv_heads;
+  const int64_t head = kv_head * job.num_blocks * job.block_size * job.head_dim;
+  const int64_t* table = job.block_tables + seq * job.max_blocks;
+  const int64_t bytes = job.head_dim * int64_t(sizeof(C));
+  for (int64_t pos = lo; pos < std::min(hi, lo + kTile); ++pos) {
+    const int64_t row = head + (table[pos / job.block_size] * job.block_size + pos % job.block_size) * job.head_dim;
+    const char *k = reinterpret_cast<const char*>(k_cache + row), *v = reinterpret_cast<const char*>(v_cache + row);
+    for (int64_t offset = 0; offset < bytes; offset += 64) {
+      __builtin_prefetch(k + offset, 0, 2);
+      __builtin_prefetch(v + offset, 0, 2);
+    }
+  }
+#endif
+}
+
 template <typename Q, typename C>
 void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int64_t num_seqs) {
   pick_layout<Q, C>(job);
@@ -184,22 +207,30 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
   const SpanFn<C> span_fn = pick_span_fn<C>(head_dim);
   auto state_at = [&](float* base) { return State{base, base + group, base + 2 * group}; };
   auto out_of = [&](int64_t item) { return out + (item / num_kv_heads * job.num_heads + item % num_kv_heads * group) * head_dim; };
+  // Positions [lo, hi) of one unit (an item's split).
+  auto span_of = [&](int64_t unit, int64_t& lo, int64_t& hi) {
+    const int64_t split = unit % num_splits, context = job.context_lens[unit / num_splits / num_kv_heads];
+    const int64_t first = job.window > 0 ? std::max<int64_t>(0, context - job.window) : 0;
+    const int64_t chunk = ((context - first + num_splits - 1) / num_splits + kTile - 1) / kTile * kTile;
+    lo = std::min(context, first + split * chunk);
+    hi = std::min(context, lo + chunk);
+  };
+  const int64_t head_elems = job.num_blocks * job.block_size * head_dim;
   parallel_for(num_items * num_splits, 1, [&](int64_t begin, int64_t end) {
     Scratch scratch(group, head_dim);
     std::vector<float> own(num_splits == 1 ? state_floats : 0);
     for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t item = unit / num_splits, split = unit % num_splits;
+      const int64_t item = unit / num_splits;
       const int64_t seq = item / num_kv_heads, kv_head = item % num_kv_heads;
-      const int64_t context = job.context_lens[seq];
-      const int64_t first = job.window > 0 ? std::max<int64_t>(0, context - job.window) : 0;
-      const int64_t chunk = ((context - first + num_splits - 1) / num_splits + kTile - 1) / kTile * kTile;
-      const int64_t lo = std::min(context, first + split * chunk), hi = std::min(context, lo + chunk);
+      int64_t lo, hi;
+      span_of(unit, lo, hi);
+      if (unit + 1 < end) prefetch_first_tile(job, k_cache, v_cache, unit + 1, num_splits, span_of);
       State state = state_at(num_splits == 1 ? own.data() : states.data() + unit * state_floats);
       std::fill(state.row_max, state.row_max + group, kNegBig);
       std::fill(state.row_sum, state.row_sum + group + group * head_dim, 0.f);
       if (lo < hi) {
         load_query(job, q, seq, kv_head, scratch.query(group));
-        const int64_t kv_offset = kv_head * job.num_blocks * job.block_size * head_dim;
+        const int64_t kv_offset = kv_head * head_elems;
         span_fn(job, k_cache + kv_offset, v_cache + kv_offset, job.block_tables + seq * job.max_blocks, lo, hi,
                 state, scratch);
       }

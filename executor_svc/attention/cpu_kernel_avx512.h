@@ -185,7 +185,9 @@ PAGODA_INLINE void scores_rows_fp32(const float* const* rows, const __m512* q, _
 // GB fp32 queries [GB, D] (scaled, natural order) over positions [lo, hi) of
 // an fp32 cache, state kept in registers as in span_bf16: K rows scored in
 // place (no widened copy); lane-wise running sums, reduced once at the end;
-// the accumulators rescale only when a query's max grows. All in fp32.
+// the accumulators rescale only when a query's max grows. All in fp32. Walks
+// the rows itself (TileWalker's order and prefetch distance, whole rows of
+// NC lines per prefetch loop step).
 template <int NC, int GB>
 void span_fp32(const Job& job, const float* k_head, const float* v_head, const int64_t* table, int64_t lo,
                int64_t hi, const float* query, float* row_max, float* row_sum, float* acc_out) {
@@ -200,9 +202,27 @@ void span_fp32(const Job& job, const float* k_head, const float* v_head, const i
     sum[g] = _mm512_zextps128_ps512(_mm_set_ss(row_sum[g]));
   }
   alignas(64) float probs[GB][kTile];
-  TileWalker<float> walker(job, k_head, v_head, table, lo, hi);
+  const int64_t bs = job.block_size;
+  RowCursor cursor{table, bs, lo / bs, lo % bs};
+  int64_t ahead_pos = std::min(hi, lo + kPrefetchRows);  // rows prefetched so far (as TileWalker)
+  RowCursor ahead{table, bs, ahead_pos / bs, ahead_pos % bs};
   int64_t offsets[kTile];
-  while (const int64_t count = walker.next(offsets)) {
+  for (int64_t pos = lo; pos < hi;) {
+    const int64_t count = std::min(kTile, hi - pos);
+    for (const int64_t stop = std::min(hi, pos + count + kPrefetchRows); ahead_pos < stop; ++ahead_pos, ahead.advance()) {
+      const char* kp = reinterpret_cast<const char*>(k_head + ahead.row() * D);
+      const char* vp = reinterpret_cast<const char*>(v_head + ahead.row() * D);
+      for (int l = 0; l < NC; ++l) {  // a row is NC cache lines
+        _mm_prefetch(kp + 64 * l, _MM_HINT_T0);
+        _mm_prefetch(vp + 64 * l, _MM_HINT_T0);
+      }
+    }
+    for (int64_t i = 0; i < kTile; ++i) {
+      offsets[i] = cursor.row() * D;
+      if (i + 1 < count) cursor.advance();
+    }
+    cursor.advance();
+    pos += count;
     const float* krows[kTile];
     for (int i = 0; i < kTile; ++i) krows[i] = k_head + offsets[i];
     __m512 scores[GB];
