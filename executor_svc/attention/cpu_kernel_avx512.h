@@ -115,31 +115,38 @@ PAGODA_INLINE void tile_step_avx512(const Job& job, const C* k_head, const C* v_
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, out[g][c]);
 }
 
+// Calls span(std::integral_constant<int, GB>, g) for the group's queries g, GB
+// at a time (GB * NC accumulators must fit the 32 registers: GB <= 4, or 2 for NC 8).
+template <int NC, typename Span>
+inline void for_query_blocks(int64_t group, const Span& span) {
+  constexpr int kMaxGB = NC <= 4 ? 4 : 2;
+  for (int64_t g = 0; g < group;) {
+    const int64_t gb = std::min<int64_t>(kMaxGB, group - g);
+    switch (gb) {
+      case 1: span(std::integral_constant<int, 1>{}, g); break;
+      case 2: span(std::integral_constant<int, 2>{}, g); break;
+      case 3:
+        if constexpr (kMaxGB >= 3) span(std::integral_constant<int, 3>{}, g);
+        break;
+      default:
+        if constexpr (kMaxGB >= 4) span(std::integral_constant<int, 4>{}, g);
+        break;
+    }
+    g += gb;
+  }
+}
+
 // All G queries of the item through tile_step_avx512, GB at a time (GB * NC <= 16).
 template <typename C, int NC>
 inline void tile_all_avx512(const Job& job, const C* k_head, const C* v_head, const int64_t* key_rows,
                             const int64_t* value_rows, int64_t count, const float* keys, const float* query,
                             State state, float* probs) {
-  constexpr int kMaxGB = NC <= 4 ? 4 : 2;
   constexpr int64_t D = NC * 16;
-  for (int64_t g = 0; g < job.group;) {
-    const int64_t gb = std::min<int64_t>(kMaxGB, job.group - g);
-    const float* qg = query + g * D;
-    float *m = state.row_max + g, *l = state.row_sum + g, *acc = state.acc + g * D, *p = probs + g * kTile;
-    switch (gb) {
-      case 1: tile_step_avx512<C, NC, 1>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p); break;
-      case 2: tile_step_avx512<C, NC, 2>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p); break;
-      case 3:
-        if constexpr (kMaxGB >= 3)
-          tile_step_avx512<C, NC, 3>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p);
-        break;
-      default:
-        if constexpr (kMaxGB >= 4)
-          tile_step_avx512<C, NC, 4>(job, k_head, v_head, key_rows, value_rows, count, keys, qg, m, l, acc, p);
-        break;
-    }
-    g += gb;
-  }
+  for_query_blocks<NC>(job.group, [&](auto gb, int64_t g) {
+    tile_step_avx512<C, NC, decltype(gb)::value>(job, k_head, v_head, key_rows, value_rows, count, keys, query + g * D,
+                                                 state.row_max + g, state.row_sum + g, state.acc + g * D,
+                                                 probs + g * kTile);
+  });
 }
 
 // Scores of GB fp32 queries (registers q[GB * NC]) against 16 fp32 rows read
@@ -261,24 +268,11 @@ void span_fp32(const Job& job, const float* k_head, const float* v_head, const i
 template <int NC>
 inline void span_fp32_all(const Job& job, const float* k_head, const float* v_head, const int64_t* table, int64_t lo,
                           int64_t hi, State state, const float* query) {
-  constexpr int kMaxGB = NC <= 4 ? 4 : 2;
   constexpr int64_t D = NC * 16;
-  for (int64_t g = 0; g < job.group;) {
-    const int64_t gb = std::min<int64_t>(kMaxGB, job.group - g);
-    const float* qg = query + g * D;
-    float *m = state.row_max + g, *l = state.row_sum + g, *acc = state.acc + g * D;
-    switch (gb) {
-      case 1: span_fp32<NC, 1>(job, k_head, v_head, table, lo, hi, qg, m, l, acc); break;
-      case 2: span_fp32<NC, 2>(job, k_head, v_head, table, lo, hi, qg, m, l, acc); break;
-      case 3:
-        if constexpr (kMaxGB >= 3) span_fp32<NC, 3>(job, k_head, v_head, table, lo, hi, qg, m, l, acc);
-        break;
-      default:
-        if constexpr (kMaxGB >= 4) span_fp32<NC, 4>(job, k_head, v_head, table, lo, hi, qg, m, l, acc);
-        break;
-    }
-    g += gb;
-  }
+  for_query_blocks<NC>(job.group, [&](auto gb, int64_t g) {
+    span_fp32<NC, decltype(gb)::value>(job, k_head, v_head, table, lo, hi, query + g * D, state.row_max + g,
+                                    state.row_sum + g, state.acc + g * D);
+  });
 }
 
 #if defined(__AVX512BF16__)
@@ -390,25 +384,12 @@ void span_bf16(const Job& job, const BF16* k_head, const BF16* v_head, const int
 template <int NC>
 inline void span_bf16_all(const Job& job, const BF16* k_head, const BF16* v_head, const int64_t* table, int64_t lo,
                           int64_t hi, State state, const float* query_scratch) {
-  constexpr int kMaxGB = NC <= 4 ? 4 : 2;
-  constexpr int64_t D = NC * 16;
   const BF16* query = reinterpret_cast<const BF16*>(query_scratch);
-  for (int64_t g = 0; g < job.group;) {
-    const int64_t gb = std::min<int64_t>(kMaxGB, job.group - g);
-    const BF16* qg = query + g * D;
-    float *m = state.row_max + g, *l = state.row_sum + g, *acc = state.acc + g * D;
-    switch (gb) {
-      case 1: span_bf16<NC, 1>(job, k_head, v_head, table, lo, hi, qg, m, l, acc); break;
-      case 2: span_bf16<NC, 2>(job, k_head, v_head, table, lo, hi, qg, m, l, acc); break;
-      case 3:
-        if constexpr (kMaxGB >= 3) span_bf16<NC, 3>(job, k_head, v_head, table, lo, hi, qg, m, l, acc);
-        break;
-      default:
-        if constexpr (kMaxGB >= 4) span_bf16<NC, 4>(job, k_head, v_head, table, lo, hi, qg, m, l, acc);
-        break;
-    }
-    g += gb;
-  }
+  constexpr int64_t D = NC * 16;
+  for_query_blocks<NC>(job.group, [&](auto gb, int64_t g) {
+    span_bf16<NC, decltype(gb)::value>(job, k_head, v_head, table, lo, hi, query + g * D, state.row_max + g,
+                                    state.row_sum + g, state.acc + g * D);
+  });
 }
 #endif  // __AVX512BF16__
 #endif  // __AVX512F__

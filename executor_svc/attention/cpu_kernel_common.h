@@ -18,7 +18,6 @@
 namespace {
 
 using pagoda::parallel_for;
-
 using BF16 = c10::BFloat16;
 constexpr int64_t kTile = 16;         // positions per online-softmax step
 constexpr int64_t kPrefetchRows = 16;  // how far ahead of the tile rows are prefetched
@@ -26,14 +25,7 @@ constexpr float kNegBig = -1e30f;     // "minus infinity" that stays finite unde
 constexpr int64_t kMinSplit = 256;    // fewest positions worth a split of their own
 constexpr int64_t kMaxSplits = 16;
 
-inline float to_float(float x) { return x; }
-inline float to_float(BF16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
+using pagoda::to_float;
 
 // Shapes and pointers shared by every work item of one call.
 struct Job {

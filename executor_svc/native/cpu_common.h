@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -25,6 +26,16 @@ extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_thread
 #endif
 
 namespace pagoda {
+
+// Widening to fp32 (bf16 by a shift: exact, and cheaper than c10's conversion).
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 
 // at::parallel_for(0, count, grain, body), which runs `body` inline unless

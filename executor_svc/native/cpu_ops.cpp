@@ -17,14 +17,7 @@ namespace {
 using BF16 = c10::BFloat16;
 using Half = c10::Half;
 
-inline float to_float(float x) { return x; }
-inline float to_float(BF16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-inline float to_float(Half x) { return static_cast<float>(x); }
+using pagoda::to_float;
 
 // Rounds to T's precision (round to nearest even), staying in fp32.
 template <typename T>
