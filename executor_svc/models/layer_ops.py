@@ -1,8 +1,9 @@
-"""The decoder's elementwise ops: fused C++ kernels on the CPU, plain torch elsewhere.
+"""The decoder's linear layers and elementwise ops: C++ kernels on the CPU, plain torch elsewhere.
 
-``layer_ops(device)`` picks the C++ ops (executor_svc/native/cpu_ops.cpp) on
-the CPU when they are already built, else the torch versions; both have the
-same interface so the model code does not branch.
+``layer_ops(device)`` picks the C++ ops (executor_svc/native/cpu_ops.cpp, and
+cpu_gemm.cpp for fp32 linear layers) on the CPU when they are already built,
+else the torch versions; both have the same interface so the model code does
+not branch.
 """
 
 from __future__ import annotations
@@ -65,21 +66,34 @@ class CppLayerOps(TorchLayerOps):
     def __init__(self, pack_weights: bool | None = None):
         self.kernel = build.OPS.load()
         self.pack_weights = _can_pack() if pack_weights is None else pack_weights
+        self.gemm = _fp32_gemm() if self.pack_weights else None
 
     def pack(self, weight):
-        """bf16 weights reordered once into oneDNN's blocked layout: an unpacked
-        weight is reordered again inside every matmul call, which costs more
-        than the product itself at decode batch sizes. The product is the same
-        (bf16 inputs, fp32 accumulation). fp32 weights stay dense: their
-        plain path is what the fp32 token-for-token tests against
-        transformers pin down."""
-        if not self.pack_weights or weight.dtype != torch.bfloat16:
+        """Weights reordered once for the matmul that reads them.
+
+        bf16: oneDNN's blocked layout. An unpacked weight is reordered again
+        inside every matmul call, which costs more than the product itself
+        at decode batch sizes; the product is the same (bf16 inputs, fp32
+        accumulation).
+
+        fp32: column panels for our kernel (native/cpu_gemm.cpp), which
+        streams the weights at memory speed for decode batches (MKL's sgemm
+        reads them at a third of it there) and matches sgemm for prefill.
+        """
+        if not self.pack_weights:
             return weight
-        return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight, None), weight.shape[0])
+        if weight.dtype == torch.bfloat16:
+            return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight, None), weight.shape[0])
+        if weight.dtype == torch.float32 and self.gemm is not None and weight.dim() == 2:
+            return PanelWeight(self.gemm.pack_f32(weight), weight.shape[0])
+        return weight
 
     def linear(self, x, weight, bias=None):
         if isinstance(weight, PackedWeight):
             return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+        if isinstance(weight, PanelWeight):
+            flat = x.reshape(-1, x.shape[-1])
+            return self.gemm.linear_f32(flat, weight.panels, weight.out_features, bias).view(*x.shape[:-1], weight.out_features)
         return F.linear(x, weight, bias)
 
     def rms_norm(self, x, weight, eps):
@@ -110,6 +124,22 @@ class PackedWeight:
     def __init__(self, packed: torch.Tensor, out_features: int):
         self.packed = packed
         self.out_features = out_features
+
+
+class PanelWeight:
+    """An fp32 linear weight as column panels for native/cpu_gemm.cpp (only ``linear`` reads it)."""
+
+    def __init__(self, panels: torch.Tensor, out_features: int):
+        self.panels = panels
+        self.out_features = out_features
+
+
+def _fp32_gemm():
+    """The fp32 GEMM extension when it is built with its AVX-512 kernel, else None (sgemm is used)."""
+    if not build.GEMM.is_built():
+        return None
+    gemm = build.GEMM.load()
+    return gemm if gemm.vectorized() else None
 
 
 def _can_pack() -> bool:

@@ -116,7 +116,8 @@ ATTENTION = Extension(
     (_ATTENTION_DIR / "cpu_kernel_common.h", _ATTENTION_DIR / "cpu_kernel_avx512.h", _HERE / "cpu_common.h"),
 )
 OPS = Extension("pagoda_cpu_ops", (_HERE / "cpu_ops.cpp",), (_HERE / "cpu_common.h",))
-EXTENSIONS = (ATTENTION, OPS)
+GEMM = Extension("pagoda_cpu_gemm", (_HERE / "cpu_gemm.cpp",), (_HERE / "cpu_common.h",))
+EXTENSIONS = (ATTENTION, OPS, GEMM)
 
 
 def main() -> int:

@@ -118,4 +118,5 @@ def cpp_kernel():
     if not all(ext.is_built() for ext in build.EXTENSIONS) and not build.can_build():
         pytest.skip("needs a C++ compiler and ninja")
     build.OPS.load()
+    build.GEMM.load()
     return build.ATTENTION.load()

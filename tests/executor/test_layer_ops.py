@@ -144,3 +144,64 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
         reference = expected if b is not None else expected - bias.float()
         assert (out.float() - reference).abs().max().item() <= 0.02 * reference.abs().max().item()
     assert ops.pack(weight.float()) is not None and not isinstance(ops.pack(weight.float()), PackedWeight)
+
+
+@pytest.fixture(scope="module")
+def gemm(cpp_kernel):
+    from executor_svc.native import build
+
+    module = build.GEMM.load()
+    if not module.vectorized():
+        pytest.skip("the fp32 GEMM needs AVX-512")
+    return module
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 13, 48, 97, 300])
+@pytest.mark.parametrize("out_features", [64, 100, 960])
+def test_fp32_panel_linear_matches_float64(gemm, rows, out_features):
+    """Every row tile (1-6 rows) and panel tail (N not a multiple of 64), with and without bias."""
+    from executor_svc.models.layer_ops import PanelWeight
+
+    ops = CppLayerOps(pack_weights=True)
+    gen = torch.Generator().manual_seed(rows * 1000 + out_features)
+    weight = torch.randn(out_features, 72, generator=gen)
+    bias = torch.randn(out_features, generator=gen)
+    x = torch.randn(rows, 72, generator=gen)
+    packed = ops.pack(weight)
+    assert isinstance(packed, PanelWeight)
+    for b in (None, bias):
+        out = ops.linear(x, packed, b)
+        expected = x.double() @ weight.double().T + (0 if b is None else b.double())
+        assert out.dtype == torch.float32 and out.shape == (rows, out_features)
+        assert (out.double() - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+
+
+def test_fp32_panel_linear_takes_strided_and_batched_inputs(gemm):
+    ops = CppLayerOps(pack_weights=True)
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(130, 40, generator=gen)
+    packed = ops.pack(weight)
+    wide = torch.randn(9, 100, generator=gen)
+    x = wide[:, 10:50]  # rows 100 apart
+    torch.testing.assert_close(ops.linear(x, packed), x @ weight.T, rtol=1e-5, atol=1e-5)
+    x3 = torch.randn(2, 3, 40, generator=gen)
+    assert ops.linear(x3, packed).shape == (2, 3, 130)
+    torch.testing.assert_close(ops.linear(x3, packed), x3 @ weight.T, rtol=1e-5, atol=1e-5)
+    assert ops.linear(torch.zeros(0, 40), packed).shape == (0, 130)
+
+
+def test_fp32_panel_linear_rejects_mismatched_inputs(gemm):
+    weight = torch.randn(70, 32)
+    panels = gemm.pack_f32(weight)
+    assert tuple(panels.shape) == (2, 32, 64)
+    assert torch.equal(panels[1, :, 6:], torch.zeros(32, 58))  # the tail panel is zero-padded
+    with pytest.raises(RuntimeError, match="features"):
+        gemm.linear_f32(torch.randn(3, 31), panels, 70, None)
+    with pytest.raises(RuntimeError, match="out_features"):
+        gemm.linear_f32(torch.randn(3, 32), panels, 200, None)
+    with pytest.raises(RuntimeError, match="bias"):
+        gemm.linear_f32(torch.randn(3, 32), panels, 70, torch.randn(69))
+    with pytest.raises(RuntimeError, match="float32"):
+        gemm.linear_f32(torch.randn(3, 32).bfloat16(), panels, 70, None)
+    with pytest.raises(RuntimeError, match="float32"):
+        gemm.pack_f32(weight.bfloat16())

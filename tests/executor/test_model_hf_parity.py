@@ -29,15 +29,15 @@ def _hf_last_logits(hf, token_ids) -> torch.Tensor:
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
-def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, request):
+def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, request, monkeypatch):
     """Prefill chunks, decodes and a cached-prefix sequence in one step match HF within 1e-4 (torch or C++ code)."""
     if backend == "cpp":
         request.getfixturevalue("cpp_kernel")
+    else:  # the torch path end to end: layer ops and linear layers too
+        monkeypatch.setattr("executor_svc.models.llama.layer_ops", lambda device: TorchLayerOps())
     hf = load_hf(checkpoints[arch])
     runner = _runner(checkpoints[arch], attention_backend=backend)
     assert runner.backend.name == backend
-    if backend == "torch":  # the torch path end to end: layer ops too
-        runner.model.ops = TorchLayerOps()
     assert runner.model.ops.name == backend
     recorder = install_recorder(runner)
     gen = torch.Generator().manual_seed(1)
