@@ -2,19 +2,17 @@
 // in place from the block-indexed cache (no gather copy).
 //
 // One pass per (sequence, kv head) with an online softmax (flash-decoding):
-// positions go in tiles of 16; each tile's V rows (and K rows, unless the
-// scores come straight from bf16) are widened to fp32 once into an L1
-// scratch, then every query of the GQA group is scored against the tile and
-// accumulates its V rows. With few items (sequences x kv heads) the context is
-// split across threads and the partial softmax states merged (split-K).
+// positions go in tiles of 16, every query of the GQA group is scored
+// against the tile and accumulates its V rows. With few items (sequences x
+// kv heads) the context is split across threads and the partial softmax
+// states merged (split-K).
 //
-// On AVX-512, head dims 16/32/64/128 run intrinsics (16 fp32 lanes; 16 row
-// dot products reduced by one transpose-add tree). bf16 rows widen without
+// On AVX-512, head dims 16/32/64/128 run intrinsics (span_wide: 16 fp32
+// lanes, rows widened to fp32 in registers, 16 row dot products reduced by
+// one transpose-add tree, state in registers). bf16 rows widen without
 // shuffles into an even/odd lane order (queries and outputs use the same
-// order); with a bf16 query and AVX512-BF16 the scores use vdpbf16ps on the
-// cache rows directly. An fp32 cache skips the widened copy too (span_fp32:
-// K rows scored in place, state in registers, all in fp32). Anything else runs plain loops that the compiler
-// vectorises (-O3 -ffast-math), so the build works on any CPU.
+// order). Anything else runs plain loops that the compiler vectorises (-O3
+// -ffast-math), so the build works on any CPU.
 #include "cpu_kernel_common.h"
 #include "cpu_kernel_avx512.h"
 
@@ -47,17 +45,10 @@ inline void tile_step_generic(const float* keys, const float* values, const floa
 }
 
 // Widens the tile's rows (element offsets into head) into out [count, D].
-template <typename C, int NC>
+template <typename C>
 inline void widen_tile(const C* head, const int64_t* rows, int64_t count, int64_t head_dim, float* out) {
-  for (int64_t i = 0; i < count; ++i) {
-#if defined(__AVX512F__)
-    if constexpr (NC > 0) {
-      widen_row<C, NC>(head + rows[i], out + i * head_dim);
-      continue;
-    }
-#endif
+  for (int64_t i = 0; i < count; ++i)
     for (int64_t d = 0; d < head_dim; ++d) out[i * head_dim + d] = to_float(head[rows[i] + d]);
-  }
 }
 
 // Attends the group's queries (see Scratch::query) over positions [lo, hi) of
@@ -67,25 +58,14 @@ void attend_span(const Job& job, const C* k_head, const C* v_head, const int64_t
                  State state, Scratch& scratch) {
   const int64_t head_dim = job.head_dim, group = job.group;
   float *keys = scratch.keys(), *values = scratch.values(), *probs = scratch.probs(), *query = scratch.query(group);
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<C, BF16> && NC % 2 == 0) {
-    if (job.bf16_dot) return span_bf16_all<NC>(job, k_head, v_head, table, lo, hi, state, query);
-  }
-#endif
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<C, float> && NC > 0) return span_fp32_all<NC>(job, k_head, v_head, table, lo, hi, state, query);
+  if constexpr (NC > 0) return span_wide_all<C, NC>(job, k_head, v_head, table, lo, hi, state, query);
 #endif
   TileWalker<C> walker(job, k_head, v_head, table, lo, hi);
   int64_t rows[kTile];  // element offsets of the tile's K (= V) rows
   while (const int64_t count = walker.next(rows)) {
-    widen_tile<C, NC>(k_head, rows, count, head_dim, keys);
-#if defined(__AVX512F__)
-    if constexpr (NC > 0) {
-      tile_all_avx512<C, NC>(job, k_head, v_head, rows, rows, count, keys, query, state, probs);
-      continue;
-    }
-#endif
-    widen_tile<C, NC>(v_head, rows, count, head_dim, values);
+    widen_tile(k_head, rows, count, head_dim, keys);
+    widen_tile(v_head, rows, count, head_dim, values);
     for (int64_t g = 0; g < group; ++g) {
       float* acc = state.acc + g * head_dim;
       tile_step_generic(keys, values, query + g * head_dim, count, head_dim, state.row_max + g, state.row_sum + g,
@@ -111,19 +91,14 @@ SpanFn<C> pick_span_fn(int64_t head_dim) {
   return attend_span<C, 0>;
 }
 
-// The fp32 lane order and score path the span functions use for these types.
-template <typename Q, typename C>
+// The fp32 lane order the span functions use for this cache type.
+template <typename C>
 void pick_layout(Job& job) {
   bool fast = false;
 #if defined(__AVX512F__)
   fast = job.head_dim == 32 || job.head_dim == 64 || job.head_dim == 128;
 #endif
   job.lanes = fast && std::is_same_v<C, BF16> ? kEvenOdd : kNatural;
-  job.bf16_dot = false;
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-  job.bf16_dot = fast && std::is_same_v<C, BF16> && std::is_same_v<Q, BF16>;
-  if (job.bf16_dot) job.lanes = kPairs;
-#endif
 }
 
 // Splits per item so that the work units keep every thread busy.
@@ -139,14 +114,10 @@ int64_t choose_splits(const Job& job, int64_t num_seqs) {
   return std::clamp<int64_t>(std::min(wanted, max_len / kMinSplit), 1, kMaxSplits);
 }
 
-// The group's queries into the scratch: raw bf16 for bf16_dot, else scaled fp32 in lane order.
+// The group's queries into the scratch: scaled fp32 in lane order.
 template <typename Q>
 void load_query(const Job& job, const Q* q, int64_t seq, int64_t kv_head, float* query) {
   const Q* src = q + (seq * job.num_heads + kv_head * job.group) * job.head_dim;
-  if (job.bf16_dot) {
-    std::memcpy(query, src, job.group * job.head_dim * sizeof(Q));
-    return;
-  }
   for (int64_t g = 0; g < job.group; ++g)
     for (int64_t d = 0; d < job.head_dim; ++d)
       query[g * job.head_dim + lane_of(d, job.lanes)] = to_float(src[g * job.head_dim + d]) * job.scale;
@@ -199,7 +170,7 @@ void prefetch_first_tile(const Job& job, const C* k_cache, const C* v_cache, int
 
 template <typename Q, typename C>
 void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int64_t num_seqs) {
-  pick_layout<Q, C>(job);
+  pick_layout<C>(job);
   const int64_t group = job.group, head_dim = job.head_dim, num_kv_heads = job.num_kv_heads;
   const int64_t num_items = num_seqs * num_kv_heads, num_splits = choose_splits(job, num_seqs);
   const int64_t state_floats = group * (head_dim + 2);
@@ -279,7 +250,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
   TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(0) == 0, "head shapes do not match");
   Job job{q.size(1), k_cache.size(0), q.size(2), q.size(1) / k_cache.size(0), k_cache.size(2), k_cache.size(1),
           block_tables.size(1), block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
-          static_cast<float>(scale), window, kNatural, false};
+          static_cast<float>(scale), window, kNatural};
   auto out = at::empty_like(q);
   switch (q.scalar_type()) {
     case at::kFloat: dispatch_cache<float>(job, q, k_cache, v_cache, out); break;

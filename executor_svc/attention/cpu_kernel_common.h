@@ -34,8 +34,7 @@ struct Job {
   const int64_t* context_lens;  // [S]
   float scale;
   int64_t window;
-  int lanes;       // Lanes: dim order of the fp32 accumulators (and fp32 queries)
-  bool bf16_dot;   // bf16 query and cache on AVX512-BF16: the vdpbf16ps span (span_bf16)
+  int lanes;  // Lanes: dim order of the fp32 accumulators (and fp32 queries)
 };
 
 // Online-softmax state of one item (or one split of it): [G] max, [G] sum, [G, D] acc.
@@ -46,7 +45,7 @@ struct State {
 };
 
 // Per-thread scratch, 64-byte aligned: widened K and V tiles [kTile, D] each,
-// probabilities [G, kTile], the group's queries [G, D] (fp32, or bf16 for bf16_dot).
+// probabilities [G, kTile], the group's queries [G, D] (fp32).
 struct Scratch {
   Scratch(int64_t group, int64_t head_dim)
       : head_dim(head_dim), buffer(2 * kTile * head_dim + group * kTile + group * head_dim + 16, 0.f) {
@@ -63,17 +62,14 @@ struct Scratch {
 };
 
 // Dim orders of fp32 rows. kEvenOdd (widened bf16 rows): per 32 dims, the 16
-// even ones then the 16 odd ones. kPairs (span_bf16's accumulators, the order
-// unpacklo/hi_epi16 leave): per 32 dims, dims 8L..8L+3 of each 128-bit lane L,
-// then dims 8L+4..8L+7.
-enum Lanes { kNatural, kEvenOdd, kPairs };
+// even ones then the 16 odd ones.
+enum Lanes { kNatural, kEvenOdd };
 
 // Position of dim d in the given order.
 inline int64_t lane_of(int64_t d, int lanes) {
   const int64_t base = d & ~int64_t(31), r = d & 31;
   switch (lanes) {
     case kEvenOdd: return base + (r & 1) * 16 + r / 2;
-    case kPairs: return base + ((r >> 2) & 1) * 16 + (r >> 3) * 4 + (r & 3);
     default: return d;
   }
 }
