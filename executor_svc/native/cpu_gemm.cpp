@@ -1,5 +1,6 @@
-// fp32 linear layers for the CPU: y = x @ W^T (+ bias) with W packed once.
+// Linear layers for the CPU: y = x @ W^T (+ bias) with W packed once.
 //
+// fp32 (AVX-512 FMAs):
 // W [N, K] is stored as column panels of NR = 64 outputs, each K x 64 and
 // contiguous ([ceil(N / 64), K, 64], zero-padded): a panel is read front to
 // back once per step, which is what decode needs (the weights are streamed
@@ -10,9 +11,18 @@
 //
 // Each output is one fp32 sum over k in order (FMA), like any blocked GEMM
 // up to the order of the sum.
+//
+// bf16 (AMX tiles, where the CPU and kernel allow them): W as 16-output
+// panels of k-pairs, one 1 KB tile per 32 k. Decode batches (up to 64 rows)
+// keep 4 row tiles of y per panel, so each weight tile is read once per step
+// and the weights stream at memory speed; prefill blocks 32 rows x 2 panels
+// with the panels of a group kept in L2. fp32 accumulation, rounded to bf16
+// once (as oneDNN and F.linear do).
 #include "cpu_common.h"
 
 namespace {
+
+using BF16 = c10::BFloat16;
 
 constexpr int64_t NR = 64;  // outputs per panel: 4 vectors of 16
 constexpr int64_t MR = 6;   // rows per micro-kernel call: 6 x 4 accumulators
@@ -166,6 +176,234 @@ torch::Tensor linear_f32(const torch::Tensor& x, const torch::Tensor& packed, in
   return y;
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define PAGODA_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+// bf16 weights for AMX: panels of 16 outputs, K padded to a multiple of 32
+// and stored as k-pairs ([ceil(N / 16), Kp / 2, 16, 2]): one AMX B tile is
+// 16 k-pairs of a panel, 1 KB contiguous.
+constexpr int64_t kAmxCols = 16, kAmxDepth = 32, kAmxRows = 16;
+constexpr int64_t kAmxRowTiles = 4;  // C tiles per pass: 64 rows of x
+
+#if defined(PAGODA_AMX)
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Rows [row0, row0 + 16 * tiles) of x (padded, ldx elements) times one panel
+// into out [16 * tiles, 16] fp32. Tiles 0-3: C; 4: A; 5: B.
+template <int TILES>
+PAGODA_INLINE void amx_panel(const BF16* x, int64_t ldx, const BF16* panel, int64_t k_chunks, float* out) {
+  _tile_zero(0);
+  if constexpr (TILES > 1) _tile_zero(1);
+  if constexpr (TILES > 2) _tile_zero(2);
+  if constexpr (TILES > 3) _tile_zero(3);
+  const int64_t stride = ldx * int64_t(sizeof(BF16));
+  for (int64_t kc = 0; kc < k_chunks; ++kc) {
+    const BF16* b = panel + kc * kAmxDepth * kAmxCols;
+    const char* next = reinterpret_cast<const char*>(b + 4 * kAmxDepth * kAmxCols);  // four chunks ahead
+    for (int l = 0; l < 16; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+    _tile_loadd(5, b, 64);
+    const BF16* a = x + kc * kAmxDepth;
+    _tile_loadd(4, a, stride);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (TILES > 1) {
+      _tile_loadd(4, a + 16 * ldx, stride);
+      _tile_dpbf16ps(1, 4, 5);
+    }
+    if constexpr (TILES > 2) {
+      _tile_loadd(4, a + 32 * ldx, stride);
+      _tile_dpbf16ps(2, 4, 5);
+    }
+    if constexpr (TILES > 3) {
+      _tile_loadd(4, a + 48 * ldx, stride);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, out, 64);
+  if constexpr (TILES > 1) _tile_stored(1, out + 256, 64);
+  if constexpr (TILES > 2) _tile_stored(2, out + 512, 64);
+  if constexpr (TILES > 3) _tile_stored(3, out + 768, 64);
+}
+
+// A 16 * RT x 16 * PT block of y (RT, PT <= 2) for prefill-sized x: rows
+// from x (ldx elements), panels p0 and p1 (= p0 + 1); out [32, 32] fp32.
+// Tiles 0-3: C (row tile r, panel t at 2r + t); 4, 6: A; 5, 7: B.
+template <int RT, int PT>
+PAGODA_INLINE void amx_block(const BF16* x, int64_t ldx, const BF16* p0, const BF16* p1, int64_t k_chunks,
+                             float* out) {
+  _tile_zero(0);
+  if constexpr (PT > 1) _tile_zero(1);
+  if constexpr (RT > 1) _tile_zero(2);
+  if constexpr (RT > 1 && PT > 1) _tile_zero(3);
+  const int64_t stride = ldx * int64_t(sizeof(BF16));
+  for (int64_t kc = 0; kc < k_chunks; ++kc) {
+    const BF16* a = x + kc * kAmxDepth;
+    _tile_loadd(4, a, stride);
+    _tile_loadd(5, p0 + kc * kAmxDepth * kAmxCols, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (RT > 1) {
+      _tile_loadd(6, a + 16 * ldx, stride);
+      _tile_dpbf16ps(2, 6, 5);
+    }
+    if constexpr (PT > 1) {
+      _tile_loadd(7, p1 + kc * kAmxDepth * kAmxCols, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      if constexpr (RT > 1) _tile_dpbf16ps(3, 6, 7);
+    }
+  }
+  _tile_stored(0, out, 128);
+  if constexpr (PT > 1) _tile_stored(1, out + 16, 128);
+  if constexpr (RT > 1) _tile_stored(2, out + 512, 128);
+  if constexpr (RT > 1 && PT > 1) _tile_stored(3, out + 528, 128);
+}
+
+bool request_amx() {
+  // Linux keeps AMX state off until the process asks (ARCH_REQ_XCOMP_PERM, XTILEDATA).
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+}
+#endif
+
+}  // namespace
+
+// W [N, K] bf16 -> [ceil(N / 16), Kp / 2, 16, 2] (zero-padded).
+torch::Tensor pack_bf16(const torch::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16 && weight.device().is_cpu(),
+              "weight must be a 2-D bfloat16 CPU tensor");
+  const auto w = weight.contiguous();
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kAmxCols - 1) / kAmxCols;
+  const int64_t kp = (k + kAmxDepth - 1) / kAmxDepth * kAmxDepth;
+  auto packed = torch::zeros({panels, kp / 2, kAmxCols, 2}, w.options());
+  const BF16* src = w.data_ptr<BF16>();
+  BF16* dst = packed.data_ptr<BF16>();
+  pagoda::parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t c = 0; c < std::min(kAmxCols, n - p * kAmxCols); ++c) {
+        const BF16* row = src + (p * kAmxCols + c) * k;
+        BF16* out = dst + p * kp * kAmxCols + c * 2;
+        for (int64_t i = 0; i < k; ++i) out[(i / 2) * kAmxCols * 2 + (i % 2)] = row[i];
+      }
+  });
+  return packed;
+}
+
+// x [M, K] bf16 @ W^T (+ bias [N] bf16) -> [M, N] bf16, W from pack_bf16.
+torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
+                          const c10::optional<torch::Tensor>& bias) {
+#if defined(PAGODA_AMX)
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+              "x must be a 2-D bfloat16 CPU tensor");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kAmxCols && packed.size(3) == 2 &&
+                  packed.scalar_type() == torch::kBFloat16,
+              "packed weight must come from pack_bf16");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), kp = packed.size(1) * 2;
+  TORCH_CHECK(kp == (k + kAmxDepth - 1) / kAmxDepth * kAmxDepth, "x has ", k, " features, the weight does not");
+  TORCH_CHECK(n > (panels - 1) * kAmxCols && n <= panels * kAmxCols, "out_features ", n,
+              " does not match the packed weight");
+  torch::Tensor b;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.scalar_type() == torch::kBFloat16 && b.numel() == n, "bias must be bfloat16 [", n, "]");
+  }
+  TORCH_CHECK(request_amx(), "the kernel does not allow AMX for this process");
+  auto y = torch::empty({m, n}, x.options());
+  if (m == 0) return y;
+  // x padded to whole tiles: rows to 16, columns to Kp (zeros contribute nothing).
+  const int64_t mp = (m + kAmxRows - 1) / kAmxRows * kAmxRows;
+  torch::Tensor xp = x;
+  if (mp != m || kp != k || x.stride(1) != 1 || x.stride(0) != k) {
+    xp = torch::zeros({mp, kp}, x.options());
+    xp.slice(0, 0, m).slice(1, 0, k).copy_(x);
+  }
+  const BF16* xd = xp.data_ptr<BF16>();
+  const BF16* wd = packed.data_ptr<BF16>();
+  const BF16* bd = b.defined() ? b.data_ptr<BF16>() : nullptr;
+  BF16* yd = y.data_ptr<BF16>();
+  const int64_t k_chunks = kp / kAmxDepth;
+  auto store = [&](const float* out, int64_t ld, int64_t row0, int64_t rows, int64_t p) {
+    const int64_t col0 = p * kAmxCols, cols = std::min(kAmxCols, n - col0);
+    const __mmask16 mask = cols == 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+    const __m512 add =
+        bd ? _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(mask, bd + col0)) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < std::min(rows, m - row0); ++r) {
+      const __m512 v = _mm512_add_ps(_mm512_load_ps(out + r * ld), add);
+      _mm256_mask_storeu_epi16(yd + (row0 + r) * n + col0, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    }
+  };
+  pagoda::parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+    TileConfig config;
+    for (int t = 0; t < 8; ++t) {
+      config.rows[t] = kAmxRows;
+      config.colsb[t] = 64;
+    }
+    _tile_loadconfig(&config);
+    alignas(64) float out[kAmxRowTiles * kAmxRows * kAmxCols];
+    if (mp > kAmxRowTiles * kAmxRows) {
+      // Prefill: panel groups that stay in L2, 32-row blocks of x that stay
+      // in L1 across the group's panel pairs.
+      constexpr int64_t kGroup = 16;
+      for (int64_t g0 = begin; g0 < end; g0 += kGroup) {
+        const int64_t g1 = std::min(end, g0 + kGroup);
+        for (int64_t row0 = 0; row0 < mp; row0 += 2 * kAmxRows) {
+          const bool two_rows = row0 + 2 * kAmxRows <= mp;
+          const BF16* xr = xd + row0 * kp;
+          for (int64_t p = g0; p < g1; p += 2) {
+            const BF16* a = wd + p * kp * kAmxCols;
+            const BF16* b = a + kp * kAmxCols;
+            const bool two_panels = p + 1 < g1;
+            if (two_rows && two_panels) amx_block<2, 2>(xr, kp, a, b, k_chunks, out);
+            else if (two_rows) amx_block<2, 1>(xr, kp, a, b, k_chunks, out);
+            else if (two_panels) amx_block<1, 2>(xr, kp, a, b, k_chunks, out);
+            else amx_block<1, 1>(xr, kp, a, b, k_chunks, out);
+            const int64_t rows = two_rows ? 2 * kAmxRows : kAmxRows;
+            store(out, 32, row0, rows, p);
+            if (two_panels) store(out + 16, 32, row0, rows, p + 1);
+          }
+        }
+      }
+      _tile_release();
+      return;
+    }
+    for (int64_t p = begin; p < end; ++p) {
+      const BF16* panel = wd + p * kp * kAmxCols;
+      for (int64_t row0 = 0; row0 < mp; row0 += kAmxRowTiles * kAmxRows) {
+        const int64_t tiles = std::min(kAmxRowTiles, (mp - row0) / kAmxRows);
+        const BF16* xr = xd + row0 * kp;
+        switch (tiles) {
+          case 4: amx_panel<4>(xr, kp, panel, k_chunks, out); break;
+          case 3: amx_panel<3>(xr, kp, panel, k_chunks, out); break;
+          case 2: amx_panel<2>(xr, kp, panel, k_chunks, out); break;
+          default: amx_panel<1>(xr, kp, panel, k_chunks, out); break;
+        }
+        store(out, kAmxCols, row0, tiles * kAmxRows, p);
+      }
+    }
+    _tile_release();
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "this build has no AMX kernel");
+#endif
+}
+
+// Whether this build and process can run linear_bf16.
+bool amx_ready() {
+#if defined(PAGODA_AMX)
+  return request_amx();
+#else
+  return false;
+#endif
+}
+
 // Whether this build has the AVX-512 kernel (else the scalar loop, which only
 // keeps the module importable: callers then use sgemm instead).
 bool vectorized() {
@@ -180,4 +418,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vectorized", &vectorized);
   m.def("pack_f32", &pack_f32);
   m.def("linear_f32", &linear_f32);
+  m.def("pack_bf16", &pack_bf16);
+  m.def("linear_bf16", &linear_bf16);
+  m.def("amx_ready", &amx_ready);
 }

@@ -126,7 +126,7 @@ def test_argmax_matches_torch_first_max_and_nan(ops, vocab, dtype):
 
 @pytest.mark.parametrize("rows", [1, 5, 48, 200])
 def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
-    from executor_svc.models.layer_ops import PackedWeight
+    from executor_svc.models.layer_ops import PackedWeight, PanelWeight
 
     ops = CppLayerOps(pack_weights=True)
     if not ops.pack_weights:
@@ -136,7 +136,7 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
     bias = torch.randn(96, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
     packed = ops.pack(weight)
-    assert isinstance(packed, PackedWeight)
+    assert isinstance(packed, PanelWeight if ops.gemm is not None and ops.gemm.amx_ready() else PackedWeight)
     expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
     for b in (None, bias):
         out = ops.linear(x, packed, b)
@@ -205,3 +205,52 @@ def test_fp32_panel_linear_rejects_mismatched_inputs(gemm):
         gemm.linear_f32(torch.randn(3, 32).bfloat16(), panels, 70, None)
     with pytest.raises(RuntimeError, match="float32"):
         gemm.pack_f32(weight.bfloat16())
+
+
+@pytest.fixture(scope="module")
+def amx(gemm):
+    if not gemm.amx_ready():
+        pytest.skip("needs AMX (and a kernel that grants it)")
+    return gemm
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 48, 64, 65, 100, 300])
+@pytest.mark.parametrize("shape", [(16, 64), (100, 40), (960, 576)])
+def test_amx_bf16_linear_rounds_the_fp32_product_once(amx, rows, shape):
+    """Decode (<= 64 rows) and prefill blocking, row / panel / depth tails: each
+    output is the fp32 sum of bf16 products rounded once, so it is within one
+    bf16 step of the exactly rounded product and equals oneDNN almost always."""
+    out_features, in_features = shape
+    gen = torch.Generator().manual_seed(rows * 7 + out_features)
+    weight = torch.randn(out_features, in_features, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(out_features, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, in_features, generator=gen).to(torch.bfloat16)
+    panels = amx.pack_bf16(weight)
+    for b in (None, bias):
+        out = amx.linear_bf16(x, panels, out_features, b)
+        exact = x.double() @ weight.double().T + (0 if b is None else b.double())
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
+        step = exact.abs().float().clamp_min(1e-3) * 2**-7  # one bf16 ulp at the value
+        assert ((out.double() - exact).abs() <= step.double() + 1e-4 * in_features**0.5).all()
+        reference = torch.nn.functional.linear(x, weight, b)
+        assert (out != reference).float().mean().item() < 0.01
+
+
+def test_amx_bf16_linear_takes_strided_rows_and_rejects_mismatches(amx):
+    gen = torch.Generator().manual_seed(11)
+    weight = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
+    panels = amx.pack_bf16(weight)
+    assert tuple(panels.shape) == (3, 32, 16, 2)
+    wide = torch.randn(7, 100, generator=gen).to(torch.bfloat16)
+    x = wide[:, 20:84]
+    expected = torch.nn.functional.linear(x.float(), weight.float())
+    assert (amx.linear_bf16(x, panels, 40, None).float() - expected).abs().max().item() <= 0.02 * expected.abs().max().item()
+    assert amx.linear_bf16(torch.zeros(0, 64, dtype=torch.bfloat16), panels, 40, None).shape == (0, 40)
+    with pytest.raises(RuntimeError, match="features"):
+        amx.linear_bf16(torch.randn(2, 96).bfloat16(), panels, 40, None)
+    with pytest.raises(RuntimeError, match="out_features"):
+        amx.linear_bf16(torch.randn(2, 64).bfloat16(), panels, 60, None)
+    with pytest.raises(RuntimeError, match="bias"):
+        amx.linear_bf16(torch.randn(2, 64).bfloat16(), panels, 40, torch.randn(40))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        amx.linear_bf16(torch.randn(2, 64), panels, 40, None)
