@@ -27,7 +27,8 @@ class ExecutorConfig:
         default=None, metadata=_help("bytes for the KV cache (default 1GiB on CPU)", parse=parse_size))
     kv_cache_memory_fraction: float = dataclasses.field(
         default=0.85, metadata=_help("CUDA: fraction of free memory for the KV cache"))
-    block_size: int = dataclasses.field(default=16, metadata=_help("tokens per KV block"))
+    block_size: int = dataclasses.field(
+        default=0, metadata=_help("tokens per KV block; 0 = auto (CUDA 16; CPU one 4 KiB page per kv head)"))
     max_model_len: int | None = dataclasses.field(default=None, metadata=_help("cap on context length"))
     device: str = dataclasses.field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
     attention_backend: str = dataclasses.field(default="auto", metadata=_help("torch, triton or auto"))
@@ -44,8 +45,8 @@ class ExecutorConfig:
     tls_ca: str = dataclasses.field(default="", metadata=_help("CA that must sign client certificates (mTLS)"))
 
     def __post_init__(self) -> None:
-        if self.block_size <= 0:
-            raise ValueError("--block-size must be positive")
+        if self.block_size < 0:
+            raise ValueError("--block-size must be positive (or 0 for auto)")
         if not 0 < self.kv_cache_memory_fraction <= 1:
             raise ValueError("--kv-cache-memory-fraction must be in (0, 1]")
 

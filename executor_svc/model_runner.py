@@ -16,7 +16,7 @@ import torch
 from executor_svc import types as t
 from executor_svc.attention import get_backend
 from executor_svc.device import dtype_name, resolve_device, resolve_dtype
-from executor_svc.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import LlamaModel
 from executor_svc.sampler import SampleRequest, sample
@@ -57,7 +57,7 @@ class ModelRunner:
         dtype: str = "auto",
         kv_cache_dtype: str = "auto",
         device: str = "auto",
-        block_size: int = 16,
+        block_size: int | None = None,
         kv_cache_memory_bytes: int | None = None,
         kv_cache_memory_fraction: float = 0.85,
         max_model_len: int | None = None,
@@ -74,6 +74,7 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.model = LlamaModel(self.config, tensors, self.dtype, self.device, self.max_model_len)
         del tensors, checkpoint.tensors
+        block_size = block_size or default_block_size(self.device, self.config.head_dim, self.kv_dtype)
         spec = KVCacheSpec(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, block_size, self.kv_dtype)
         num_blocks = num_blocks_for_budget(spec, self.device, kv_cache_memory_bytes, kv_cache_memory_fraction)
         self.kv_cache = KVCache(spec, num_blocks, self.device)
