@@ -20,5 +20,5 @@ def tiny_system(tiny_model_dir, tmp_path_factory):
 
     logs = tmp_path_factory.mktemp("logs")
     with Launcher(str(tiny_model_dir), num_executors=1, dtype="float32", kv_cache_memory="256KiB",
-                  log_dir=logs, startup_timeout_s=120) as system:
+                  block_size=16, log_dir=logs, startup_timeout_s=120) as system:
         yield system

@@ -38,7 +38,8 @@ def test_five_times_the_pool_completes_with_identical_outputs(tiny_model_dir, tm
     # 512 bytes of KV per token for the tiny model: 16 tokens = 8 KiB per block.
     small_blocks = blocks_needed // 5
     small = f"{small_blocks * 8}KiB"
-    with Launcher(str(tiny_model_dir), dtype="float32", kv_cache_memory=small, log_dir=tmp_path / "small") as system:
+    with Launcher(str(tiny_model_dir), dtype="float32", kv_cache_memory=small, block_size=16,
+                  log_dir=tmp_path / "small") as system:
         tight, status = _run(system.target, requests)
         assert status.executors[0].num_kv_blocks == small_blocks
         assert status.num_preemptions_total > 0, "the pool was not under pressure"

@@ -69,8 +69,8 @@ def test_full_waiting_queue_refuses_at_once(security_model_dir, tmp_path):
 
 
 def test_burst_of_ten_times_kv_capacity_completes_exactly(security_model_dir, tmp_path):
-    with Launcher(str(security_model_dir), dtype="float32", kv_cache_memory="64KiB", log_dir=tmp_path,
-                  startup_timeout_s=120) as system:
+    with Launcher(str(security_model_dir), dtype="float32", kv_cache_memory="64KiB", block_size=16,
+                  log_dir=tmp_path, startup_timeout_s=120) as system:
         with Client(system.target, timeout=120) as client:
             executor = client.status().executors[0]
             capacity_tokens = executor.num_kv_blocks * 16
