@@ -116,8 +116,9 @@ ATTENTION = Extension(
     (_ATTENTION_DIR / "cpu_kernel_common.h", _ATTENTION_DIR / "cpu_kernel_avx512.h", _HERE / "cpu_common.h"),
 )
 OPS = Extension("pagoda_cpu_ops", (_HERE / "cpu_ops.cpp",), (_HERE / "cpu_common.h",))
-GEMM = Extension("pagoda_cpu_gemm", (_HERE / "cpu_gemm.cpp",), (_HERE / "cpu_common.h",))
-EXTENSIONS = (ATTENTION, OPS, GEMM)
+GEMM = Extension("pagoda_cpu_gemm", (_HERE / "cpu_gemm.cpp",), (_HERE / "cpu_common.h", _HERE / "amx.h"))
+PREFILL = Extension("pagoda_cpu_prefill", (_ATTENTION_DIR / "cpu_prefill.cpp",), (_HERE / "cpu_common.h", _HERE / "amx.h"))
+EXTENSIONS = (ATTENTION, OPS, GEMM, PREFILL)
 
 
 def main() -> int:

@@ -18,7 +18,7 @@
 // and the weights stream at memory speed; prefill blocks 32 rows x 2 panels
 // with the panels of a group kept in L2. fp32 accumulation, rounded to bf16
 // once (as oneDNN and F.linear do).
-#include "cpu_common.h"
+#include "amx.h"
 
 namespace {
 
@@ -176,11 +176,6 @@ torch::Tensor linear_f32(const torch::Tensor& x, const torch::Tensor& packed, in
   return y;
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define PAGODA_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace {
 
@@ -191,12 +186,7 @@ constexpr int64_t kAmxCols = 16, kAmxDepth = 32, kAmxRows = 16;
 constexpr int64_t kAmxRowTiles = 4;  // C tiles per pass: 64 rows of x
 
 #if defined(PAGODA_AMX)
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using pagoda::request_amx;
 
 // Rows [row0, row0 + 16 * tiles) of x (padded, ldx elements) times one panel
 // into out [16 * tiles, 16] fp32. Tiles 0-3: C; 4: A; 5: B.
@@ -266,11 +256,6 @@ PAGODA_INLINE void amx_block(const BF16* x, int64_t ldx, const BF16* p0, const B
   if constexpr (RT > 1 && PT > 1) _tile_stored(3, out + 528, 128);
 }
 
-bool request_amx() {
-  // Linux keeps AMX state off until the process asks (ARCH_REQ_XCOMP_PERM, XTILEDATA).
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return granted;
-}
 #endif
 
 }  // namespace
@@ -340,12 +325,7 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed, i
     }
   };
   pagoda::parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
-    TileConfig config;
-    for (int t = 0; t < 8; ++t) {
-      config.rows[t] = kAmxRows;
-      config.colsb[t] = 64;
-    }
-    _tile_loadconfig(&config);
+    pagoda::configure_square_tiles();
     alignas(64) float out[kAmxRowTiles * kAmxRows * kAmxCols];
     if (mp > kAmxRowTiles * kAmxRows) {
       // Prefill: panel groups that stay in L2, 32-row blocks of x that stay

@@ -119,4 +119,5 @@ def cpp_kernel():
         pytest.skip("needs a C++ compiler and ninja")
     build.OPS.load()
     build.GEMM.load()
+    build.PREFILL.load()
     return build.ATTENTION.load()

@@ -102,6 +102,13 @@ def test_cpp_backend_bf16_close_to_dense(cpp_kernel):
     assert _run_case("cpp", "cpu", 16, CASES["many_decodes"], None, dtype=torch.bfloat16) < 5e-2
 
 
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_cpp_backend_bf16_prefill_close_to_dense(cpp_kernel, block_size, monkeypatch):
+    """head_dim 64: bf16 prefill chunks (with cached prefixes) take the AMX kernel where the CPU has AMX."""
+    monkeypatch.setattr(sys.modules[__name__], "HEAD_DIM", 64)
+    assert _run_case("cpp", "cpu", block_size, CASES["mixed_with_cached"], None, dtype=torch.bfloat16) < 5e-2
+
+
 def test_torch_backend_bf16_cache_close_to_dense():
     assert _run_case("torch", "cpu", 5, CASES["mixed_with_cached"], None, dtype=torch.bfloat16) < 5e-2
 

@@ -1,0 +1,291 @@
+// Paged prefill attention for the CPU with AMX tiles (bf16): every query of
+// a chunk attends causally to its sequence's cached prefix and the chunk
+// itself, K/V read from the block-indexed cache (this step's rows are stored
+// there first).
+//
+// Flash-attention order per (span, kv head, block of 16 query positions):
+// for each chunk of 32 keys, S = Q K^T for the GQA group (up to 3 heads: 6
+// C tiles), an online softmax in AVX-512 (P rounded to bf16, as FlashAttention
+// does), then O += P V with O kept in fp32 in L1 and streamed through the
+// tiles. K and V are first repacked once per (span, kv head) into the tile
+// layouts: K transposed in 32-bit pairs of dims, V in pairs of keys.
+#include "../native/amx.h"
+#include <cmath>
+#include <vector>
+
+namespace {
+
+using BF16 = c10::BFloat16;
+constexpr int64_t kQ = 16;      // query positions per block (tile rows)
+constexpr int64_t kKeys = 32;   // keys per chunk (the bf16 depth of one tile product)
+constexpr int64_t kHeads = 3;   // query heads of a group per pass (6 S tiles)
+constexpr float kNegBig = -1e30f;
+
+struct Span {
+  int64_t query_start, num_query, num_cached, seq;
+};
+
+struct Shape {
+  int64_t num_heads, num_kv_heads, group, head_dim, block_size, num_blocks, max_blocks;
+  int64_t q_row, q_head;  // q strides (elements)
+};
+
+#if defined(PAGODA_AMX)
+// Elements of one (span, kv head) repack: K then V, each chunks x 32 keys x D.
+int64_t packed_elems(int64_t context, int64_t head_dim) {
+  return 2 * ((context + kKeys - 1) / kKeys) * kKeys * head_dim;
+}
+
+// K as B tiles of S = Q K^T: [chunk][half][d / 32][16 dim pairs][16 keys][2];
+// V as B tiles of P V: [chunk][d / 16][16 key pairs][16 dims][2]. Zero past
+// the context.
+void repack(const BF16* k_head, const BF16* v_head, const int64_t* table, const Shape& shape, int64_t context,
+            BF16* kt, BF16* vv) {
+  const int64_t d = shape.head_dim, chunks = (context + kKeys - 1) / kKeys;
+  std::memset(kt, 0, chunks * kKeys * d * sizeof(BF16));
+  std::memset(vv, 0, chunks * kKeys * d * sizeof(BF16));
+  const int64_t dchunks = d / 32;
+  for (int64_t pos = 0; pos < context; ++pos) {
+    const int64_t row = (table[pos / shape.block_size] * shape.block_size + pos % shape.block_size) * d;
+    const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(k_head + row);
+    const BF16* v_row = v_head + row;
+    const int64_t chunk = pos / kKeys, key = pos % kKeys, half = key / 16, col = key % 16;
+    uint32_t* kt_chunk = reinterpret_cast<uint32_t*>(kt + chunk * kKeys * d);
+    for (int64_t p = 0; p < d / 2; ++p)  // dim pair p of this key
+      kt_chunk[((half * dchunks + p / 16) * 16 + p % 16) * 16 + col] = k_pairs[p];
+    BF16* vv_chunk = vv + chunk * kKeys * d;
+    for (int64_t c = 0; c < d; ++c)
+      vv_chunk[((c / 16) * 16 + key / 2) * 32 + (c % 16) * 2 + key % 2] = v_row[c];
+  }
+}
+
+// One block of up to 16 query positions [i0, i0 + rows) of a span, query
+// heads [g0, g0 + heads) of kv head h; writes their output rows.
+template <int HEADS>
+void query_block(const Span& span, const Shape& shape, int64_t h, int64_t g0, int64_t i0, const BF16* q,
+                 const BF16* kt, const BF16* vv, float scale, BF16* out) {
+  const int64_t d = shape.head_dim, dchunks = d / 32, dblocks = d / 16;
+  const int64_t rows = std::min(kQ, span.num_query - i0);
+  alignas(64) BF16 qb[HEADS][kQ][128];
+  alignas(64) float s[HEADS][kQ][kKeys];
+  alignas(64) BF16 pb[HEADS][kQ][kKeys];
+  alignas(64) float o[HEADS][kQ][128];
+  float m[HEADS][kQ], l[HEADS][kQ];
+  for (int g = 0; g < HEADS; ++g)
+    for (int64_t r = 0; r < kQ; ++r) {
+      m[g][r] = kNegBig;
+      l[g][r] = 0.f;
+      std::memset(o[g][r], 0, d * sizeof(float));
+      const int64_t head = h * shape.group + g0 + g;
+      if (r < rows)
+        std::memcpy(qb[g][r], q + (span.query_start + i0 + r) * shape.q_row + head * shape.q_head, d * sizeof(BF16));
+      else
+        std::memset(qb[g][r], 0, d * sizeof(BF16));
+    }
+  const int64_t last_key = span.num_cached + i0 + rows - 1;  // the block's last query sees keys <= this
+  for (int64_t chunk = 0; chunk * kKeys <= last_key; ++chunk) {
+    const BF16* kc = kt + chunk * kKeys * d;
+    // S tiles: tile 2g + half for head g (keys 16 * half ...); 6: Q, 7: K.
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (HEADS > 1) { _tile_zero(2); _tile_zero(3); }
+    if constexpr (HEADS > 2) { _tile_zero(4); _tile_zero(5); }
+    for (int64_t dc = 0; dc < dchunks; ++dc) {
+      const BF16* k0 = kc + (0 * dchunks + dc) * 512;
+      const BF16* k1 = kc + (1 * dchunks + dc) * 512;
+      _tile_loadd(7, k0, 64);
+      _tile_loadd(6, &qb[0][0][dc * 32], 256);
+      _tile_dpbf16ps(0, 6, 7);
+      if constexpr (HEADS > 1) { _tile_loadd(6, &qb[1][0][dc * 32], 256); _tile_dpbf16ps(2, 6, 7); }
+      if constexpr (HEADS > 2) { _tile_loadd(6, &qb[2][0][dc * 32], 256); _tile_dpbf16ps(4, 6, 7); }
+      _tile_loadd(7, k1, 64);
+      _tile_loadd(6, &qb[0][0][dc * 32], 256);
+      _tile_dpbf16ps(1, 6, 7);
+      if constexpr (HEADS > 1) { _tile_loadd(6, &qb[1][0][dc * 32], 256); _tile_dpbf16ps(3, 6, 7); }
+      if constexpr (HEADS > 2) { _tile_loadd(6, &qb[2][0][dc * 32], 256); _tile_dpbf16ps(5, 6, 7); }
+    }
+    _tile_stored(0, &s[0][0][0], 128);
+    _tile_stored(1, &s[0][0][16], 128);
+    if constexpr (HEADS > 1) { _tile_stored(2, &s[1][0][0], 128); _tile_stored(3, &s[1][0][16], 128); }
+    if constexpr (HEADS > 2) { _tile_stored(4, &s[2][0][0], 128); _tile_stored(5, &s[2][0][16], 128); }
+    // Online softmax per row; keys past the row's position are masked.
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int g = 0; g < HEADS; ++g)
+      for (int64_t r = 0; r < kQ; ++r) {
+        if (r >= rows) {
+          std::memset(pb[g][r], 0, sizeof(pb[g][r]));
+          continue;
+        }
+        const int64_t visible = span.num_cached + i0 + r - chunk * kKeys;  // keys [0, visible] of the chunk
+        const __m512i limit = _mm512_set1_epi32(int(std::min<int64_t>(visible, kKeys)));
+        const __mmask16 v0 = _mm512_cmple_epi32_mask(lane, limit);
+        const __mmask16 v1 = _mm512_cmple_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), limit);
+        const __m512 neg = _mm512_set1_ps(kNegBig), sc = _mm512_set1_ps(scale);
+        const __m512 s0 = _mm512_mask_mul_ps(neg, v0, _mm512_load_ps(&s[g][r][0]), sc);
+        const __m512 s1 = _mm512_mask_mul_ps(neg, v1, _mm512_load_ps(&s[g][r][16]), sc);
+        const float top = std::max(m[g][r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+        const __m512 p0 = _mm512_maskz_mov_ps(v0, pagoda::exp16(_mm512_sub_ps(s0, _mm512_set1_ps(top))));
+        const __m512 p1 = _mm512_maskz_mov_ps(v1, pagoda::exp16(_mm512_sub_ps(s1, _mm512_set1_ps(top))));
+        const float alpha = std::exp(m[g][r] - top);
+        m[g][r] = top;
+        l[g][r] = l[g][r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+        _mm512_store_si512(pb[g][r], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+        if (alpha != 1.f) {
+          const __m512 a = _mm512_set1_ps(alpha);
+          for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(&o[g][r][c], _mm512_mul_ps(_mm512_load_ps(&o[g][r][c]), a));
+        }
+      }
+    // O += P V, four 16-dim blocks at a time: tiles 0-3 O, 6 P, 7 V.
+    const BF16* vc = vv + chunk * kKeys * d;
+    for (int g = 0; g < HEADS; ++g)
+      for (int64_t b0 = 0; b0 < dblocks; b0 += 4) {
+        _tile_loadd(6, &pb[g][0][0], 64);
+        _tile_loadd(0, &o[g][0][b0 * 16], 512);
+        _tile_loadd(7, vc + (b0 + 0) * 512, 64);
+        _tile_dpbf16ps(0, 6, 7);
+        _tile_stored(0, &o[g][0][b0 * 16], 512);
+        _tile_loadd(1, &o[g][0][b0 * 16 + 16], 512);
+        _tile_loadd(7, vc + (b0 + 1) * 512, 64);
+        _tile_dpbf16ps(1, 6, 7);
+        _tile_stored(1, &o[g][0][b0 * 16 + 16], 512);
+        _tile_loadd(2, &o[g][0][b0 * 16 + 32], 512);
+        _tile_loadd(7, vc + (b0 + 2) * 512, 64);
+        _tile_dpbf16ps(2, 6, 7);
+        _tile_stored(2, &o[g][0][b0 * 16 + 32], 512);
+        _tile_loadd(3, &o[g][0][b0 * 16 + 48], 512);
+        _tile_loadd(7, vc + (b0 + 3) * 512, 64);
+        _tile_dpbf16ps(3, 6, 7);
+        _tile_stored(3, &o[g][0][b0 * 16 + 48], 512);
+      }
+  }
+  for (int g = 0; g < HEADS; ++g) {
+    const int64_t head = h * shape.group + g0 + g;
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 inv = _mm512_set1_ps(1.f / l[g][r]);
+      BF16* dst = out + ((span.query_start + i0 + r) * shape.num_heads + head) * d;
+      for (int64_t c = 0; c < d; c += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[g][r][c]), inv)));
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+// Whether this build and process can run paged_prefill.
+bool prefill_ready() {
+#if defined(PAGODA_AMX)
+  return pagoda::request_amx();
+#else
+  return false;
+#endif
+}
+
+// q [T, H, D] bf16 (rows and heads may be strided; dims contiguous); caches
+// [KVH, NB, BS, D] bf16 with this step's K/V already stored; block_tables
+// [S, MB] int64; spans [P, 4] int64: query_start, num_query, num_cached,
+// row of block_tables. Writes out [T, H, D] bf16 (contiguous) at the spans'
+// rows; other rows are left as they are.
+void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables, at::Tensor spans,
+                   double scale, at::Tensor out) {
+#if defined(PAGODA_AMX)
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kBFloat16 && q.stride(2) == 1, "q must be [T, H, D] bf16");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == at::kBFloat16 &&
+                  v_cache.scalar_type() == at::kBFloat16,
+              "caches must be contiguous [KVH, NB, BS, D] bf16");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() && out.scalar_type() == at::kBFloat16,
+              "out must be a contiguous bf16 tensor shaped like q");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && spans.scalar_type() == at::kLong && spans.dim() == 2 &&
+                  spans.size(1) == 4,
+              "block_tables and spans must be int64, spans [P, 4]");
+  const int64_t d = q.size(2);
+  TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128, got ", d);
+  TORCH_CHECK(k_cache.size(3) == d && q.size(1) % k_cache.size(0) == 0, "head shapes do not match");
+  TORCH_CHECK(pagoda::request_amx(), "the kernel does not allow AMX for this process");
+  block_tables = block_tables.contiguous();
+  spans = spans.contiguous();
+  const Shape shape{q.size(1), k_cache.size(0), q.size(1) / k_cache.size(0), d, k_cache.size(2), k_cache.size(1),
+                    block_tables.size(1), q.stride(0), q.stride(1)};
+  std::vector<Span> list;
+  const int64_t* raw = spans.data_ptr<int64_t>();
+  for (int64_t i = 0; i < spans.size(0); ++i) {
+    const Span span{raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]};
+    TORCH_CHECK(span.num_query > 0 && span.num_cached >= 0 && span.query_start >= 0 &&
+                    span.query_start + span.num_query <= q.size(0) && span.seq >= 0 &&
+                    span.seq < block_tables.size(0),
+                "span ", i, " is out of range");
+    TORCH_CHECK(span.num_cached + span.num_query <= shape.max_blocks * shape.block_size,
+                "span ", i, " is longer than its block table");
+    list.push_back(span);
+  }
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  for (const Span& span : list)
+    for (int64_t b = 0; b < (span.num_cached + span.num_query + shape.block_size - 1) / shape.block_size; ++b) {
+      const int64_t block = tables[span.seq * shape.max_blocks + b];
+      TORCH_CHECK(block >= 0 && block < shape.num_blocks, "block id ", block, " out of range");
+    }
+  // Pass 1: repack K/V per (span, kv head).
+  std::vector<int64_t> offsets(list.size() * shape.num_kv_heads + 1, 0);
+  for (size_t i = 0; i < list.size(); ++i)
+    for (int64_t h = 0; h < shape.num_kv_heads; ++h)
+      offsets[i * shape.num_kv_heads + h + 1] =
+          offsets[i * shape.num_kv_heads + h] + packed_elems(list[i].num_cached + list[i].num_query, d);
+  auto packed = at::empty({offsets.back()}, q.options());
+  BF16* pk = packed.data_ptr<BF16>();
+  const BF16* kd = k_cache.data_ptr<BF16>();
+  const BF16* vd = v_cache.data_ptr<BF16>();
+  const int64_t head_elems = shape.num_blocks * shape.block_size * d;
+  pagoda::parallel_for(int64_t(list.size()) * shape.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const Span& span = list[item / shape.num_kv_heads];
+      const int64_t h = item % shape.num_kv_heads, context = span.num_cached + span.num_query;
+      BF16* kt = pk + offsets[item];
+      repack(kd + h * head_elems, vd + h * head_elems, tables + span.seq * shape.max_blocks, shape, context, kt,
+             kt + packed_elems(context, d) / 2);
+    }
+  });
+  // Pass 2: (span, kv head, head group, query block) items.
+  struct Item {
+    int64_t span, h, g0, i0;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < list.size(); ++i)
+    for (int64_t h = 0; h < shape.num_kv_heads; ++h)
+      for (int64_t g0 = 0; g0 < shape.group; g0 += kHeads)
+        for (int64_t i0 = 0; i0 < list[i].num_query; i0 += kQ) items.push_back({int64_t(i), h, g0, i0});
+  // Longest blocks (latest positions) first, so the threads finish together.
+  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    return list[a.span].num_cached + a.i0 > list[b.span].num_cached + b.i0;
+  });
+  const BF16* qd = q.data_ptr<BF16>();
+  BF16* od = out.data_ptr<BF16>();
+  const float fscale = static_cast<float>(scale);
+  // Interleaved split: thread t takes items t, t + n, ... (balanced after the sort).
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items.size()));
+  pagoda::parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
+    pagoda::configure_square_tiles();
+    for (int64_t t = begin; t < end; ++t)
+      for (size_t j = t; j < items.size(); j += threads) {
+        const Item& it = items[j];
+        const Span& span = list[it.span];
+        const BF16* kt = pk + offsets[it.span * shape.num_kv_heads + it.h];
+        const BF16* vv = kt + packed_elems(span.num_cached + span.num_query, d) / 2;
+        switch (std::min(kHeads, shape.group - it.g0)) {
+          case 3: query_block<3>(span, shape, it.h, it.g0, it.i0, qd, kt, vv, fscale, od); break;
+          case 2: query_block<2>(span, shape, it.h, it.g0, it.i0, qd, kt, vv, fscale, od); break;
+          default: query_block<1>(span, shape, it.h, it.g0, it.i0, qd, kt, vv, fscale, od); break;
+        }
+      }
+    _tile_release();
+  });
+#else
+  TORCH_CHECK(false, "this build has no AMX prefill kernel");
+#endif
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("prefill_ready", &prefill_ready);
+  m.def("paged_prefill", &paged_prefill);
+}
