@@ -3,12 +3,14 @@
 // itself, K/V read from the block-indexed cache (this step's rows are stored
 // there first).
 //
-// Flash-attention order per (span, kv head, block of 16 query positions):
-// for each chunk of 32 keys, S = Q K^T for the GQA group (up to 3 heads: 6
-// C tiles), an online softmax in AVX-512 (P rounded to bf16, as FlashAttention
-// does), then O += P V with O kept in fp32 in L1 and streamed through the
-// tiles. K and V are first repacked once per (span, kv head) into the tile
-// layouts: K transposed in 32-bit pairs of dims, V in pairs of keys.
+// Flash-attention order per (span, query head, block of 16 query positions):
+// for each chunk of 32 keys, S = Q K^T (2 tiles), an online softmax in
+// AVX-512 (P rounded to bf16, as FlashAttention does), then O += P V with O
+// held in 4 tiles across the chunks (64 dims; head_dim 128 runs two passes).
+// A row's output is rescaled only when its max grows by more than kSlack, so
+// O rarely leaves the tiles. K and V are first repacked once per (span, kv
+// head) into the tile layouts: K transposed in 32-bit pairs of dims, V in
+// pairs of keys.
 #include "../native/amx.h"
 #include <cmath>
 #include <vector>
@@ -18,7 +20,6 @@ namespace {
 using BF16 = c10::BFloat16;
 constexpr int64_t kQ = 16;      // query positions per block (tile rows)
 constexpr int64_t kKeys = 32;   // keys per chunk (the bf16 depth of one tile product)
-constexpr int64_t kHeads = 3;   // query heads of a group per pass (6 S tiles)
 constexpr float kNegBig = -1e30f;
 
 struct Span {
@@ -59,113 +60,128 @@ void repack(const BF16* k_head, const BF16* v_head, const int64_t* table, const 
   }
 }
 
-// One block of up to 16 query positions [i0, i0 + rows) of a span, query
-// heads [g0, g0 + heads) of kv head h; writes their output rows.
-template <int HEADS>
-void query_block(const Span& span, const Shape& shape, int64_t h, int64_t g0, int64_t i0, const BF16* q,
-                 const BF16* kt, const BF16* vv, float scale, BF16* out) {
-  const int64_t d = shape.head_dim, dchunks = d / 32, dblocks = d / 16;
-  const int64_t rows = std::min(kQ, span.num_query - i0);
-  alignas(64) BF16 qb[HEADS][kQ][128];
-  alignas(64) float s[HEADS][kQ][kKeys];
-  alignas(64) BF16 pb[HEADS][kQ][kKeys];
-  alignas(64) float o[HEADS][kQ][128];
-  float m[HEADS][kQ], l[HEADS][kQ];
-  for (int g = 0; g < HEADS; ++g)
-    for (int64_t r = 0; r < kQ; ++r) {
-      m[g][r] = kNegBig;
-      l[g][r] = 0.f;
-      std::memset(o[g][r], 0, d * sizeof(float));
-      const int64_t head = h * shape.group + g0 + g;
-      if (r < rows)
-        std::memcpy(qb[g][r], q + (span.query_start + i0 + r) * shape.q_row + head * shape.q_head, d * sizeof(BF16));
-      else
-        std::memset(qb[g][r], 0, d * sizeof(BF16));
-    }
+// Rescale a row's output only when its running max grows by more than this
+// (natural log units): until then probabilities are taken against the stale
+// max and may reach e^8, which fp32 sums and bf16 rounding (relative) take
+// without loss; the output is O / l either way.
+constexpr float kSlack = 8.f;
+
+// One query head over the query block: O (tiles 0-3, 64 dims) stays in the
+// tiles across the key chunks; S in tiles 4-5; 6: Q or P; 7: K or V.
+// dgroup selects dims [64 * dgroup, 64 * dgroup + 64) of the output (head_dim
+// 128 runs two passes).
+void head_pass(const Span& span, const Shape& shape, int64_t i0, int64_t rows, const BF16* qb, const BF16* kt,
+               const BF16* vv, float scale, int64_t dgroup, float* o, float* l) {
+  const int64_t d = shape.head_dim, dchunks = d / 32;
+  alignas(64) float s[kQ][kKeys];
+  alignas(64) BF16 pb[kQ][kKeys];
+  float m[kQ], alpha[kQ];
+  for (int64_t r = 0; r < kQ; ++r) {
+    m[r] = kNegBig;
+    l[r] = 0.f;
+  }
+  std::memset(pb, 0, sizeof(pb));
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 neg = _mm512_set1_ps(kNegBig), sc = _mm512_set1_ps(scale);
   const int64_t last_key = span.num_cached + i0 + rows - 1;  // the block's last query sees keys <= this
   for (int64_t chunk = 0; chunk * kKeys <= last_key; ++chunk) {
     const BF16* kc = kt + chunk * kKeys * d;
-    // S tiles: tile 2g + half for head g (keys 16 * half ...); 6: Q, 7: K.
-    _tile_zero(0);
-    _tile_zero(1);
-    if constexpr (HEADS > 1) { _tile_zero(2); _tile_zero(3); }
-    if constexpr (HEADS > 2) { _tile_zero(4); _tile_zero(5); }
+    _tile_zero(4);
+    _tile_zero(5);
     for (int64_t dc = 0; dc < dchunks; ++dc) {
-      const BF16* k0 = kc + (0 * dchunks + dc) * 512;
-      const BF16* k1 = kc + (1 * dchunks + dc) * 512;
-      _tile_loadd(7, k0, 64);
-      _tile_loadd(6, &qb[0][0][dc * 32], 256);
-      _tile_dpbf16ps(0, 6, 7);
-      if constexpr (HEADS > 1) { _tile_loadd(6, &qb[1][0][dc * 32], 256); _tile_dpbf16ps(2, 6, 7); }
-      if constexpr (HEADS > 2) { _tile_loadd(6, &qb[2][0][dc * 32], 256); _tile_dpbf16ps(4, 6, 7); }
-      _tile_loadd(7, k1, 64);
-      _tile_loadd(6, &qb[0][0][dc * 32], 256);
-      _tile_dpbf16ps(1, 6, 7);
-      if constexpr (HEADS > 1) { _tile_loadd(6, &qb[1][0][dc * 32], 256); _tile_dpbf16ps(3, 6, 7); }
-      if constexpr (HEADS > 2) { _tile_loadd(6, &qb[2][0][dc * 32], 256); _tile_dpbf16ps(5, 6, 7); }
+      _tile_loadd(6, qb + dc * 32, 128 * int64_t(sizeof(BF16)));  // qb rows hold 128 dims
+      _tile_loadd(7, kc + dc * 512, 64);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_loadd(7, kc + (dchunks + dc) * 512, 64);
+      _tile_dpbf16ps(5, 6, 7);
     }
-    _tile_stored(0, &s[0][0][0], 128);
-    _tile_stored(1, &s[0][0][16], 128);
-    if constexpr (HEADS > 1) { _tile_stored(2, &s[1][0][0], 128); _tile_stored(3, &s[1][0][16], 128); }
-    if constexpr (HEADS > 2) { _tile_stored(4, &s[2][0][0], 128); _tile_stored(5, &s[2][0][16], 128); }
-    // Online softmax per row; keys past the row's position are masked.
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int g = 0; g < HEADS; ++g)
-      for (int64_t r = 0; r < kQ; ++r) {
-        if (r >= rows) {
-          std::memset(pb[g][r], 0, sizeof(pb[g][r]));
-          continue;
-        }
-        const int64_t visible = span.num_cached + i0 + r - chunk * kKeys;  // keys [0, visible] of the chunk
-        const __m512i limit = _mm512_set1_epi32(int(std::min<int64_t>(visible, kKeys)));
-        const __mmask16 v0 = _mm512_cmple_epi32_mask(lane, limit);
-        const __mmask16 v1 = _mm512_cmple_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), limit);
-        const __m512 neg = _mm512_set1_ps(kNegBig), sc = _mm512_set1_ps(scale);
-        const __m512 s0 = _mm512_mask_mul_ps(neg, v0, _mm512_load_ps(&s[g][r][0]), sc);
-        const __m512 s1 = _mm512_mask_mul_ps(neg, v1, _mm512_load_ps(&s[g][r][16]), sc);
-        const float top = std::max(m[g][r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
-        const __m512 p0 = _mm512_maskz_mov_ps(v0, pagoda::exp16(_mm512_sub_ps(s0, _mm512_set1_ps(top))));
-        const __m512 p1 = _mm512_maskz_mov_ps(v1, pagoda::exp16(_mm512_sub_ps(s1, _mm512_set1_ps(top))));
-        const float alpha = std::exp(m[g][r] - top);
-        m[g][r] = top;
-        l[g][r] = l[g][r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-        _mm512_store_si512(pb[g][r], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
-        if (alpha != 1.f) {
-          const __m512 a = _mm512_set1_ps(alpha);
-          for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(&o[g][r][c], _mm512_mul_ps(_mm512_load_ps(&o[g][r][c]), a));
-        }
-      }
-    // O += P V, four 16-dim blocks at a time: tiles 0-3 O, 6 P, 7 V.
-    const BF16* vc = vv + chunk * kKeys * d;
-    for (int g = 0; g < HEADS; ++g)
-      for (int64_t b0 = 0; b0 < dblocks; b0 += 4) {
-        _tile_loadd(6, &pb[g][0][0], 64);
-        _tile_loadd(0, &o[g][0][b0 * 16], 512);
-        _tile_loadd(7, vc + (b0 + 0) * 512, 64);
-        _tile_dpbf16ps(0, 6, 7);
-        _tile_stored(0, &o[g][0][b0 * 16], 512);
-        _tile_loadd(1, &o[g][0][b0 * 16 + 16], 512);
-        _tile_loadd(7, vc + (b0 + 1) * 512, 64);
-        _tile_dpbf16ps(1, 6, 7);
-        _tile_stored(1, &o[g][0][b0 * 16 + 16], 512);
-        _tile_loadd(2, &o[g][0][b0 * 16 + 32], 512);
-        _tile_loadd(7, vc + (b0 + 2) * 512, 64);
-        _tile_dpbf16ps(2, 6, 7);
-        _tile_stored(2, &o[g][0][b0 * 16 + 32], 512);
-        _tile_loadd(3, &o[g][0][b0 * 16 + 48], 512);
-        _tile_loadd(7, vc + (b0 + 3) * 512, 64);
-        _tile_dpbf16ps(3, 6, 7);
-        _tile_stored(3, &o[g][0][b0 * 16 + 48], 512);
-      }
-  }
-  for (int g = 0; g < HEADS; ++g) {
-    const int64_t head = h * shape.group + g0 + g;
+    _tile_stored(4, &s[0][0], 128);
+    _tile_stored(5, &s[0][16], 128);
+    bool rescale = false;
     for (int64_t r = 0; r < rows; ++r) {
-      const __m512 inv = _mm512_set1_ps(1.f / l[g][r]);
-      BF16* dst = out + ((span.query_start + i0 + r) * shape.num_heads + head) * d;
-      for (int64_t c = 0; c < d; c += 16)
+      const int64_t visible = span.num_cached + i0 + r - chunk * kKeys;  // keys [0, visible] of the chunk
+      alpha[r] = 1.f;
+      if (visible < 0) {
+        std::memset(pb[r], 0, sizeof(pb[r]));
+        continue;
+      }
+      const __m512i limit = _mm512_set1_epi32(int(std::min<int64_t>(visible, kKeys)));
+      const __mmask16 v0 = _mm512_cmple_epi32_mask(lane, limit);
+      const __mmask16 v1 = _mm512_cmple_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), limit);
+      const __m512 s0 = _mm512_mask_mul_ps(neg, v0, _mm512_load_ps(&s[r][0]), sc);
+      const __m512 s1 = _mm512_mask_mul_ps(neg, v1, _mm512_load_ps(&s[r][16]), sc);
+      const float top = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+      if (top > m[r] + kSlack) {
+        if (l[r] > 0.f) {
+          alpha[r] = std::exp(m[r] - top);
+          rescale = true;
+        }
+        m[r] = top;
+      }
+      const __m512 mx = _mm512_set1_ps(m[r]);
+      const __m512 p0 = _mm512_maskz_mov_ps(v0, pagoda::exp16(_mm512_sub_ps(s0, mx)));
+      const __m512 p1 = _mm512_maskz_mov_ps(v1, pagoda::exp16(_mm512_sub_ps(s1, mx)));
+      l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+      _mm512_store_si512(pb[r], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+    }
+    if (rescale) {  // rare: out of the tiles, scale the rows, back in
+      _tile_stored(0, o, 256);
+      _tile_stored(1, o + 16, 256);
+      _tile_stored(2, o + 32, 256);
+      _tile_stored(3, o + 48, 256);
+      for (int64_t r = 0; r < rows; ++r)
+        if (alpha[r] != 1.f)
+          for (int64_t c = 0; c < 64; c += 16)
+            _mm512_store_ps(o + r * 64 + c, _mm512_mul_ps(_mm512_load_ps(o + r * 64 + c), _mm512_set1_ps(alpha[r])));
+      _tile_loadd(0, o, 256);
+      _tile_loadd(1, o + 16, 256);
+      _tile_loadd(2, o + 32, 256);
+      _tile_loadd(3, o + 48, 256);
+    }
+    const BF16* vc = vv + chunk * kKeys * d + dgroup * 4 * 512;
+    _tile_loadd(6, &pb[0][0], 64);
+    _tile_loadd(7, vc, 64);
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_loadd(7, vc + 512, 64);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(7, vc + 1024, 64);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_loadd(7, vc + 1536, 64);
+    _tile_dpbf16ps(3, 6, 7);
+  }
+  _tile_stored(0, o, 256);
+  _tile_stored(1, o + 16, 256);
+  _tile_stored(2, o + 32, 256);
+  _tile_stored(3, o + 48, 256);
+}
+
+// One block of up to 16 query positions [i0, i0 + rows) of a span for query
+// head `head` (of kv head h); writes its output rows.
+void query_block(const Span& span, const Shape& shape, int64_t h, int64_t head, int64_t i0, const BF16* q,
+                 const BF16* kt, const BF16* vv, float scale, BF16* out) {
+  const int64_t d = shape.head_dim;
+  const int64_t rows = std::min(kQ, span.num_query - i0);
+  alignas(64) BF16 qb[kQ][128];
+  alignas(64) float o[kQ][64];
+  float l[kQ];
+  for (int64_t r = 0; r < kQ; ++r) {
+    if (r < rows)
+      std::memcpy(qb[r], q + (span.query_start + i0 + r) * shape.q_row + head * shape.q_head, d * sizeof(BF16));
+    else
+      std::memset(qb[r], 0, d * sizeof(BF16));
+  }
+  for (int64_t dgroup = 0; dgroup < d / 64; ++dgroup) {
+    head_pass(span, shape, i0, rows, &qb[0][0], kt, vv, scale, dgroup, &o[0][0], l);
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+      BF16* dst = out + ((span.query_start + i0 + r) * shape.num_heads + head) * d + dgroup * 64;
+      for (int64_t c = 0; c < 64; c += 16)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[g][r][c]), inv)));
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[r][c]), inv)));
     }
   }
 }
@@ -248,13 +264,12 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
   });
   // Pass 2: (span, kv head, head group, query block) items.
   struct Item {
-    int64_t span, h, g0, i0;
+    int64_t span, head, i0;
   };
   std::vector<Item> items;
   for (size_t i = 0; i < list.size(); ++i)
-    for (int64_t h = 0; h < shape.num_kv_heads; ++h)
-      for (int64_t g0 = 0; g0 < shape.group; g0 += kHeads)
-        for (int64_t i0 = 0; i0 < list[i].num_query; i0 += kQ) items.push_back({int64_t(i), h, g0, i0});
+    for (int64_t head = 0; head < shape.num_heads; ++head)
+      for (int64_t i0 = 0; i0 < list[i].num_query; i0 += kQ) items.push_back({int64_t(i), head, i0});
   // Longest blocks (latest positions) first, so the threads finish together.
   std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
     return list[a.span].num_cached + a.i0 > list[b.span].num_cached + b.i0;
@@ -270,13 +285,10 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
       for (size_t j = t; j < items.size(); j += threads) {
         const Item& it = items[j];
         const Span& span = list[it.span];
-        const BF16* kt = pk + offsets[it.span * shape.num_kv_heads + it.h];
+        const int64_t h = it.head / shape.group;
+        const BF16* kt = pk + offsets[it.span * shape.num_kv_heads + h];
         const BF16* vv = kt + packed_elems(span.num_cached + span.num_query, d) / 2;
-        switch (std::min(kHeads, shape.group - it.g0)) {
-          case 3: query_block<3>(span, shape, it.h, it.g0, it.i0, qd, kt, vv, fscale, od); break;
-          case 2: query_block<2>(span, shape, it.h, it.g0, it.i0, qd, kt, vv, fscale, od); break;
-          default: query_block<1>(span, shape, it.h, it.g0, it.i0, qd, kt, vv, fscale, od); break;
-        }
+        query_block(span, shape, h, it.head, it.i0, qd, kt, vv, fscale, od);
       }
     _tile_release();
   });
