@@ -121,3 +121,13 @@ def cpp_kernel():
     build.GEMM.load()
     build.PREFILL.load()
     return build.ATTENTION.load()
+
+
+def native_module(name: str, ready: str, reason: str):
+    """An extension of executor_svc.native.build by attribute name, skipping the test when its `ready()` is false."""
+    from executor_svc.native import build
+
+    module = getattr(build, name).load()
+    if not getattr(module, ready)():
+        pytest.skip(reason)
+    return module

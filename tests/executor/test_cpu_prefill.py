@@ -5,15 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.executor.conftest import native_module
+
 
 @pytest.fixture(scope="module")
 def prefill(cpp_kernel):
-    from executor_svc.native import build
-
-    module = build.PREFILL.load()
-    if not module.prefill_ready():
-        pytest.skip("needs AMX (and a kernel that grants it)")
-    return module
+    return native_module("PREFILL", "prefill_ready", "needs AMX (and a kernel that grants it)")
 
 
 def _case(gen, spans, num_heads, num_kv_heads, head_dim, block_size):

@@ -7,6 +7,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps, layer_ops
+from tests.executor.conftest import native_module
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # bf16 is rounded at the same points as the HF code, so it matches bit for bit;
@@ -148,12 +149,7 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
 
 @pytest.fixture(scope="module")
 def gemm(cpp_kernel):
-    from executor_svc.native import build
-
-    module = build.GEMM.load()
-    if not module.vectorized():
-        pytest.skip("the fp32 GEMM needs AVX-512")
-    return module
+    return native_module("GEMM", "vectorized", "the panel GEMM needs AVX-512")
 
 
 @pytest.mark.parametrize("rows", [1, 5, 6, 13, 48, 97, 300])
