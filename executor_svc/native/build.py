@@ -117,7 +117,9 @@ ATTENTION = Extension(
 )
 OPS = Extension("pagoda_cpu_ops", (_HERE / "cpu_ops.cpp",), (_HERE / "cpu_common.h",))
 GEMM = Extension("pagoda_cpu_gemm", (_HERE / "cpu_gemm.cpp",), (_HERE / "cpu_common.h", _HERE / "amx.h"))
-PREFILL = Extension("pagoda_cpu_prefill", (_ATTENTION_DIR / "cpu_prefill.cpp",), (_HERE / "cpu_common.h", _HERE / "amx.h"))
+PREFILL = Extension(
+    "pagoda_cpu_prefill", (_ATTENTION_DIR / "cpu_prefill.cpp",), (_HERE / "cpu_common.h", _HERE / "amx.h")
+)
 EXTENSIONS = (ATTENTION, OPS, GEMM, PREFILL)
 
 
