@@ -31,7 +31,7 @@ def measure_peaks(device: torch.device) -> dict[str, float]:
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         a = torch.randn(2048, 2048, dtype=dtype, device=device)
         b = torch.randn(2048, 2048, dtype=dtype, device=device)
-        seconds = _best_time(lambda: torch.mm(a, b), device)
+        seconds = _best_time(lambda a=a, b=b: torch.mm(a, b), device)
         peaks[f"gemm_{name}_tflops"] = 2 * 2048**3 / seconds / 1e12
     src = torch.empty(64 * 2**20, dtype=torch.float32, device=device).fill_(1.0)  # 256 MiB
     dst = torch.empty_like(src)
@@ -81,8 +81,16 @@ def decode_step(runner: ModelRunner, batch: int, context: int, steps: int) -> tu
     runner.reset()
     num_blocks = -(-(context + steps + 1) // runner.block_size)
     new = tuple(
-        t.NewSequence(i, f"b{i}", tuple((7 * i + j) % 1000 + 10 for j in range(context)), context, GREEDY,
-                      tuple(range(i * num_blocks, (i + 1) * num_blocks)), context - 1, 1)
+        t.NewSequence(
+            i,
+            f"b{i}",
+            tuple((7 * i + j) % 1000 + 10 for j in range(context)),
+            context,
+            GREEDY,
+            tuple(range(i * num_blocks, (i + 1) * num_blocks)),
+            context - 1,
+            1,
+        )
         for i in range(batch)
     )
     runner.execute(t.StepInput(0, new_seqs=new))
@@ -91,7 +99,9 @@ def decode_step(runner: ModelRunner, batch: int, context: int, steps: int) -> tu
     for step in range(steps):
         timer.seconds = 0.0
         start = time.perf_counter()
-        out = runner.execute(t.StepInput(step + 1, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(batch))))
+        out = runner.execute(
+            t.StepInput(step + 1, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(batch)))
+        )
         elapsed = time.perf_counter() - start
         assert not out.errors, out.errors[0]
         times.append(elapsed)
@@ -114,7 +124,9 @@ def prefill_tokens_per_s(runner: ModelRunner, context: int) -> float:
 def decode_roofline_s(runner: ModelRunner, batch: int, context: int, peaks: dict[str, float], dtype: str) -> float:
     """Lower bound on a decode step: max(compute at GEMM peak, bytes at copy bandwidth)."""
     c = runner.config
-    per_layer = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size
+    per_layer = (
+        c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size
+    )
     per_layer += 3 * c.hidden_size * c.intermediate_size
     weights = c.num_layers * per_layer + c.vocab_size * c.hidden_size
     attn_flops = 4 * batch * context * c.num_heads * c.head_dim * c.num_layers
@@ -150,15 +162,24 @@ def main() -> None:
 
 def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
     num_blocks_needed = max(batches) * -(-(args.context + args.steps + 1) // 16) + 8
-    runner = ModelRunner(model, dtype=dtype, device=args.device, block_size=16, attention_backend="torch",
-                         kv_cache_memory_bytes=None, max_model_len=max(args.context + args.steps + 8, 1024))
+    runner = ModelRunner(
+        model,
+        dtype=dtype,
+        device=args.device,
+        block_size=16,
+        attention_backend="torch",
+        kv_cache_memory_bytes=None,
+        max_model_len=max(args.context + args.steps + 8, 1024),
+    )
     if runner.info.num_kv_blocks < num_blocks_needed:
         runner = None
         raise SystemExit(f"not enough KV memory for batch {max(batches)} at context {args.context}")
     device = runner.device
     peaks = measure_peaks(device)
-    print(f"\n== {dtype} on {device}: GEMM fp32 {peaks['gemm_float32_tflops']:.2f} TFLOP/s, "
-          f"bf16 {peaks['gemm_bfloat16_tflops']:.2f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s")
+    print(
+        f"\n== {dtype} on {device}: GEMM fp32 {peaks['gemm_float32_tflops']:.2f} TFLOP/s, "
+        f"bf16 {peaks['gemm_bfloat16_tflops']:.2f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s"
+    )
     backends = ["torch"]
     if device.type == "cpu" and (cpu_kernel.is_built() or cpu_kernel.can_build()):
         backends.append("cpp")
@@ -172,8 +193,10 @@ def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
         for batch in batches:
             step_s, share = decode_step(runner, batch, args.context, args.steps)
             bound = decode_roofline_s(runner, batch, args.context, peaks, dtype)
-            print(f"{batch:>6} {step_s * 1e3:>9.1f} {batch / step_s:>8.1f} {share * 100:>6.1f}% "
-                  f"{bound * 1e3:>12.2f} {bound / step_s * 100:>10.1f}%")
+            print(
+                f"{batch:>6} {step_s * 1e3:>9.1f} {batch / step_s:>8.1f} {share * 100:>6.1f}% "
+                f"{bound * 1e3:>12.2f} {bound / step_s * 100:>10.1f}%"
+            )
         print(f"prefill {args.context} tokens: {prefill_tokens_per_s(runner, args.context):.0f} tokens/s")
 
 

@@ -33,15 +33,24 @@ async def _run(target: str, workload) -> float:
     async with AsyncClient(target, timeout=3600) as client:
         await client.generate(token_ids=[5, 6, 7], max_tokens=2)
         start = time.perf_counter()
-        await asyncio.gather(*(client.generate(token_ids=list(r.prompt_token_ids), max_tokens=r.output_len,
-                                               ignore_eos=True) for r in workload))
+        await asyncio.gather(
+            *(
+                client.generate(token_ids=list(r.prompt_token_ids), max_tokens=r.output_len, ignore_eos=True)
+                for r in workload
+            )
+        )
         return time.perf_counter() - start
 
 
 def throughput(model: str, dtype: str, workload, num_executors: int) -> float:
     """Output tokens/s of the workload with `num_executors` single-thread pinned executors."""
-    with Launcher(model, num_executors=num_executors, dtype=dtype, kv_cache_memory="768MiB",
-                  extra_executor_args=["--num-threads", "1"]) as system:
+    with Launcher(
+        model,
+        num_executors=num_executors,
+        dtype=dtype,
+        kv_cache_memory="768MiB",
+        extra_executor_args=["--num-threads", "1"],
+    ) as system:
         pin(system.executor_pids)
         seconds = asyncio.run(_run(system.target, workload))
     return sum(r.output_len for r in workload) / seconds
@@ -49,8 +58,9 @@ def throughput(model: str, dtype: str, workload, num_executors: int) -> float:
 
 def recovery_s(model: str, dtype: str) -> list[float]:
     """Per stream: seconds from the kill to its next token (the moved ones recompute)."""
-    with Launcher(model, num_executors=2, dtype=dtype, kv_cache_memory="768MiB",
-                  extra_executor_args=["--num-threads", "1"]) as system:
+    with Launcher(
+        model, num_executors=2, dtype=dtype, kv_cache_memory="768MiB", extra_executor_args=["--num-threads", "1"]
+    ) as system:
         pin(system.executor_pids)
         killed_at: list[float] = []
         waits: list[float] = []
@@ -98,8 +108,10 @@ def main() -> None:
     print(f"model {model} dtype {args.dtype}, {len(workload)} requests, one thread per executor, pinned")
     print(f"1 executor : {one:7.1f} output tok/s")
     print(f"2 executors: {two:7.1f} output tok/s   ratio {two / one:.2f}x")
-    print(f"kill -> next token per stream (s): median {waits[len(waits) // 2]:.2f}, max {waits[-1]:.2f} "
-          f"(16 streams; the killed executor's streams recompute on the other)")
+    print(
+        f"kill -> next token per stream (s): median {waits[len(waits) // 2]:.2f}, max {waits[-1]:.2f} "
+        f"(16 streams; the killed executor's streams recompute on the other)"
+    )
 
 
 if __name__ == "__main__":

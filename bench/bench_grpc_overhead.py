@@ -30,26 +30,50 @@ def in_process(model: str, dtype: str, workload, kv_bytes: int, budget: int) -> 
     runner = ModelRunner(model, dtype=dtype, kv_cache_memory_bytes=kv_bytes)
     runner.warmup()
     info = runner.info
-    sched = Scheduler(SchedulerConfig(num_blocks=info.num_kv_blocks, block_size=info.block_size,
-                                      max_num_batched_tokens=budget, max_model_len=info.max_model_len))
+    sched = Scheduler(
+        SchedulerConfig(
+            num_blocks=info.num_kv_blocks,
+            block_size=info.block_size,
+            max_num_batched_tokens=budget,
+            max_model_len=info.max_model_len,
+        )
+    )
     for r in workload:
-        sched.add(Sequence(r.index + 1, str(r.index), list(r.prompt_token_ids), st.SamplingParams(temperature=0.0),
-                           st.StoppingCriteria(max_tokens=r.output_len, ignore_eos=True)))
+        sched.add(
+            Sequence(
+                r.index + 1,
+                str(r.index),
+                list(r.prompt_token_ids),
+                st.SamplingParams(temperature=0.0),
+                st.StoppingCriteria(max_tokens=r.output_len, ignore_eos=True),
+            )
+        )
     start = time.perf_counter()
     steps = 0
     while sched.has_unfinished():
         plan = sched.schedule()
         out = runner.execute(_to_executor(plan, et))
-        sched.update(st.StepResult(plan.step_id, "local", tuple(
-            st.SeqOutput(o.seq_id, o.token_ids) for o in out.outputs)))
+        sched.update(
+            st.StepResult(plan.step_id, "local", tuple(st.SeqOutput(o.seq_id, o.token_ids) for o in out.outputs))
+        )
         steps += 1
     return time.perf_counter() - start, steps
 
 
 def _to_executor(plan, et):
-    new = tuple(et.NewSequence(s.seq_id, s.request_id, s.token_ids, s.num_prompt_tokens,
-                               et.SamplingParams(temperature=s.sampling.temperature, seed=s.sampling.seed),
-                               s.block_ids, s.num_computed_tokens, s.num_scheduled_tokens) for s in plan.new_seqs)
+    new = tuple(
+        et.NewSequence(
+            s.seq_id,
+            s.request_id,
+            s.token_ids,
+            s.num_prompt_tokens,
+            et.SamplingParams(temperature=s.sampling.temperature, seed=s.sampling.seed),
+            s.block_ids,
+            s.num_computed_tokens,
+            s.num_scheduled_tokens,
+        )
+        for s in plan.new_seqs
+    )
     cont = tuple(et.ScheduledSequence(s.seq_id, s.num_scheduled_tokens, s.new_block_ids) for s in plan.scheduled_seqs)
     return et.StepInput(plan.step_id, new, cont, plan.dropped_seq_ids)
 
@@ -60,8 +84,14 @@ async def _through_grpc(target: str, workload) -> float:
     async with AsyncClient(target, timeout=3600) as client:
         await client.generate(token_ids=[5, 6, 7], max_tokens=2, temperature=0)
         start = time.perf_counter()
-        await asyncio.gather(*(client.generate(token_ids=list(r.prompt_token_ids), max_tokens=r.output_len,
-                                               temperature=0, ignore_eos=True) for r in workload))
+        await asyncio.gather(
+            *(
+                client.generate(
+                    token_ids=list(r.prompt_token_ids), max_tokens=r.output_len, temperature=0, ignore_eos=True
+                )
+                for r in workload
+            )
+        )
         return time.perf_counter() - start
 
 
@@ -85,19 +115,27 @@ def main() -> None:
     num_output = sum(r.output_len for r in workload)
     kv = 1 << 30
     metrics_port = free_port()
-    with Launcher(model, dtype=args.dtype, kv_cache_memory=str(kv),
-                  extra_executor_args=["--metrics-port", str(metrics_port)],
-                  extra_scheduler_args=["--max-num-batched-tokens", str(args.max_num_batched_tokens)]) as system:
-        idle0, steps0 = (_scrape(metrics_port, "pagoda_executor_idle_seconds_sum"),
-                         _scrape(metrics_port, "pagoda_executor_steps_total"))
+    with Launcher(
+        model,
+        dtype=args.dtype,
+        kv_cache_memory=str(kv),
+        extra_executor_args=["--metrics-port", str(metrics_port)],
+        extra_scheduler_args=["--max-num-batched-tokens", str(args.max_num_batched_tokens)],
+    ) as system:
+        idle0, steps0 = (
+            _scrape(metrics_port, "pagoda_executor_idle_seconds_sum"),
+            _scrape(metrics_port, "pagoda_executor_steps_total"),
+        )
         grpc_s = asyncio.run(_through_grpc(system.target, workload))
         idle = _scrape(metrics_port, "pagoda_executor_idle_seconds_sum") - idle0
         steps = _scrape(metrics_port, "pagoda_executor_steps_total") - steps0
     local_s, local_steps = in_process(model, args.dtype, workload, kv, args.max_num_batched_tokens)
     print(f"model {model} dtype {args.dtype}: {len(workload)} requests, {num_output} output tokens")
     print(f"in-process : {local_s:7.1f} s  {num_output / local_s:7.1f} output tok/s  ({local_steps} steps)")
-    print(f"two services: {grpc_s:7.1f} s  {num_output / grpc_s:7.1f} output tok/s  ({steps:.0f} steps, "
-          f"executor idle {idle:.2f} s in all = {idle / grpc_s * 100:.1f}% of the run, {idle / steps * 1e3:.2f} ms/step)")
+    print(
+        f"two services: {grpc_s:7.1f} s  {num_output / grpc_s:7.1f} output tok/s  ({steps:.0f} steps, "
+        f"executor idle {idle:.2f} s in all = {idle / grpc_s * 100:.1f}% of the run, {idle / steps * 1e3:.2f} ms/step)"
+    )
     print(f"throughput ratio services / in-process: {local_s / grpc_s:.3f}")
 
 

@@ -29,11 +29,16 @@ DECODE_ROWS = 64  # the LM head runs only on sampled rows
 
 def _paths(gemm, dtype):
     """name -> (pack(weight) -> packed, run(x, packed, out_features))."""
-    onednn = (lambda w: torch.ops.mkldnn._reorder_linear_weight(w, None),
-              lambda x, p, n: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""))
+    onednn = (
+        lambda w: torch.ops.mkldnn._reorder_linear_weight(w, None),
+        lambda x, p, n: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
+    )
     if dtype == torch.float32:
-        return {"pagoda": (gemm.pack_f32, lambda x, p, n: gemm.linear_f32(x, p, n, None)),
-                "sgemm": (lambda w: w, lambda x, p, n: F.linear(x, p)), "onednn": onednn}
+        return {
+            "pagoda": (gemm.pack_f32, lambda x, p, n: gemm.linear_f32(x, p, n, None)),
+            "sgemm": (lambda w: w, lambda x, p, n: F.linear(x, p)),
+            "onednn": onednn,
+        }
     paths = {"onednn": onednn}
     if gemm.amx_ready():
         paths["pagoda"] = (gemm.pack_bf16, lambda x, p, n: gemm.linear_bf16(x, p, n, None))
@@ -63,21 +68,39 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
         paths = _paths(gemm, dtype)
-        dense = {"layers": [{k: (torch.randn(*s, generator=gen) * 0.02).to(dtype) for k, s in SHAPES.items()}
-                            for _ in range(NUM_LAYERS)],
-                 "lm_head": (torch.randn(*LM_HEAD, generator=gen) * 0.02).to(dtype)}
-        packed = {name: {"layers": [{k: pack(w) for k, w in layer.items()} for layer in dense["layers"]],
-                         "lm_head": pack(dense["lm_head"])} for name, (pack, _) in paths.items()}
+        dense = {
+            "layers": [
+                {k: (torch.randn(*s, generator=gen) * 0.02).to(dtype) for k, s in SHAPES.items()}
+                for _ in range(NUM_LAYERS)
+            ],
+            "lm_head": (torch.randn(*LM_HEAD, generator=gen) * 0.02).to(dtype),
+        }
+        packed = {
+            name: {
+                "layers": [{k: pack(w) for k, w in layer.items()} for layer in dense["layers"]],
+                "lm_head": pack(dense["lm_head"]),
+            }
+            for name, (pack, _) in paths.items()
+        }
         for rows in (int(r) for r in args.rows.split(",")):
             best = {}
             for _ in range(args.repeats):  # paths alternate, best of the repeats
                 for name, (_, run) in paths.items():
                     best[name] = min(best.get(name, float("inf")), _step(run, packed[name], rows, dtype))
-            flops = 2 * rows * (NUM_LAYERS * sum(n * k for n, k in SHAPES.values())
-                                + (LM_HEAD[0] * LM_HEAD[1] if rows <= DECODE_ROWS else 0))
+            flops = (
+                2
+                * rows
+                * (
+                    NUM_LAYERS * sum(n * k for n, k in SHAPES.values())
+                    + (LM_HEAD[0] * LM_HEAD[1] if rows <= DECODE_ROWS else 0)
+                )
+            )
             cells = "  ".join(f"{name} {t * 1e3:7.1f} ms ({flops / t / 1e9:5.0f} GFLOP/s)" for name, t in best.items())
-            ratio = "  ".join(f"{name}/pagoda {t / best['pagoda']:.2f}x" for name, t in best.items()
-                              if name != "pagoda" and "pagoda" in best)
+            ratio = "  ".join(
+                f"{name}/pagoda {t / best['pagoda']:.2f}x"
+                for name, t in best.items()
+                if name != "pagoda" and "pagoda" in best
+            )
             print(f"{str(dtype).removeprefix('torch.'):9s} rows {rows:5d}: {cells}  {ratio}")
 
 

@@ -112,8 +112,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     print("CPU time per step (median; p90 of the total), and the wall-clock median")
-    print(f"{'seqs':>5} {'context':>8} {'schedule ms':>12} {'update ms':>10} {'total ms':>9} {'p90 ms':>7} "
-          f"{'us/seq':>7} {'wall ms':>8}")
+    print(
+        f"{'seqs':>5} {'context':>8} {'schedule ms':>12} {'update ms':>10} {'total ms':>9} {'p90 ms':>7} "
+        f"{'us/seq':>7} {'wall ms':>8}"
+    )
     for context in args.context:
         for num_seqs in args.num_seqs:
             row = measure(num_seqs, context, args.steps)

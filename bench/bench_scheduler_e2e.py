@@ -97,11 +97,12 @@ def main() -> None:
     with Launcher(model, **common, extra_scheduler_args=["--max-num-batched-tokens", "8192"]) as system:
         whole = bench_itl_during_long_prompt(system.target)
     print(f"model {model} dtype {args.dtype}")
-    print(f"TTFT 1024-token prefix: uncached {cold * 1e3:.0f} ms, cached {warm * 1e3:.0f} ms, "
-          f"ratio {cold / warm:.1f}x")
+    print(f"TTFT 1024-token prefix: uncached {cold * 1e3:.0f} ms, cached {warm * 1e3:.0f} ms, ratio {cold / warm:.1f}x")
     for name, gaps in (("chunked (budget 512)", chunked), ("unchunked (budget 8192)", whole)):
-        print(f"ITL of 16 decoders during a 4096-token prefill, {name}: p50 {p(gaps, .5) * 1e3:.0f} ms, "
-              f"p99 {p(gaps, .99) * 1e3:.0f} ms, max {max(gaps) * 1e3:.0f} ms")
+        print(
+            f"ITL of 16 decoders during a 4096-token prefill, {name}: p50 {p(gaps, 0.5) * 1e3:.0f} ms, "
+            f"p99 {p(gaps, 0.99) * 1e3:.0f} ms, max {max(gaps) * 1e3:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import grpc
-from pagoda.v1 import generation_pb2 as g
 
+from pagoda.v1 import generation_pb2 as g
 from pagoda_client import Client, PagodaError
 from pagoda_client.launcher import Launcher
 
@@ -50,6 +50,7 @@ def rss_mib(pid: int) -> float | None:
 
 def malformed_requests(vocab_size: int) -> list[bytes]:
     """Wire payloads every server must refuse with INVALID_ARGUMENT."""
+
     def base(**sampling) -> g.GenerateRequest:
         msg = g.GenerateRequest(token_ids=g.TokenIdsInput(token_ids=[5, 6, 7]))
         msg.stopping.max_tokens = 4
@@ -92,8 +93,9 @@ class Tally:
 class LoadWorker(threading.Thread):
     """Sends requests until `deadline`, tallying each outcome."""
 
-    def __init__(self, index: int, client: Client, channel: grpc.Channel, args, vocab_size: int,
-                 deadline: float, tally: Tally) -> None:
+    def __init__(
+        self, index: int, client: Client, channel: grpc.Channel, args, vocab_size: int, deadline: float, tally: Tally
+    ) -> None:
         super().__init__(name=f"soak-{index}", daemon=True)
         self.rng = random.Random(args.seed * 1000 + index)
         self.client, self.args, self.vocab_size = client, args, vocab_size
@@ -109,9 +111,15 @@ class LoadWorker(threading.Thread):
 
     def _params(self) -> dict:
         prompt = [self.rng.randrange(3, self.vocab_size) for _ in range(self.rng.randint(4, self.args.max_prompt))]
-        sampling = {"temperature": 0} if self.rng.random() < 0.5 else {"temperature": 0.8, "seed": self.rng.getrandbits(32)}
-        return dict(token_ids=prompt, max_tokens=self.rng.randint(1, self.args.max_tokens),
-                    ignore_eos=self.rng.random() < 0.5, **sampling)
+        sampling = (
+            {"temperature": 0} if self.rng.random() < 0.5 else {"temperature": 0.8, "seed": self.rng.getrandbits(32)}
+        )
+        return dict(
+            token_ids=prompt,
+            max_tokens=self.rng.randint(1, self.args.max_tokens),
+            ignore_eos=self.rng.random() < 0.5,
+            **sampling,
+        )
 
     def _normal(self) -> None:
         try:
@@ -174,14 +182,18 @@ def memory(pids: dict[str, int]) -> dict[str, float | None]:
 
 def run_load(target: str, args, pids: dict[str, int]) -> dict:
     """The soak itself; returns the report."""
-    with Client(target, timeout=args.request_timeout_s, max_retries=0) as client, \
-            grpc.insecure_channel(target) as channel:
+    with (
+        Client(target, timeout=args.request_timeout_s, max_retries=0) as client,
+        grpc.insecure_channel(target) as channel,
+    ):
         vocab_size = client.model_info().vocab_size
         client.generate(token_ids=[5, 6, 7], max_tokens=4, temperature=0)  # warm-up
         rss_start = memory(pids)
         tally, start = Tally(), time.monotonic()
-        workers = [LoadWorker(i, client, channel, args, vocab_size, start + args.duration_s, tally)
-                   for i in range(args.concurrency)]
+        workers = [
+            LoadWorker(i, client, channel, args, vocab_size, start + args.duration_s, tally)
+            for i in range(args.concurrency)
+        ]
         for worker in workers:
             worker.start()
         _progress(workers, tally, start, pids, args.progress_s)
@@ -205,17 +217,29 @@ def _progress(workers: list[LoadWorker], tally: Tally, start: float, pids: dict[
 
 def _report(args, tally: Tally, elapsed: float, status, rss_start: dict, rss_end: dict) -> dict:
     outcomes = {f"{kind}/{code}": n for (kind, code), n in sorted(tally.outcomes.items())}
-    executors = [{"address": e.address, "state": e.state, "num_kv_blocks": e.num_kv_blocks,
-                  "num_free_kv_blocks": e.num_free_kv_blocks} for e in status.executors]
+    executors = [
+        {
+            "address": e.address,
+            "state": e.state,
+            "num_kv_blocks": e.num_kv_blocks,
+            "num_free_kv_blocks": e.num_free_kv_blocks,
+        }
+        for e in status.executors
+    ]
     pool_whole = bool(executors) and all(e["num_free_kv_blocks"] == e["num_kv_blocks"] for e in executors)
     return {
-        "duration_s": round(elapsed, 1), "concurrency": args.concurrency,
+        "duration_s": round(elapsed, 1),
+        "concurrency": args.concurrency,
         "requests_total": sum(tally.outcomes.values()),
         "requests_served": sum(n for (kind, code), n in tally.outcomes.items() if code == "OK"),
-        "tokens_generated": tally.tokens, "outcomes": outcomes, "unexpected": tally.unexpected,
+        "tokens_generated": tally.tokens,
+        "outcomes": outcomes,
+        "unexpected": tally.unexpected,
         "rss_mib": {name: {"start": _round(rss_start[name]), "end": _round(rss_end[name])} for name in rss_start},
-        "executors": executors, "num_running_at_end": status.num_running,
-        "num_waiting_at_end": status.num_waiting, "kv_pool_whole": pool_whole,
+        "executors": executors,
+        "num_running_at_end": status.num_running,
+        "num_waiting_at_end": status.num_waiting,
+        "kv_pool_whole": pool_whole,
         "num_preemptions_total": status.num_preemptions_total,
     }
 
@@ -225,16 +249,20 @@ def _round(value: float | None) -> float | None:
 
 
 def _print(report: dict) -> None:
-    print(f"soak: {report['duration_s']}s, {report['concurrency']} workers, {report['requests_total']} requests, "
-          f"{report['requests_served']} served, {report['tokens_generated']} tokens generated")
+    print(
+        f"soak: {report['duration_s']}s, {report['concurrency']} workers, {report['requests_total']} requests, "
+        f"{report['requests_served']} served, {report['tokens_generated']} tokens generated"
+    )
     for name, n in report["outcomes"].items():
         print(f"  {name:32s} {n}")
     for name, rss in report["rss_mib"].items():
         print(f"  RSS {name:14s} start {rss['start']} MiB  end {rss['end']} MiB")
     for e in report["executors"]:
         print(f"  KV {e['address']}: {e['num_free_kv_blocks']} of {e['num_kv_blocks']} blocks free ({e['state']})")
-    print(f"  preemptions: {report['num_preemptions_total']}; KV pool whole: {report['kv_pool_whole']}; "
-          f"unexpected outcomes: {report['unexpected'] or 'none'}")
+    print(
+        f"  preemptions: {report['num_preemptions_total']}; KV pool whole: {report['kv_pool_whole']}; "
+        f"unexpected outcomes: {report['unexpected'] or 'none'}"
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -275,8 +303,13 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="pagoda-soak-") as tmp:
             model = _tiny_model(Path(tmp)) if args.tiny else args.model
             dtype = args.dtype or ("float32" if args.tiny else None)
-            with Launcher(model, num_executors=args.executors, dtype=dtype, kv_cache_memory=args.kv_cache_memory,
-                          log_dir=Path(tmp) / "logs") as system:
+            with Launcher(
+                model,
+                num_executors=args.executors,
+                dtype=dtype,
+                kv_cache_memory=args.kv_cache_memory,
+                log_dir=Path(tmp) / "logs",
+            ) as system:
                 pids = {"scheduler": system.scheduler_pid}
                 pids |= {f"executor-{i}": pid for i, pid in enumerate(system.executor_pids)}
                 report = run_load(system.target, args, pids)

@@ -46,8 +46,15 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "seed", "logprobs",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "logprobs",
 )
 
 
@@ -157,9 +164,7 @@ def build_generate_request(
     num_inputs = sum(x is not None for x in (prompt, token_ids, messages))
     if num_inputs != 1:
         raise ValueError("give exactly one of prompt, token_ids or messages")
-    request = generation_pb2.GenerateRequest(
-        request_id=request_id or "", priority=priority, cache_salt=cache_salt
-    )
+    request = generation_pb2.GenerateRequest(request_id=request_id or "", priority=priority, cache_salt=cache_salt)
     if prompt is not None:
         request.text = prompt
     elif token_ids is not None:
@@ -204,16 +209,16 @@ def delta_from_pb(pb: generation_pb2.GenerateResponse) -> GenerationDelta:
         text=pb.text,
         token_ids=tuple(pb.token_ids),
         logprobs=tuple(
-            LogprobEntry(sampled=_logprob(e.sampled), top=tuple(_logprob(t) for t in e.top))
-            for e in pb.logprobs
+            LogprobEntry(sampled=_logprob(e.sampled), top=tuple(_logprob(t) for t in e.top)) for e in pb.logprobs
         ),
         finish_reason=finish_reason,
         stop_reason=pb.stop_reason,
         usage=Usage(pb.usage.prompt_tokens, pb.usage.completion_tokens, pb.usage.cached_tokens)
-        if has_final or pb.HasField("usage") else None,
-        timings=Timings(
-            pb.timings.queue_ns / 1e9, pb.timings.time_to_first_token_ns / 1e9, pb.timings.total_ns / 1e9
-        ) if has_final or pb.HasField("timings") else None,
+        if has_final or pb.HasField("usage")
+        else None,
+        timings=Timings(pb.timings.queue_ns / 1e9, pb.timings.time_to_first_token_ns / 1e9, pb.timings.total_ns / 1e9)
+        if has_final or pb.HasField("timings")
+        else None,
         prompt_token_ids=tuple(pb.prompt_token_ids),
     )
 
@@ -241,9 +246,13 @@ def status_from_pb(pb: generation_pb2.ServerStatus) -> ServerStatus:
         kv_cache_usage=pb.kv_cache_usage,
         executors=tuple(
             ExecutorStatus(
-                address=e.address, incarnation_id=e.incarnation_id, state=e.state,
-                num_running=e.num_running, num_waiting=e.num_waiting,
-                num_kv_blocks=e.num_kv_blocks, num_free_kv_blocks=e.num_free_kv_blocks,
+                address=e.address,
+                incarnation_id=e.incarnation_id,
+                state=e.state,
+                num_running=e.num_running,
+                num_waiting=e.num_waiting,
+                num_kv_blocks=e.num_kv_blocks,
+                num_free_kv_blocks=e.num_free_kv_blocks,
                 kv_cache_usage=e.kv_cache_usage,
             )
             for e in pb.executors
@@ -271,9 +280,7 @@ def tokenize_request(
     return request
 
 
-def detokenize_request(
-    token_ids: Sequence[int], skip_special_tokens: bool | None
-) -> generation_pb2.DetokenizeRequest:
+def detokenize_request(token_ids: Sequence[int], skip_special_tokens: bool | None) -> generation_pb2.DetokenizeRequest:
     """A ``DetokenizeRequest``."""
     request = generation_pb2.DetokenizeRequest(token_ids=[int(t) for t in token_ids])
     if skip_special_tokens is not None:

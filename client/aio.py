@@ -60,7 +60,7 @@ class AsyncGenerationStream(AsyncIterator[GenerationDelta]):
         self._closed = False
         self.request_id = request_id
 
-    def __aiter__(self) -> "AsyncGenerationStream":
+    def __aiter__(self) -> AsyncGenerationStream:
         return self
 
     async def __anext__(self) -> GenerationDelta:
@@ -99,7 +99,7 @@ class AsyncGenerationStream(AsyncIterator[GenerationDelta]):
             self._call.cancel()
             self._call = None
 
-    async def __aenter__(self) -> "AsyncGenerationStream":
+    async def __aenter__(self) -> AsyncGenerationStream:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -298,7 +298,7 @@ class AsyncClient:
         """Close the channel (cancels calls in flight)."""
         await self._channel.close()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -106,8 +106,12 @@ def run_batch(model: Any, batch: Sequence[BenchRequest], t0: float, deadline_s: 
     clock = _step_clock(t0, deadline_s, step_times, len(batch))
     with torch.inference_mode():
         model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=longest,
-            min_new_tokens=longest, do_sample=False, pad_token_id=pad_id,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+            do_sample=False,
+            pad_token_id=pad_id,
             stopping_criteria=StoppingCriteriaList([clock]),
         )
     return step_times
@@ -137,11 +141,11 @@ def run_hf(
     for start in range(0, len(requests), config.batch_size):
         if time.perf_counter() - t0 > config.max_duration_s:
             break
-        batch = requests[start:start + config.batch_size]
+        batch = requests[start : start + config.batch_size]
         step_times = run_batch(model, batch, t0, config.max_duration_s)
-        batch_records = records[start:start + config.batch_size]
+        batch_records = records[start : start + config.batch_size]
         for request, record in zip(batch, batch_records):
-            own_times = step_times[:request.output_len]
+            own_times = step_times[: request.output_len]
             record.chunk_times_s = own_times
             record.chunk_num_tokens = [1] * len(own_times)
             record.success = len(own_times) == request.output_len

@@ -35,8 +35,11 @@ async def _run_one(
     record = RequestRecord(request.index, request.prompt_len, request.output_len, time.perf_counter() - t0)
     try:
         async with client.stream(
-            token_ids=request.prompt_token_ids, max_tokens=request.output_len, ignore_eos=True,
-            temperature=config.temperature, timeout=config.request_timeout_s,
+            token_ids=request.prompt_token_ids,
+            max_tokens=request.output_len,
+            ignore_eos=True,
+            temperature=config.temperature,
+            timeout=config.request_timeout_s,
         ) as deltas:
             async for delta in deltas:
                 if delta.token_ids:
@@ -55,7 +58,9 @@ async def _run_one(
 
 
 async def run_pagoda_async(
-    requests: Sequence[BenchRequest], arrivals_s: Sequence[float], config: PagodaBackendConfig,
+    requests: Sequence[BenchRequest],
+    arrivals_s: Sequence[float],
+    config: PagodaBackendConfig,
     progress: ProgressBar,
 ) -> tuple[list[RequestRecord], float]:
     """Send every request at its arrival time; returns (records, duration)."""
@@ -75,7 +80,8 @@ async def run_pagoda_async(
         results = await asyncio.gather(*tasks, return_exceptions=True)
         duration_s = time.perf_counter() - t0
     records = [
-        r if isinstance(r, RequestRecord)
+        r
+        if isinstance(r, RequestRecord)
         else RequestRecord(q.index, q.prompt_len, q.output_len, math.nan, error="not sent: --max-duration-s reached")
         for q, r in zip(requests, results)
     ]
@@ -83,7 +89,9 @@ async def run_pagoda_async(
 
 
 def run_pagoda(
-    requests: Sequence[BenchRequest], arrivals_s: Sequence[float], config: PagodaBackendConfig,
+    requests: Sequence[BenchRequest],
+    arrivals_s: Sequence[float],
+    config: PagodaBackendConfig,
     progress: ProgressBar,
 ) -> tuple[list[RequestRecord], float]:
     """Synchronous wrapper of ``run_pagoda_async``."""

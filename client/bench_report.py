@@ -10,8 +10,12 @@ from typing import Any
 
 from pagoda_client.bench_metrics import RequestRecord, tokens_per_second_series
 
-_LATENCIES = (("ttft_ms", "TTFT", "Time to First Token"), ("tpot_ms", "TPOT", "Time per Output Token (excl. 1st token)"),
-              ("itl_ms", "ITL", "Inter-token Latency"), ("e2el_ms", "E2EL", "End-to-end Latency"))
+_LATENCIES = (
+    ("ttft_ms", "TTFT", "Time to First Token"),
+    ("tpot_ms", "TPOT", "Time per Output Token (excl. 1st token)"),
+    ("itl_ms", "ITL", "Inter-token Latency"),
+    ("e2el_ms", "E2EL", "End-to-end Latency"),
+)
 
 
 def _line(label: str, value: object) -> str:
@@ -58,8 +62,12 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def write_json(path: str | Path, config: Mapping[str, Any], runs: Mapping[str, tuple[Mapping[str, Any], Sequence[RequestRecord]]],
-               extra: Mapping[str, Any] | None = None) -> None:
+def write_json(
+    path: str | Path,
+    config: Mapping[str, Any],
+    runs: Mapping[str, tuple[Mapping[str, Any], Sequence[RequestRecord]]],
+    extra: Mapping[str, Any] | None = None,
+) -> None:
     """All metrics and per-request records of every run, as one JSON file."""
     document = {
         "config": dict(config),
@@ -92,8 +100,10 @@ def write_plots(directory: str | Path, runs: Mapping[str, Sequence[RequestRecord
         for name, records in runs.items():
             done = [r for r in records if r.success]
             values = {
-                "ttft_ms": [r.ttft_s * 1e3 for r in done], "tpot_ms": [r.tpot_s * 1e3 for r in done if r.output_len > 1],
-                "itl_ms": [g * 1e3 for r in done for g in r.itls_s], "e2el_ms": [r.e2el_s * 1e3 for r in done],
+                "ttft_ms": [r.ttft_s * 1e3 for r in done],
+                "tpot_ms": [r.tpot_s * 1e3 for r in done if r.output_len > 1],
+                "itl_ms": [g * 1e3 for r in done for g in r.itls_s],
+                "e2el_ms": [r.e2el_s * 1e3 for r in done],
             }[key]
             if values:
                 axis.plot(*_cdf(values), label=name)

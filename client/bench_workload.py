@@ -125,8 +125,7 @@ def sharegpt_workload(
     """
     _check_count(num_prompts)
     conversations = [
-        c["conversations"] for c in json.loads(Path(path).read_text())
-        if len(c.get("conversations", [])) >= 2
+        c["conversations"] for c in json.loads(Path(path).read_text()) if len(c.get("conversations", [])) >= 2
     ]
     random.Random(seed).shuffle(conversations)
     requests: list[BenchRequest] = []

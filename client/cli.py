@@ -25,8 +25,11 @@ def _token_ids(text: str) -> list[int]:
 def _connection_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     group = parser.add_argument_group("connection")
-    group.add_argument("--target", default=os.environ.get("PAGODA_TARGET", DEFAULT_TARGET),
-                       help="scheduler host:port (default $PAGODA_TARGET or %(default)s)")
+    group.add_argument(
+        "--target",
+        default=os.environ.get("PAGODA_TARGET", DEFAULT_TARGET),
+        help="scheduler host:port (default $PAGODA_TARGET or %(default)s)",
+    )
     group.add_argument("--api-key", default=os.environ.get("PAGODA_API_KEY"), help="default $PAGODA_API_KEY")
     group.add_argument("--tls", action="store_true", help="use TLS (system roots unless --tls-ca)")
     group.add_argument("--tls-ca", help="CA certificate (PEM) of the server")
@@ -68,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", parents=[connection, sampling], help="complete a prompt")
     generate.add_argument("prompt", nargs="?", help="prompt text (or --token-ids)")
     generate.add_argument("--token-ids", type=_token_ids, help="prompt as comma-separated token ids")
-    chat = commands.add_parser("chat", parents=[connection, sampling],
-                               help="chat with the model (interactive when no message is given)")
+    chat = commands.add_parser(
+        "chat", parents=[connection, sampling], help="chat with the model (interactive when no message is given)"
+    )
     chat.add_argument("message", nargs="?")
     chat.add_argument("--system", help="system message")
     models = commands.add_parser("models", parents=[connection], help="what model the server serves")
@@ -97,11 +101,20 @@ def _client(args: argparse.Namespace) -> Client:
 def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of ``Client.stream`` from the sampling flags."""
     return {
-        "max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-        "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
-        "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
-        "seed": args.seed, "stop": args.stop or None, "stop_token_ids": args.stop_token_ids or None,
-        "ignore_eos": args.ignore_eos, "priority": args.priority, "request_id": args.request_id,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "presence_penalty": args.presence_penalty,
+        "frequency_penalty": args.frequency_penalty,
+        "seed": args.seed,
+        "stop": args.stop or None,
+        "stop_token_ids": args.stop_token_ids or None,
+        "ignore_eos": args.ignore_eos,
+        "priority": args.priority,
+        "request_id": args.request_id,
     }
 
 
@@ -128,8 +141,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if (args.prompt is None) == (args.token_ids is None):
         raise ValueError("give a prompt or --token-ids (not both)")
     with _client(args) as client:
-        stream_to(client, sys.stdout, args.json, prompt=args.prompt, token_ids=args.token_ids,
-                  **generation_kwargs(args))
+        stream_to(
+            client, sys.stdout, args.json, prompt=args.prompt, token_ids=args.token_ids, **generation_kwargs(args)
+        )
     return 0
 
 
@@ -187,9 +201,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         document = status.__dict__ | {"executors": [e.__dict__ for e in status.executors]}
         print(json.dumps(document))
         return 0
-    print(f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
-          f"requests {status.num_requests_total}  preemptions {status.num_preemptions_total}  "
-          f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens")
+    print(
+        f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
+        f"requests {status.num_requests_total}  preemptions {status.num_preemptions_total}  "
+        f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens"
+    )
     print(f"{'executor':<22}{'state':<11}{'running':>8}{'waiting':>8}{'free/total blocks':>20}{'kv':>8}")
     for e in status.executors:
         blocks = f"{e.num_free_kv_blocks}/{e.num_kv_blocks}"
@@ -212,8 +228,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(own)
     if unknown and args.command != "serve":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    commands = {"generate": cmd_generate, "chat": cmd_chat, "models": cmd_models, "status": cmd_status,
-                "bench": cmd_bench}
+    commands = {
+        "generate": cmd_generate,
+        "chat": cmd_chat,
+        "models": cmd_models,
+        "status": cmd_status,
+        "bench": cmd_bench,
+    }
     try:
         if args.command == "serve":
             return cmd_serve(args, unknown + passthrough)

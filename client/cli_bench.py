@@ -25,8 +25,9 @@ from pagoda_client.progress import ProgressBar
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``pagoda bench`` (connection flags are added by the caller)."""
     parser.add_argument("--backend", choices=("pagoda", "hf"), default="pagoda")
-    parser.add_argument("--workload", "--dataset-name", dest="workload", choices=("random", "sharegpt", "prefix"),
-                        default="random")
+    parser.add_argument(
+        "--workload", "--dataset-name", dest="workload", choices=("random", "sharegpt", "prefix"), default="random"
+    )
     parser.add_argument("--dataset-path", help="ShareGPT JSON file (sharegpt workload)")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len-range", type=parse_range, default=(16, 512), metavar="LOW:HIGH")
@@ -43,8 +44,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", metavar="PATH", help="write metrics and per-request records")
     parser.add_argument("--plot", dest="plot_dir", metavar="DIR", help="write PNG charts (needs matplotlib)")
     parser.add_argument("--model", default="default", help="checkpoint folder for --backend hf / --compare-hf")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                        help="dtype of the HF baseline")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="dtype of the HF baseline"
+    )
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--hf-num-threads", type=int, default=None, help="torch threads of the HF baseline")
     parser.add_argument("--compare-hf", action="store_true", help="run pagoda, then the HF baseline")
@@ -64,28 +66,42 @@ def is_loopback(target: str) -> bool:
         return False
 
 
-def build_workload(args: argparse.Namespace, vocab_size: int, eos_ids: tuple[int, ...],
-                   tokenize: Callable[[str], list[int]]) -> list[BenchRequest]:
+def build_workload(
+    args: argparse.Namespace, vocab_size: int, eos_ids: tuple[int, ...], tokenize: Callable[[str], list[int]]
+) -> list[BenchRequest]:
     """The requests of ``args.workload``."""
     if args.workload == "random":
-        return random_workload(args.num_prompts, args.input_len_range, args.output_len_range, args.seed,
-                               vocab_size, eos_ids)
+        return random_workload(
+            args.num_prompts, args.input_len_range, args.output_len_range, args.seed, vocab_size, eos_ids
+        )
     if args.workload == "prefix":
-        return prefix_workload(args.num_prompts, args.prefix_len, args.suffix_len_range, args.output_len_range,
-                               args.seed, vocab_size, eos_ids)
+        return prefix_workload(
+            args.num_prompts,
+            args.prefix_len,
+            args.suffix_len_range,
+            args.output_len_range,
+            args.seed,
+            vocab_size,
+            eos_ids,
+        )
     if not args.dataset_path:
         raise ValueError("the sharegpt workload needs --dataset-path")
     return sharegpt_workload(args.dataset_path, args.num_prompts, args.seed, tokenize, args.sharegpt_output_len)
 
 
-def _run_pagoda(args: argparse.Namespace, requests: list[BenchRequest], connection: dict[str, Any]
-                ) -> tuple[list[RequestRecord], float]:
+def _run_pagoda(
+    args: argparse.Namespace, requests: list[BenchRequest], connection: dict[str, Any]
+) -> tuple[list[RequestRecord], float]:
     from pagoda_client.bench_pagoda import PagodaBackendConfig, run_pagoda
 
     config = PagodaBackendConfig(
-        target=connection["target"], api_key=connection["api_key"], tls=connection["tls"],
-        temperature=args.temperature, max_concurrency=args.max_concurrency,
-        max_duration_s=args.max_duration_s, request_timeout_s=args.request_timeout_s,
+        target=connection["target"],
+        api_key=connection["api_key"],
+        tls=connection["tls"],
+        temperature=args.temperature,
+        max_concurrency=args.max_concurrency,
+        max_duration_s=args.max_duration_s,
+        request_timeout_s=args.request_timeout_s,
     )
     arrivals = arrival_times(len(requests), args.request_rate, args.burstiness, args.seed)
     progress = ProgressBar(len(requests), "pagoda", enabled=not args.no_progress)
@@ -159,8 +175,9 @@ def throughput_ratio(pagoda: dict[str, Any], hf: dict[str, Any]) -> float | None
     return pagoda["output_throughput"] / hf["output_throughput"]
 
 
-def _vocabulary(use_pagoda: bool, model: Any, connection: dict[str, Any], args: argparse.Namespace
-                ) -> tuple[int, tuple[int, ...], Callable[[str], list[int]]]:
+def _vocabulary(
+    use_pagoda: bool, model: Any, connection: dict[str, Any], args: argparse.Namespace
+) -> tuple[int, tuple[int, ...], Callable[[str], list[int]]]:
     """(vocab size, EOS ids, tokenize) from the server, else from the HF model."""
     if use_pagoda:
         from pagoda_client.client import Client

@@ -25,7 +25,7 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
     if argv[:1] == ["serve"] and "--" in argv:
         cut = argv.index("--")
-        return argv[:cut], argv[cut + 1:]
+        return argv[:cut], argv[cut + 1 :]
     return argv, []
 
 
@@ -48,10 +48,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> Launcher:
     """A ``Launcher`` configured by the ``serve`` flags."""
     return Launcher(
-        args.model, num_executors=args.executors, port=args.port, host=args.host, dtype=args.dtype,
-        kv_cache_memory=args.kv_cache_memory, block_size=args.block_size, metrics_port=args.metrics_port,
-        http_port=args.http_port, extra_executor_args=shlex.split(args.executor_args),
-        extra_scheduler_args=list(scheduler_passthrough), log_dir=args.log_dir,
+        args.model,
+        num_executors=args.executors,
+        port=args.port,
+        host=args.host,
+        dtype=args.dtype,
+        kv_cache_memory=args.kv_cache_memory,
+        block_size=args.block_size,
+        metrics_port=args.metrics_port,
+        http_port=args.http_port,
+        extra_executor_args=shlex.split(args.executor_args),
+        extra_scheduler_args=list(scheduler_passthrough),
+        log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout_s,
     )
 
@@ -104,8 +112,9 @@ def cmd_serve(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) ->
             signal.signal(sig, handler)
 
 
-def _serve_until_stopped(launcher: Launcher, args: argparse.Namespace, stop: threading.Event,
-                         state: dict[str, bool]) -> int:
+def _serve_until_stopped(
+    launcher: Launcher, args: argparse.Namespace, stop: threading.Event, state: dict[str, bool]
+) -> int:
     launcher.start()
     state["ready"] = True
     print(_ready_message(launcher, args), flush=True)

@@ -49,7 +49,7 @@ class GenerationStream(Iterator[GenerationDelta]):
         self._closed = False
         self.request_id = request_id
 
-    def __iter__(self) -> "GenerationStream":
+    def __iter__(self) -> GenerationStream:
         return self
 
     def __next__(self) -> GenerationDelta:
@@ -88,7 +88,7 @@ class GenerationStream(Iterator[GenerationDelta]):
             self._call.cancel()
             self._call = None
 
-    def __enter__(self) -> "GenerationStream":
+    def __enter__(self) -> GenerationStream:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -327,7 +327,7 @@ class Client:
         """Close the channel (cancels calls in flight)."""
         self._channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -21,7 +21,7 @@ class PagodaError(Exception):
         self.request_id = request_id
 
     @classmethod
-    def from_rpc_error(cls, error: grpc.RpcError, request_id: str | None = None) -> "PagodaError":
+    def from_rpc_error(cls, error: grpc.RpcError, request_id: str | None = None) -> PagodaError:
         """Wrap a ``grpc.RpcError`` (sync or asyncio)."""
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
         details = error.details() if hasattr(error, "details") else str(error)

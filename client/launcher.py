@@ -7,6 +7,7 @@ period). ``pagoda serve`` and the integration tests use it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -126,8 +127,13 @@ class Launcher:
         self.scheduler = self._scheduler_child(metrics_port, http_port, extra_scheduler_args)
 
     def _executor_child(
-        self, index: int, model: str | None, dtype: str | None, kv_cache_memory: str | None,
-        block_size: int | None, extra: Sequence[str],
+        self,
+        index: int,
+        model: str | None,
+        dtype: str | None,
+        kv_cache_memory: str | None,
+        block_size: int | None,
+        extra: Sequence[str],
     ) -> _Child:
         executor_port = free_port()
         argv = service_command("pagoda-executor", "executor_svc.main")
@@ -163,7 +169,7 @@ class Launcher:
         """``127.0.0.1:port`` of each executor."""
         return [c.address for c in self.executors]
 
-    def start(self) -> "Launcher":
+    def start(self) -> Launcher:
         """Start every child and wait until all are healthy.
 
         Raises:
@@ -189,8 +195,12 @@ class Launcher:
             output = open(self.log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 (closed in _reap)
         child.log_file = output
         child.process = subprocess.Popen(
-            child.argv, env=self._env, stdin=subprocess.DEVNULL, stdout=output,
-            stderr=subprocess.STDOUT if output else None, start_new_session=True,
+            child.argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT if output else None,
+            start_new_session=True,
         )
 
     def _wait_healthy(self, children: Sequence[_Child], tls: bool | TlsConfig = False) -> None:
@@ -209,8 +219,9 @@ class Launcher:
         """Wait (bounded) until the scheduler reports every executor READY."""
         end = time.monotonic() + min(30.0, self.startup_timeout_s)
         states: list[str] = []
-        with Client(self.target, timeout=2.0, max_retries=0, tls=self.client_tls,
-                    api_key=self.client_api_key) as client:
+        with Client(
+            self.target, timeout=2.0, max_retries=0, tls=self.client_tls, api_key=self.client_api_key
+        ) as client:
             while time.monotonic() < end:
                 self.raise_if_dead()
                 try:
@@ -281,7 +292,7 @@ class Launcher:
             out[child.name] = path.read_text(errors="replace") if path.exists() else ""
         return out
 
-    def __enter__(self) -> "Launcher":
+    def __enter__(self) -> Launcher:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -300,10 +311,8 @@ def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
     """Signal the child's process group (it leads its own session)."""
     if process.poll() is not None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _close_log(child: _Child) -> None:

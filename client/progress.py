@@ -15,8 +15,13 @@ class ProgressBar:
     """
 
     def __init__(
-        self, total: int, label: str = "", stream: TextIO | None = None, width: int = 30,
-        min_interval_s: float = 0.2, enabled: bool = True,
+        self,
+        total: int,
+        label: str = "",
+        stream: TextIO | None = None,
+        width: int = 30,
+        min_interval_s: float = 0.2,
+        enabled: bool = True,
     ) -> None:
         self.total = total
         self.label = label

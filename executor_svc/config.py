@@ -24,19 +24,24 @@ class ExecutorConfig:
     dtype: str = dataclasses.field(default="auto", metadata=_help("float32, bfloat16, float16 or auto"))
     kv_cache_dtype: str = dataclasses.field(default="auto", metadata=_help("KV cache dtype or auto (= dtype)"))
     kv_cache_memory: int | None = dataclasses.field(
-        default=None, metadata=_help("bytes for the KV cache (default 1GiB on CPU)", parse=parse_size))
+        default=None, metadata=_help("bytes for the KV cache (default 1GiB on CPU)", parse=parse_size)
+    )
     kv_cache_memory_fraction: float = dataclasses.field(
-        default=0.85, metadata=_help("CUDA: fraction of free memory for the KV cache"))
+        default=0.85, metadata=_help("CUDA: fraction of free memory for the KV cache")
+    )
     block_size: int = dataclasses.field(
-        default=0, metadata=_help("tokens per KV block; 0 = auto (CUDA 16; CPU one 4 KiB page per kv head)"))
+        default=0, metadata=_help("tokens per KV block; 0 = auto (CUDA 16; CPU one 4 KiB page per kv head)")
+    )
     max_model_len: int | None = dataclasses.field(default=None, metadata=_help("cap on context length"))
     device: str = dataclasses.field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
     attention_backend: str = dataclasses.field(default="auto", metadata=_help("torch, triton or auto"))
     num_threads: int | None = dataclasses.field(default=None, metadata=_help("torch intra-op threads"))
     max_num_batched_tokens: int = dataclasses.field(
-        default=8192, metadata=_help("largest step the executor accepts (sizes scratch buffers)"))
+        default=8192, metadata=_help("largest step the executor accepts (sizes scratch buffers)")
+    )
     max_message_bytes: int = dataclasses.field(
-        default=64 * 2**20, metadata=_help("largest plan message accepted", parse=parse_size))
+        default=64 * 2**20, metadata=_help("largest plan message accepted", parse=parse_size)
+    )
     metrics_port: int = dataclasses.field(default=0, metadata=_help("Prometheus port, 0 = off"))
     log_format: str = dataclasses.field(default="auto", metadata=_help("json, console or auto"))
     drain_timeout_s: float = dataclasses.field(default=30.0, metadata=_help("SIGTERM: time to finish work"))

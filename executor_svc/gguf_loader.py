@@ -17,10 +17,9 @@ import os
 import re
 from typing import Any
 
+import gguf
 import numpy as np
 import torch
-
-import gguf
 
 from executor_svc import gguf_tokenizer
 from executor_svc.gguf_reader import GgufError, GgufTensorInfo, read_gguf, read_metadata
@@ -108,8 +107,7 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
     arch = metadata.get("general.architecture")
     if arch not in _ARCHITECTURES:
         raise GgufError(
-            f"{path}: unsupported GGUF architecture {arch!r} "
-            f"(supported: {', '.join(sorted(_ARCHITECTURES))})"
+            f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(sorted(_ARCHITECTURES))})"
         )
     rope_freqs = [info for info in infos if info.name == "rope_freqs.weight"]
     infos = [info for info in infos if info.name != "rope_freqs.weight"]

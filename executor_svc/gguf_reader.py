@@ -12,9 +12,8 @@ import os
 import struct
 from typing import Any
 
-import numpy as np
-
 import gguf
+import numpy as np
 
 
 class GgufError(ValueError):
@@ -33,7 +32,17 @@ class GgufTensorInfo:
 
 # GGUF value type -> struct format (little-endian); 8 is string, 9 array.
 _SCALAR_FORMATS = {
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
 }
 _STRING, _ARRAY = 8, 9
 

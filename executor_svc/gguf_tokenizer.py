@@ -17,8 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-from tokenizers import pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
@@ -142,10 +141,7 @@ def _sentencepiece_bpe(metadata: dict[str, Any], tokens: list[str], token_types:
     if unk_id is None:
         unk_id = next((i for i, t in enumerate(token_types) if t == TOKEN_TYPE_UNKNOWN), None)
     listed = metadata.get("tokenizer.ggml.merges")
-    if listed:
-        merges = [tuple(m.split(" ", 1)) for m in listed]
-    else:
-        merges = sentencepiece_merges(tokens, scores)
+    merges = [tuple(m.split(" ", 1)) for m in listed] if listed else sentencepiece_merges(tokens, scores)
     tokenizer = Tokenizer(
         models.BPE(
             vocab=vocab,

@@ -43,8 +43,14 @@ class KVCache:
         self.num_blocks = num_blocks
         # Zeroed, so padded block-table entries read finite values (masked out).
         self.storage = torch.zeros(
-            spec.num_layers, 2, spec.num_kv_heads, num_blocks, spec.block_size, spec.head_dim,
-            dtype=spec.dtype, device=device,
+            spec.num_layers,
+            2,
+            spec.num_kv_heads,
+            num_blocks,
+            spec.block_size,
+            spec.head_dim,
+            dtype=spec.dtype,
+            device=device,
         )
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

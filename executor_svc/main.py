@@ -10,9 +10,6 @@ from collections.abc import Sequence
 import grpc
 import structlog
 import torch
-from pagoda.runtime import grpc_server
-from pagoda.runtime.logs import configure_logging
-from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 from executor_svc.config import ExecutorConfig, load_config
 from executor_svc.metrics import ExecutorMetrics
@@ -20,6 +17,9 @@ from executor_svc.model_cache import resolve_model
 from executor_svc.model_runner import ModelRunner
 from executor_svc.server import ExecutorServicer
 from executor_svc.tokenizer_files import load_tokenizer_files
+from pagoda.runtime import grpc_server
+from pagoda.runtime.logs import configure_logging
+from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("executor")
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
@@ -33,10 +33,16 @@ def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
     if kv_bytes is None and not on_cuda:
         kv_bytes = CPU_DEFAULT_KV_BYTES
     return ModelRunner(
-        model_path, dtype=config.dtype, kv_cache_dtype=config.kv_cache_dtype, device=config.device,
-        block_size=config.block_size, kv_cache_memory_bytes=kv_bytes,
-        kv_cache_memory_fraction=config.kv_cache_memory_fraction, max_model_len=config.max_model_len,
-        attention_backend=config.attention_backend, max_num_batched_tokens=config.max_num_batched_tokens,
+        model_path,
+        dtype=config.dtype,
+        kv_cache_dtype=config.kv_cache_dtype,
+        device=config.device,
+        block_size=config.block_size,
+        kv_cache_memory_bytes=kv_bytes,
+        kv_cache_memory_fraction=config.kv_cache_memory_fraction,
+        max_model_len=config.max_model_len,
+        attention_backend=config.attention_backend,
+        max_num_batched_tokens=config.max_num_batched_tokens,
     )
 
 

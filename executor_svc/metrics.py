@@ -16,11 +16,21 @@ class ExecutorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.forward_s = Histogram("pagoda_executor_forward_seconds", "Model forward time per step", buckets=_MS_BUCKETS, registry=r)
-        self.sample_s = Histogram("pagoda_executor_sample_seconds", "Sampling time per step", buckets=_MS_BUCKETS, registry=r)
-        self.step_s = Histogram("pagoda_executor_step_seconds", "Whole step time inside the executor", buckets=_MS_BUCKETS, registry=r)
-        self.idle_s = Histogram("pagoda_executor_idle_seconds", "Wait for the next plan after a step", buckets=_MS_BUCKETS, registry=r)
-        self.tokens_per_step = Histogram("pagoda_executor_tokens_per_step", "Tokens computed per step", buckets=_TOKEN_BUCKETS, registry=r)
+        self.forward_s = Histogram(
+            "pagoda_executor_forward_seconds", "Model forward time per step", buckets=_MS_BUCKETS, registry=r
+        )
+        self.sample_s = Histogram(
+            "pagoda_executor_sample_seconds", "Sampling time per step", buckets=_MS_BUCKETS, registry=r
+        )
+        self.step_s = Histogram(
+            "pagoda_executor_step_seconds", "Whole step time inside the executor", buckets=_MS_BUCKETS, registry=r
+        )
+        self.idle_s = Histogram(
+            "pagoda_executor_idle_seconds", "Wait for the next plan after a step", buckets=_MS_BUCKETS, registry=r
+        )
+        self.tokens_per_step = Histogram(
+            "pagoda_executor_tokens_per_step", "Tokens computed per step", buckets=_TOKEN_BUCKETS, registry=r
+        )
         self.steps = Counter("pagoda_executor_steps", "Steps executed", registry=r)
         self.tokens = Counter("pagoda_executor_tokens", "Tokens computed", registry=r)
         self.seq_errors = Counter("pagoda_executor_sequence_errors", "Sequences that failed alone", registry=r)

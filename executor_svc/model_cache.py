@@ -17,6 +17,7 @@ Usage: ``python -m executor_svc.model_cache [--cache-dir DIR]`` prints the folde
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -81,9 +82,7 @@ def prepare_default_model(cache_dir: str | os.PathLike[str] | None = None) -> pa
     return prepare_gguf_checkpoint(default_gguf_path(), folder)
 
 
-def prepare_gguf_checkpoint(
-    gguf_path: str | os.PathLike[str], folder: str | os.PathLike[str]
-) -> pathlib.Path:
+def prepare_gguf_checkpoint(gguf_path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> pathlib.Path:
     """Converts a GGUF file into the checkpoint folder `folder`, once.
 
     Returns at once when `folder` is already complete. Otherwise the checkpoint
@@ -126,10 +125,8 @@ def _publish(staging: pathlib.Path, folder: pathlib.Path) -> None:
     """
     if folder.exists() and not is_prepared(folder):
         stale = folder.with_name(f".{folder.name}.stale-{os.getpid()}")
-        try:
+        with contextlib.suppress(OSError):  # another process moved or replaced it first
             os.rename(folder, stale)
-        except OSError:
-            pass  # another process moved or replaced it first
         shutil.rmtree(stale, ignore_errors=True)
     try:
         os.rename(staging, folder)
@@ -197,9 +194,7 @@ def resolve_model(model: str, cache_dir: str | os.PathLike[str] | None = None) -
         return str(prepare_default_model(cache_dir))
     path = pathlib.Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(
-            f"model {model!r} not found: give a checkpoint folder, a .gguf file, or 'default'"
-        )
+        raise FileNotFoundError(f"model {model!r} not found: give a checkpoint folder, a .gguf file, or 'default'")
     return str(path)
 
 

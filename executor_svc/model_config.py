@@ -67,7 +67,7 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def from_dict(cls, config: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, config: dict[str, Any]) -> ModelConfig:
         """Parses a Hugging Face config.json dict.
 
         Raises:
@@ -81,10 +81,7 @@ class ModelConfig:
         num_heads = int(config["num_attention_heads"])
         num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
         if num_heads % num_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {num_heads} is not a multiple of "
-                f"num_key_value_heads {num_kv_heads}"
-            )
+            raise ValueError(f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}")
         hidden_size = int(config["hidden_size"])
         head_dim = config.get("head_dim") or hidden_size // num_heads
         rope_theta, rope_scaling = _rope(config)
@@ -119,9 +116,7 @@ def _architecture(config: dict[str, Any]) -> str:
     for name in names:
         if name in SUPPORTED_ARCHITECTURES:
             return name
-    raise ValueError(
-        f"unsupported architecture {names[0]!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-    )
+    raise ValueError(f"unsupported architecture {names[0]!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
 
 
 def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling]:
@@ -132,17 +127,14 @@ def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling]:
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-        )
+        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
     scaling = RopeScaling(
         rope_type=rope_type,
         factor=float(params.get("factor", 1.0)),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings")
-            or config.get("max_position_embeddings", 8192)
+            params.get("original_max_position_embeddings") or config.get("max_position_embeddings", 8192)
         ),
     )
     return theta, scaling

@@ -75,7 +75,9 @@ class ModelRunner:
         self.model = LlamaModel(self.config, tensors, self.dtype, self.device, self.max_model_len)
         del tensors, checkpoint.tensors
         block_size = block_size or default_block_size(self.device, self.config.head_dim, self.kv_dtype)
-        spec = KVCacheSpec(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, block_size, self.kv_dtype)
+        spec = KVCacheSpec(
+            self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, block_size, self.kv_dtype
+        )
         num_blocks = num_blocks_for_budget(spec, self.device, kv_cache_memory_bytes, kv_cache_memory_fraction)
         self.kv_cache = KVCache(spec, num_blocks, self.device)
         self.backend = get_backend(attention_backend, self.device, self.dtype)
@@ -119,7 +121,9 @@ class ModelRunner:
         errors: list[t.SeqError] = []
         scheduled = self._apply_plan(step, errors)
         if not scheduled:
-            return t.StepOutput(step_id=step.step_id, errors=tuple(errors), prepare_ns=time.perf_counter_ns() - start_ns)
+            return t.StepOutput(
+                step_id=step.step_id, errors=tuple(errors), prepare_ns=time.perf_counter_ns() - start_ns
+            )
         try:
             with torch.inference_mode():
                 return self._run(step.step_id, scheduled, errors, start_ns)
@@ -138,10 +142,14 @@ class ModelRunner:
         num_blocks = -(-(num_tokens + 1) // self.block_size)
         block_ids = tuple(range(num_blocks))
         saved = self.kv_cache.storage[:, :, :, :num_blocks].clone()
-        state = SequenceState(-1, "warmup", list(range(num_tokens)), num_tokens, t.SamplingParams(temperature=0.0), list(block_ids), 0)
+        state = SequenceState(
+            -1, "warmup", list(range(num_tokens)), num_tokens, t.SamplingParams(temperature=0.0), list(block_ids), 0
+        )
         with torch.inference_mode():
             for num_scheduled in (num_tokens, 1):
-                batch = build_step_batch([(state, num_scheduled)], self.block_size, self.device, self.config.sliding_window)
+                batch = build_step_batch(
+                    [(state, num_scheduled)], self.block_size, self.device, self.config.sliding_window
+                )
                 hidden = self._forward(batch)
                 self.model.compute_logits(hidden[batch.sample_rows])
                 state.num_computed_tokens += num_scheduled
@@ -175,8 +183,13 @@ class ModelRunner:
             if not 0 <= entry.num_computed_tokens <= len(entry.token_ids):
                 raise PlanError(f"num_computed_tokens {entry.num_computed_tokens} outside [0, {len(entry.token_ids)}]")
             state = SequenceState(
-                entry.seq_id, entry.request_id, list(entry.token_ids), entry.num_prompt_tokens,
-                entry.sampling, list(entry.block_ids), entry.num_computed_tokens,
+                entry.seq_id,
+                entry.request_id,
+                list(entry.token_ids),
+                entry.num_prompt_tokens,
+                entry.sampling,
+                list(entry.block_ids),
+                entry.num_computed_tokens,
             )
             self._seqs[entry.seq_id] = state  # a known seq_id is replaced (preempted, resent)
         else:
@@ -251,4 +264,3 @@ class ModelRunner:
             logprobs = () if sampled.logprob is None else (sampled.logprob,)
             outputs.append(t.SeqOutput(state.seq_id, (sampled.token_id,), logprobs))
         return outputs
-

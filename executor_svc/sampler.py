@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -154,20 +154,14 @@ def sample(
             token_ids = token_ids.index_copy(0, rows, chosen)
     logprob_rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     entries = _logprobs(logits, token_ids, logprob_rows, requests)
-    return [
-        SampleOutput(token_id, entries.get(i))
-        for i, token_id in enumerate(token_ids.tolist())
-    ]
+    return [SampleOutput(token_id, entries.get(i)) for i, token_id in enumerate(token_ids.tolist())]
 
 
 def _penalise(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
     """Applies the rows' repetition, presence and frequency penalties."""
     device, vocab_size = logits.device, logits.shape[-1]
     all_lists = [r.token_ids if _has_repetition(r.params) else () for r in requests]
-    output_lists = [
-        r.token_ids[r.num_prompt_tokens :] if _has_output_penalty(r.params) else ()
-        for r in requests
-    ]
+    output_lists = [r.token_ids[r.num_prompt_tokens :] if _has_output_penalty(r.params) else () for r in requests]
     all_rows, all_tokens = _flatten(all_lists, vocab_size, device)
     output_rows, output_tokens = _flatten(output_lists, vocab_size, device)
     penalties = torch.tensor(
@@ -178,9 +172,7 @@ def _penalise(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.
         ],
         dtype=torch.float32,
     ).to(device)  # [3, B]
-    return sampling_ops.apply_penalties(
-        logits, all_rows, all_tokens, output_rows, output_tokens, *penalties
-    )
+    return sampling_ops.apply_penalties(logits, all_rows, all_tokens, output_rows, output_tokens, *penalties)
 
 
 def _flatten(
@@ -220,9 +212,9 @@ def _sample_random(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> t
     ).to(device)  # [R]
     if not any(0 < p.top_k < vocab_size or p.top_p < 1.0 for p in params):
         return sampling_ops.gumbel_argmax(scaled, keys)
-    top_k = torch.tensor(
-        [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], dtype=torch.int64
-    ).to(device)  # [R]
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], dtype=torch.int64).to(
+        device
+    )  # [R]
     return sampling_ops.filtered_gumbel_argmax(scaled, keys, top_k, top_p)
 
 

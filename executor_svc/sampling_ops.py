@@ -224,9 +224,7 @@ def kept_counts(
     return keep.sum(dim=-1)
 
 
-def top_k_top_p_mask(
-    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
+def top_k_top_p_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Top-k, then top-p over the top-k survivors renormalised (dense, exact).
 
     Tokens are ranked by descending logit, ties by ascending token id.
@@ -289,9 +287,7 @@ def filtered_gumbel_argmax(
     num_candidates = min(vocab_size, max(num_candidates, max_top_k + 1))
     while pending.numel():
         values, candidate_ids = torch.topk(scaled[pending], num_candidates, dim=-1)  # [P, C]
-        counts = kept_counts(
-            values, row_mass[pending], top_k[pending], top_p[pending], vocab_size
-        )  # [P]
+        counts = kept_counts(values, row_mass[pending], top_k[pending], top_p[pending], vocab_size)  # [P]
         boundary = values.gather(1, (counts - 1)[:, None])[:, 0]  # smallest kept value
         everything = num_candidates == vocab_size
         complete = (counts < num_candidates) | everything

@@ -19,12 +19,12 @@ import uuid
 
 import grpc
 import structlog
-from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 from executor_svc import pb_convert
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.model_runner import ModelRunner
 from executor_svc.tokenizer_files import TokenizerFiles
+from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("executor")
 
@@ -57,12 +57,21 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         """Start serving `runner` (weights loaded, warm-up done)."""
         info = runner.info
         self._info = executor_pb2.ExecutorInfo(
-            incarnation_id=self.incarnation_id, model_name=model_name, architecture=info.architecture,
-            dtype=info.dtype, kv_cache_dtype=info.kv_cache_dtype, device=info.device,
-            block_size=info.block_size, num_kv_blocks=info.num_kv_blocks, max_model_len=info.max_model_len,
-            vocab_size=info.vocab_size, eos_token_ids=list(tokenizer.eos_token_ids or info.eos_token_ids),
-            tokenizer_json=tokenizer.tokenizer_json, chat_template=tokenizer.chat_template or "",
-            bos_token=tokenizer.bos_token or "", eos_token=tokenizer.eos_token or "",
+            incarnation_id=self.incarnation_id,
+            model_name=model_name,
+            architecture=info.architecture,
+            dtype=info.dtype,
+            kv_cache_dtype=info.kv_cache_dtype,
+            device=info.device,
+            block_size=info.block_size,
+            num_kv_blocks=info.num_kv_blocks,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+            eos_token_ids=list(tokenizer.eos_token_ids or info.eos_token_ids),
+            tokenizer_json=tokenizer.tokenizer_json,
+            chat_template=tokenizer.chat_template or "",
+            bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "",
         )
         self.runner = runner
 
@@ -111,13 +120,22 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             self._request_ids.pop(seq_id, None)
         for seq in step.new_seqs:
             self._request_ids[seq.seq_id] = seq.request_id
-            log.info("sequence_added", request_id=seq.request_id, seq_id=seq.seq_id,
-                     num_tokens=len(seq.token_ids), num_computed_tokens=seq.num_computed_tokens)
+            log.info(
+                "sequence_added",
+                request_id=seq.request_id,
+                seq_id=seq.seq_id,
+                num_tokens=len(seq.token_ids),
+                num_computed_tokens=seq.num_computed_tokens,
+            )
         async with self._lock:
             out = await self.run_model(self.runner.execute, step)
         for err in out.errors:
-            log.error("sequence_failed", request_id=self._request_ids.pop(err.seq_id, ""), seq_id=err.seq_id,
-                      error=err.message)
+            log.error(
+                "sequence_failed",
+                request_id=self._request_ids.pop(err.seq_id, ""),
+                seq_id=err.seq_id,
+                error=err.message,
+            )
         step_ns = time.perf_counter_ns() - started_ns
         if self._metrics is not None:
             self._metrics.observe_step(out, step_ns, idle_ns, self.runner.num_sequences())

@@ -87,17 +87,19 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q_size, hidden),
-            p + "self_attn.k_proj.weight": (kv_size, hidden),
-            p + "self_attn.v_proj.weight": (kv_size, hidden),
-            p + "self_attn.o_proj.weight": (hidden, q_size),
-            p + "mlp.gate_proj.weight": (inter, hidden),
-            p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (q_size, hidden),
+                p + "self_attn.k_proj.weight": (kv_size, hidden),
+                p + "self_attn.v_proj.weight": (kv_size, hidden),
+                p + "self_attn.o_proj.weight": (hidden, q_size),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
         if config.attention_bias:
             shapes[p + "self_attn.q_proj.bias"] = (q_size,)
             shapes[p + "self_attn.k_proj.bias"] = (kv_size,)

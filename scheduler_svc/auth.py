@@ -12,6 +12,7 @@ import pathlib
 
 import grpc
 import structlog
+
 from pagoda.runtime.grpc_server import MalformedRequestInterceptor
 
 log = structlog.get_logger("scheduler")

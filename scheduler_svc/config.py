@@ -48,8 +48,13 @@ class SchedulerServiceConfig:
     executor_tls_server_name: str = _f("", "name to verify in executor certificates (executors are dialed by IP)")
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens", "default_max_tokens",
-                     "max_waiting_requests"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_new_tokens",
+            "default_max_tokens",
+            "max_waiting_requests",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
 
@@ -61,5 +66,6 @@ class SchedulerServiceConfig:
 
 def load_config(argv: Sequence[str] | None = None) -> SchedulerServiceConfig:
     """Parse flags and environment into the config."""
-    return parse_config(SchedulerServiceConfig, argv, "pagoda-scheduler",
-                        "Pagoda scheduler: client API, batching, KV block accounting.")
+    return parse_config(
+        SchedulerServiceConfig, argv, "pagoda-scheduler", "Pagoda scheduler: client API, batching, KV block accounting."
+    )

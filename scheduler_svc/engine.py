@@ -36,8 +36,9 @@ log = structlog.get_logger("scheduler")
 class Engine:
     """Requests in, token streams out, over any number of executors."""
 
-    def __init__(self, config: SchedulerServiceConfig, metrics: SchedulerMetrics | None = None,
-                 executor_credentials=None) -> None:
+    def __init__(
+        self, config: SchedulerServiceConfig, metrics: SchedulerMetrics | None = None, executor_credentials=None
+    ) -> None:
         self.config = config
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.bind_engine(self)
@@ -90,8 +91,14 @@ class Engine:
         addresses = await resolve_targets(self.config.executor_targets)
         for address in addresses:
             if address not in self.workers:
-                worker = ExecutorWorker(address, self, self._scheduler_config, self.config.step_timeout_s,
-                                        self._credentials, self.config.executor_tls_server_name)
+                worker = ExecutorWorker(
+                    address,
+                    self,
+                    self._scheduler_config,
+                    self.config.step_timeout_s,
+                    self._credentials,
+                    self.config.executor_tls_server_name,
+                )
                 self.workers[address] = worker
                 worker.start()
                 log.info("executor_discovered", executor=address)
@@ -103,9 +110,12 @@ class Engine:
 
     def _scheduler_config(self, info: ExecutorInfo) -> SchedulerConfig:
         return SchedulerConfig(
-            num_blocks=info.num_kv_blocks, block_size=info.block_size,
-            max_num_seqs=self.config.max_num_seqs, max_num_batched_tokens=self.config.max_num_batched_tokens,
-            max_model_len=self._max_model_len(info), enable_prefix_caching=self.config.enable_prefix_caching,
+            num_blocks=info.num_kv_blocks,
+            block_size=info.block_size,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=self._max_model_len(info),
+            enable_prefix_caching=self.config.enable_prefix_caching,
             eos_token_ids=tuple(info.eos_token_ids),
         )
 
@@ -138,15 +148,22 @@ class Engine:
         deadline = time.monotonic() + (request.timeout_s or self.config.request_timeout_s)
         await self._wait_for_model(deadline)
         state = self._admit(request, arrival_ns)
-        log.info("request_admitted", request_id=request.request_id, seq_id=state.seq.seq_id,
-                 num_prompt_tokens=len(state.seq.prompt_token_ids), max_tokens=state.seq.stopping.max_tokens)
+        log.info(
+            "request_admitted",
+            request_id=request.request_id,
+            seq_id=state.seq.seq_id,
+            num_prompt_tokens=len(state.seq.prompt_token_ids),
+            max_tokens=state.seq.stopping.max_tokens,
+        )
         try:
             while True:
                 remaining = deadline - time.monotonic()
                 try:
                     out = await asyncio.wait_for(state.outputs.get(), timeout=max(remaining, 0))
                 except asyncio.TimeoutError:
-                    raise DeadlineExceeded(f"request timed out after {request.timeout_s or self.config.request_timeout_s}s") from None
+                    raise DeadlineExceeded(
+                        f"request timed out after {request.timeout_s or self.config.request_timeout_s}s"
+                    ) from None
                 yield out
                 if out.finished:
                     return
@@ -171,8 +188,13 @@ class Engine:
             self.metrics.rejected.inc()
             raise Overloaded(f"{self.num_waiting} requests are waiting (limit {self.config.max_waiting_requests})")
         seq = Sequence(
-            seq_id=next(self._seq_ids), request_id=request.request_id, prompt_token_ids=list(token_ids),
-            sampling=sampling, stopping=stopping, priority=request.priority, cache_salt=request.cache_salt,
+            seq_id=next(self._seq_ids),
+            request_id=request.request_id,
+            prompt_token_ids=list(token_ids),
+            sampling=sampling,
+            stopping=stopping,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
             arrival_time_s=arrival_ns / 1e9,
         )
         self._check_fits(seq)
@@ -198,8 +220,10 @@ class Engine:
         live = [w for w in self.workers.values() if w.scheduler is not None]
         if live and not any(w.scheduler.can_fit(len(seq.prompt_token_ids), seq.stopping.max_tokens) for w in live):
             raise InvalidRequest(
-                "stopping.max_tokens", f"prompt ({len(seq.prompt_token_ids)} tokens) + max_tokens "
-                f"({seq.stopping.max_tokens}) needs more KV cache than an executor has")
+                "stopping.max_tokens",
+                f"prompt ({len(seq.prompt_token_ids)} tokens) + max_tokens "
+                f"({seq.stopping.max_tokens}) needs more KV cache than an executor has",
+            )
 
     def _place(self, state: RequestState) -> None:
         """Queue the sequence on the best executor, or keep it until one is ready."""
@@ -251,8 +275,12 @@ class Engine:
         if self.model is None:
             self._set_model(info)
         elif (info.model_name, info.vocab_size) != (self.model.model_name, self.model.vocab_size):
-            log.error("executor_model_mismatch", executor=worker.address, model=info.model_name,
-                      expected=self.model.model_name)
+            log.error(
+                "executor_model_mismatch",
+                executor=worker.address,
+                model=info.model_name,
+                expected=self.model.model_name,
+            )
             return False
         for seq_id in list(self._orphans):
             state = self._requests.get(seq_id)
@@ -263,14 +291,18 @@ class Engine:
 
     def _set_model(self, info: ExecutorInfo) -> None:
         self.model = info
-        self.tokenizer = Tokenizer.from_info(info.tokenizer_json, info.chat_template or None,
-                                             info.bos_token or None, info.eos_token or None)
+        self.tokenizer = Tokenizer.from_info(
+            info.tokenizer_json, info.chat_template or None, info.bos_token or None, info.eos_token or None
+        )
         max_len = self._max_model_len(info)
         self.limits = validation.Limits(
-            max_model_len=max_len, vocab_size=info.vocab_size,
+            max_model_len=max_len,
+            vocab_size=info.vocab_size,
             max_prompt_tokens=min(self.config.max_prompt_tokens or max_len - 1, max_len - 1),
-            max_new_tokens=self.config.max_new_tokens, default_max_tokens=self.config.default_max_tokens,
-            max_stop_strings=self.config.max_stop_strings, max_stop_string_len=self.config.max_stop_string_len,
+            max_new_tokens=self.config.max_new_tokens,
+            default_max_tokens=self.config.default_max_tokens,
+            max_stop_strings=self.config.max_stop_strings,
+            max_stop_string_len=self.config.max_stop_string_len,
             max_logprobs=self.config.max_logprobs,
         )
         self._model_ready.set()
@@ -312,6 +344,10 @@ class Engine:
                 self._place(state)
                 moved += 1
         if moved:
-            log.warning("sequences_moved", from_executor=worker.address, num_sequences=moved,
-                        num_without_executor=len(self._orphans))
+            log.warning(
+                "sequences_moved",
+                from_executor=worker.address,
+                num_sequences=moved,
+                num_without_executor=len(self._orphans),
+            )
         self._update_health()

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from pagoda.v1 import common_pb2, executor_pb2
-
 from scheduler_svc import types
 
 
 def sampling_to_pb(s: types.SamplingParams) -> common_pb2.SamplingParams:
     """Every field explicit on this hop."""
     msg = common_pb2.SamplingParams(
-        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-        repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty, seed=s.seed,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        repetition_penalty=s.repetition_penalty,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        seed=s.seed,
     )
     if s.logprobs is not None:
         msg.logprobs = s.logprobs
@@ -25,16 +29,21 @@ def plan_to_pb(plan: types.StepPlan) -> executor_pb2.StepPlan:
         step_id=plan.step_id,
         new_seqs=[
             executor_pb2.NewSequence(
-                seq_id=s.seq_id, request_id=s.request_id, token_ids=s.token_ids,
-                num_prompt_tokens=s.num_prompt_tokens, sampling=sampling_to_pb(s.sampling),
-                block_ids=s.block_ids, num_computed_tokens=s.num_computed_tokens,
+                seq_id=s.seq_id,
+                request_id=s.request_id,
+                token_ids=s.token_ids,
+                num_prompt_tokens=s.num_prompt_tokens,
+                sampling=sampling_to_pb(s.sampling),
+                block_ids=s.block_ids,
+                num_computed_tokens=s.num_computed_tokens,
                 num_scheduled_tokens=s.num_scheduled_tokens,
             )
             for s in plan.new_seqs
         ],
         scheduled_seqs=[
             executor_pb2.ScheduledSequence(
-                seq_id=s.seq_id, num_scheduled_tokens=s.num_scheduled_tokens, new_block_ids=s.new_block_ids)
+                seq_id=s.seq_id, num_scheduled_tokens=s.num_scheduled_tokens, new_block_ids=s.new_block_ids
+            )
             for s in plan.scheduled_seqs
         ],
         dropped_seq_ids=plan.dropped_seq_ids,
@@ -68,10 +77,20 @@ def result_from_pb(msg: executor_pb2.StepResult) -> types.StepResult:
 def info_from_pb(msg: executor_pb2.ExecutorInfo) -> types.ExecutorInfo:
     """Convert Describe's answer."""
     return types.ExecutorInfo(
-        incarnation_id=msg.incarnation_id, model_name=msg.model_name, architecture=msg.architecture,
-        dtype=msg.dtype, kv_cache_dtype=msg.kv_cache_dtype, device=msg.device, block_size=msg.block_size,
-        num_kv_blocks=msg.num_kv_blocks, max_model_len=msg.max_model_len, vocab_size=msg.vocab_size,
-        eos_token_ids=tuple(msg.eos_token_ids), tokenizer_json=msg.tokenizer_json,
-        chat_template=msg.chat_template, bos_token=msg.bos_token, eos_token=msg.eos_token,
+        incarnation_id=msg.incarnation_id,
+        model_name=msg.model_name,
+        architecture=msg.architecture,
+        dtype=msg.dtype,
+        kv_cache_dtype=msg.kv_cache_dtype,
+        device=msg.device,
+        block_size=msg.block_size,
+        num_kv_blocks=msg.num_kv_blocks,
+        max_model_len=msg.max_model_len,
+        vocab_size=msg.vocab_size,
+        eos_token_ids=tuple(msg.eos_token_ids),
+        tokenizer_json=msg.tokenizer_json,
+        chat_template=msg.chat_template,
+        bos_token=msg.bos_token,
+        eos_token=msg.eos_token,
         draining=msg.draining,
     )

@@ -16,11 +16,11 @@ from typing import Protocol
 
 import grpc
 import structlog
+
 from pagoda.runtime.grpc_server import KEEPALIVE_OPTIONS, message_size_options
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
-
 from scheduler_svc.executor_pb_convert import info_from_pb, plan_to_pb, result_from_pb
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from scheduler_svc.scheduler import Scheduler, SeqUpdate
 from scheduler_svc.sequence import Sequence
 from scheduler_svc.types import ExecutorInfo, StepPlan, StepResult
 
@@ -39,17 +39,24 @@ class WorkerState(enum.Enum):
 class WorkerListener(Protocol):
     """What the engine does with what a worker learns."""
 
-    def on_worker_ready(self, worker: "ExecutorWorker", info: ExecutorInfo) -> bool: ...
-    def on_updates(self, worker: "ExecutorWorker", updates: list[SeqUpdate], result: StepResult) -> None: ...
-    def on_worker_lost(self, worker: "ExecutorWorker", seqs: list[Sequence]) -> None: ...
-    def on_step(self, worker: "ExecutorWorker", plan: StepPlan, result: StepResult, duration_s: float) -> None: ...
+    def on_worker_ready(self, worker: ExecutorWorker, info: ExecutorInfo) -> bool: ...
+    def on_updates(self, worker: ExecutorWorker, updates: list[SeqUpdate], result: StepResult) -> None: ...
+    def on_worker_lost(self, worker: ExecutorWorker, seqs: list[Sequence]) -> None: ...
+    def on_step(self, worker: ExecutorWorker, plan: StepPlan, result: StepResult, duration_s: float) -> None: ...
 
 
 class ExecutorWorker:
     """Drives one executor at `address`."""
 
-    def __init__(self, address: str, listener: WorkerListener, make_config, step_timeout_s: float,
-                 credentials: grpc.ChannelCredentials | None = None, tls_server_name: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        listener: WorkerListener,
+        make_config,
+        step_timeout_s: float,
+        credentials: grpc.ChannelCredentials | None = None,
+        tls_server_name: str = "",
+    ) -> None:
         self.address = address
         self.state = WorkerState.CONNECTING
         self.info: ExecutorInfo | None = None
@@ -134,8 +141,14 @@ class ExecutorWorker:
             self.state, self.scheduler = WorkerState.DEAD, None
             await asyncio.sleep(5.0)
             return False
-        log.info("executor_ready", executor=self.address, incarnation_id=info.incarnation_id,
-                 num_kv_blocks=info.num_kv_blocks, block_size=info.block_size, model=info.model_name)
+        log.info(
+            "executor_ready",
+            executor=self.address,
+            incarnation_id=info.incarnation_id,
+            num_kv_blocks=info.num_kv_blocks,
+            block_size=info.block_size,
+            model=info.model_name,
+        )
         return True
 
     async def _step_loop(self, stub: executor_pb2_grpc.ExecutorStub) -> None:

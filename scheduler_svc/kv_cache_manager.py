@@ -9,7 +9,8 @@ the prefix cache (cache_full_blocks) so later sequences can share them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 
 from scheduler_svc.block_pool import BlockPool, KVBlock
 from scheduler_svc.sequence import Sequence

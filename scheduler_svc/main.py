@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import grpc
 import structlog
+
 from pagoda.runtime import grpc_server
 from pagoda.runtime.logs import configure_logging
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
-
 from scheduler_svc.auth import build_interceptors
 from scheduler_svc.config import SchedulerServiceConfig, load_config
 from scheduler_svc.engine import Engine
@@ -28,7 +28,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
     """Serve until SIGTERM/SIGINT, then drain."""
     metrics = SchedulerMetrics()
     executor_creds = grpc_server.channel_credentials(
-        config.executor_tls_ca, config.executor_tls_cert, config.executor_tls_key)
+        config.executor_tls_ca, config.executor_tls_cert, config.executor_tls_key
+    )
     engine = Engine(config, metrics, executor_creds)
     options = [*grpc_server.KEEPALIVE_OPTIONS, *grpc_server.message_size_options(config.max_message_bytes)]
     server = grpc.aio.server(options=options, interceptors=build_interceptors(config.api_keys, config.api_keys_file))
@@ -37,8 +38,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     await grpc_server.set_serving(health, [SERVICE_NAME], False)
     await grpc_server.set_live(health)
     loop = asyncio.get_running_loop()
-    engine.on_health_change = lambda serving: loop.create_task(
-        grpc_server.set_serving(health, [SERVICE_NAME], serving))
+    engine.on_health_change = lambda serving: loop.create_task(grpc_server.set_serving(health, [SERVICE_NAME], serving))
     credentials = grpc_server.server_credentials(config.tls_cert, config.tls_key)
     port = grpc_server.add_port(server, f"{config.host}:{config.port}", credentials)
     await server.start()
@@ -46,8 +46,9 @@ async def serve(config: SchedulerServiceConfig) -> None:
         metrics.serve(config.host, config.metrics_port)
     await engine.start()
     http_api = await start_http_api(engine, config, metrics) if config.http_port else None
-    log.info("scheduler_listening", address=f"{config.host}:{port}", executors=config.executors,
-             tls=credentials is not None)
+    log.info(
+        "scheduler_listening", address=f"{config.host}:{port}", executors=config.executors, tls=credentials is not None
+    )
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

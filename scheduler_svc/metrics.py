@@ -13,8 +13,28 @@ from scheduler_svc.types import FinishReason, StepPlan, StepResult
 if TYPE_CHECKING:
     from scheduler_svc.output_processor import RequestState
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                    10.0, 20.0, 40.0, 80.0, 160.0)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 P = "pagoda:"
 
@@ -34,13 +54,28 @@ class SchedulerMetrics:
         self.prefix_cache_queries = Counter(P + "prefix_cache_queries", "Prefix cache queries (tokens)", registry=r)
         self.prefix_cache_hits = Counter(P + "prefix_cache_hits", "Prefix cache hits (tokens)", registry=r)
         self.num_preemptions = Counter(P + "num_preemptions", "Preemptions", registry=r)
-        self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(P + "inter_token_latency_seconds", "Inter-token latency", buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram(P + "e2e_request_latency_seconds", "End-to-end latency", buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram(P + "request_queue_time_seconds", "Time waiting before first scheduled", buckets=_LATENCY_BUCKETS, registry=r)
-        self.step_duration = Histogram(P + "step_duration_seconds", "Plan sent to result received", buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            P + "inter_token_latency_seconds", "Inter-token latency", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds", "End-to-end latency", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            P + "request_queue_time_seconds",
+            "Time waiting before first scheduled",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.step_duration = Histogram(
+            P + "step_duration_seconds", "Plan sent to result received", buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.batch_size = Histogram(P + "step_batch_tokens", "Tokens per step", buckets=_BATCH_BUCKETS, registry=r)
-        self.batch_seqs = Histogram(P + "step_batch_sequences", "Sequences per step", buckets=_BATCH_BUCKETS, registry=r)
+        self.batch_seqs = Histogram(
+            P + "step_batch_sequences", "Sequences per step", buckets=_BATCH_BUCKETS, registry=r
+        )
         self._last_token_ns: dict[int, int] = {}
         # Scheduler-owned counters already exported, per scheduler core.
         self._exported: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -69,7 +104,7 @@ class SchedulerMetrics:
         self.batch_size.observe(plan.num_scheduled_tokens)
         self.batch_seqs.observe(len(plan.new_seqs) + len(plan.scheduled_seqs))
 
-    def on_tokens(self, state: "RequestState", num_tokens: int) -> None:
+    def on_tokens(self, state: RequestState, num_tokens: int) -> None:
         """Count generated tokens and the gap since the request's previous ones."""
         if num_tokens <= 0:
             return
@@ -82,7 +117,7 @@ class SchedulerMetrics:
             self.itl.observe((now - last) / 1e9 / num_tokens)
         self._last_token_ns[state.seq.seq_id] = now
 
-    def on_finished(self, state: "RequestState", reason: FinishReason) -> None:
+    def on_finished(self, state: RequestState, reason: FinishReason) -> None:
         now = time.monotonic_ns()
         self._last_token_ns.pop(state.seq.seq_id, None)
         self.request_success.labels(finished_reason=reason.value).inc()

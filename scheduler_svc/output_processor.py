@@ -69,7 +69,8 @@ class RequestState:
     def _finish(self, text: str, update: SeqUpdate, reason: FinishReason | None, stop_reason) -> None:
         self.finished = True
         self.outputs.put_nowait(
-            self._output(text, update.new_token_ids, update.logprobs, reason or FinishReason.STOP, stop_reason))
+            self._output(text, update.new_token_ids, update.logprobs, reason or FinishReason.STOP, stop_reason)
+        )
 
     def _output(self, text, token_ids, logprobs, reason, stop_reason, error: str = "") -> RequestOutput:
         prompt_ids = () if self._sent_prompt else tuple(self.seq.prompt_token_ids)
@@ -78,8 +79,18 @@ class RequestState:
         if reason is not None:
             usage = Usage(len(self.seq.prompt_token_ids), len(self.seq.output_token_ids), self.seq.num_cached_tokens)
             timings = self._timings()
-        return RequestOutput(self.request_id, text, tuple(token_ids), tuple(logprobs), reason, stop_reason,
-                             usage, timings, prompt_ids, error)
+        return RequestOutput(
+            self.request_id,
+            text,
+            tuple(token_ids),
+            tuple(logprobs),
+            reason,
+            stop_reason,
+            usage,
+            timings,
+            prompt_ids,
+            error,
+        )
 
     def _timings(self) -> RequestTimings:
         now = time.monotonic_ns()

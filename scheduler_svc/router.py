@@ -10,7 +10,9 @@ from scheduler_svc.executor_worker import ExecutorWorker
 MAX_LOAD_GAP_FOR_PREFIX = 8
 
 
-def choose_worker(workers: Seq[ExecutorWorker], token_ids: Seq[int], cache_salt: str = "") -> tuple[ExecutorWorker, int]:
+def choose_worker(
+    workers: Seq[ExecutorWorker], token_ids: Seq[int], cache_salt: str = ""
+) -> tuple[ExecutorWorker, int]:
     """Return (worker, cached prefix tokens it holds) among workers that accept new sequences."""
     candidates = [w for w in workers if w.accepts_new]
     if not candidates:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import time
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from typing import NamedTuple
 
 from scheduler_svc.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens

@@ -11,14 +11,18 @@ import uuid
 
 import grpc
 import structlog
-from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
+from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from scheduler_svc import client_pb_convert as convert
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import (
-    DeadlineExceeded, ExecutorFailure, InvalidRequest, Overloaded, RequestError, Unavailable,
+    DeadlineExceeded,
+    ExecutorFailure,
+    InvalidRequest,
+    Overloaded,
+    RequestError,
+    Unavailable,
 )
-from scheduler_svc.request import PromptInput
 from scheduler_svc.types import FinishReason
 
 log = structlog.get_logger("scheduler")
@@ -62,8 +66,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             async with contextlib.aclosing(self.engine.generate(gen_request)) as outputs:
                 async for out in outputs:
                     if out.finish_reason is FinishReason.ERROR:
-                        await context.abort(grpc.StatusCode.INTERNAL,
-                                            f"request {request_id} failed in the executor: {out.error}")
+                        await context.abort(
+                            grpc.StatusCode.INTERNAL, f"request {request_id} failed in the executor: {out.error}"
+                        )
                     yield convert.output_to_pb(out)
         except RequestError as exc:
             log.info("request_rejected", status=status_of(exc).name, error=str(exc))
@@ -76,10 +81,16 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         if model is None or limits is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
         return generation_pb2.ModelInfo(
-            model_name=model.model_name, architecture=model.architecture, dtype=model.dtype,
-            max_model_len=limits.max_model_len, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids,
-            has_chat_template=bool(model.chat_template), max_prompt_tokens=limits.max_prompt_tokens,
-            max_new_tokens=limits.max_new_tokens)
+            model_name=model.model_name,
+            architecture=model.architecture,
+            dtype=model.dtype,
+            max_model_len=limits.max_model_len,
+            vocab_size=model.vocab_size,
+            eos_token_ids=model.eos_token_ids,
+            has_chat_template=bool(model.chat_template),
+            max_prompt_tokens=limits.max_prompt_tokens,
+            max_new_tokens=limits.max_new_tokens,
+        )
 
     async def Tokenize(self, request, context) -> generation_pb2.TokenizeResponse:
         tokenizer = await self._tokenizer(context)
@@ -119,16 +130,28 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
     executors = []
     for worker in engine.workers.values():
         s = worker.scheduler
-        executors.append(generation_pb2.ExecutorStatus(
-            address=worker.address, incarnation_id=worker.info.incarnation_id if worker.info else "",
-            state=worker.state.value, num_running=s.num_running if s else 0, num_waiting=s.num_waiting if s else 0,
-            num_kv_blocks=s.config.num_blocks if s else 0, num_free_kv_blocks=s.num_free_blocks if s else 0,
-            kv_cache_usage=s.kv_cache_usage if s else 0.0))
+        executors.append(
+            generation_pb2.ExecutorStatus(
+                address=worker.address,
+                incarnation_id=worker.info.incarnation_id if worker.info else "",
+                state=worker.state.value,
+                num_running=s.num_running if s else 0,
+                num_waiting=s.num_waiting if s else 0,
+                num_kv_blocks=s.config.num_blocks if s else 0,
+                num_free_kv_blocks=s.num_free_blocks if s else 0,
+                kv_cache_usage=s.kv_cache_usage if s else 0.0,
+            )
+        )
     total = sum(e.num_kv_blocks for e in executors)
     used = sum(e.num_kv_blocks - e.num_free_kv_blocks for e in executors)
     m = engine.metrics
     return generation_pb2.ServerStatus(
-        num_running=engine.num_running, num_waiting=engine.num_waiting,
-        kv_cache_usage=used / total if total else 0.0, executors=executors,
-        num_requests_total=m.num_requests_total, num_preemptions_total=m.num_preemptions_total,
-        prefix_cache_queries_total=m.prefix_cache_queries_total, prefix_cache_hits_total=m.prefix_cache_hits_total)
+        num_running=engine.num_running,
+        num_waiting=engine.num_waiting,
+        kv_cache_usage=used / total if total else 0.0,
+        executors=executors,
+        num_requests_total=m.num_requests_total,
+        num_preemptions_total=m.num_preemptions_total,
+        prefix_cache_queries_total=m.prefix_cache_queries_total,
+        prefix_cache_hits_total=m.prefix_cache_hits_total,
+    )

@@ -49,9 +49,7 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # Jinja's own tojson escapes HTML characters, which templates do not expect.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -117,9 +115,7 @@ class Tokenizer:
         self.chat_template = chat_template or None
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.special_ids: frozenset[int] = frozenset(
-            token_id
-            for token_id, token in backend.get_added_tokens_decoder().items()
-            if token.special
+            token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special
         )
         self._template: jinja2.Template | None = None
         self._template_error: str | None = None
@@ -163,9 +159,7 @@ class Tokenizer:
         """Whether token_id is a special added token (skipped when decoding)."""
         return token_id in self.special_ids
 
-    def render_chat(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
-    ) -> str:
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The chat template's text for messages.
 
         Raises:
@@ -187,9 +181,7 @@ class Tokenizer:
         except Exception as e:  # Template code is data: any failure is a bad request.
             raise ValueError(f"chat template error: {e}") from e
 
-    def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
-    ) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered chat (the template writes the special tokens).
 
         Raises:

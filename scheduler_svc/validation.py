@@ -63,8 +63,10 @@ def check_prompt_tokens(token_ids: list[int] | tuple[int, ...], limits: Limits) 
         raise InvalidRequest("input", "prompt is empty after tokenization")
     if len(token_ids) > limits.max_prompt_tokens:
         raise InvalidRequest(
-            "input", f"prompt has {len(token_ids)} tokens, more than the limit of {limits.max_prompt_tokens} "
-            f"(model context {limits.max_model_len})")
+            "input",
+            f"prompt has {len(token_ids)} tokens, more than the limit of {limits.max_prompt_tokens} "
+            f"(model context {limits.max_model_len})",
+        )
     bad = next((t for t in token_ids if not 0 <= t < limits.vocab_size), None)
     if bad is not None:
         raise InvalidRequest("token_ids", f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})")
@@ -114,8 +116,10 @@ def stopping_criteria(request: GenerationRequest, num_prompt_tokens: int, limits
         max_tokens = min(max_tokens, limits.max_model_len - num_prompt_tokens)
     elif num_prompt_tokens + max_tokens > limits.max_model_len:
         raise InvalidRequest(
-            "stopping.max_tokens", f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
-            f"exceeds the model's context of {limits.max_model_len} tokens")
+            "stopping.max_tokens",
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
+            f"exceeds the model's context of {limits.max_model_len} tokens",
+        )
     if len(st.stop) > limits.max_stop_strings:
         raise InvalidRequest("stopping.stop", f"at most {limits.max_stop_strings} stop strings")
     for i, text in enumerate(st.stop):
@@ -126,8 +130,9 @@ def stopping_criteria(request: GenerationRequest, num_prompt_tokens: int, limits
     for t in st.stop_token_ids:
         if not 0 <= t < limits.vocab_size:
             raise InvalidRequest("stopping.stop_token_ids", f"token id {t} is outside the vocabulary")
-    return StoppingCriteria(max_tokens, tuple(st.stop), tuple(st.stop_token_ids), st.ignore_eos,
-                            st.include_stop_str_in_output)
+    return StoppingCriteria(
+        max_tokens, tuple(st.stop), tuple(st.stop_token_ids), st.ignore_eos, st.include_stop_str_in_output
+    )
 
 
 def check_request_fields(request: GenerationRequest) -> None:

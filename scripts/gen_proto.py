@@ -7,8 +7,8 @@ import argparse
 import pathlib
 import sys
 
-from grpc_tools import protoc
 import grpc_tools
+from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
@@ -19,8 +19,12 @@ def generate(out_dir: pathlib.Path) -> None:
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     include = str(pathlib.Path(grpc_tools.__file__).parent / "_proto")
     args = [
-        "protoc", f"-I{PROTO_ROOT}", f"-I{include}",
-        f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}",
+        "protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{include}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
         *protos,
     ]
     if protoc.main(args) != 0:

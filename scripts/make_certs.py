@@ -47,36 +47,60 @@ class CertPaths:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Pagoda development"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Pagoda development"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _key_usage(**enabled: bool) -> x509.KeyUsage:
-    flags = dict.fromkeys(("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
-                           "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only"), False)
+    flags = dict.fromkeys(
+        (
+            "digital_signature",
+            "content_commitment",
+            "key_encipherment",
+            "data_encipherment",
+            "key_agreement",
+            "key_cert_sign",
+            "crl_sign",
+            "encipher_only",
+            "decipher_only",
+        ),
+        False,
+    )
     return x509.KeyUsage(**{**flags, **enabled})
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key, days: int) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.timezone.utc)
-    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=days)))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+    )
 
 
 def make_ca(common_name: str = "Pagoda development CA", days: int = DEFAULT_DAYS) -> Issued:
     """A self-signed CA that may sign leaf certificates only."""
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (_builder(_name(common_name), _name(common_name), key.public_key(), days)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        _builder(_name(common_name), _name(common_name), key.public_key(), days)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
@@ -90,8 +114,15 @@ def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(names)
 
 
-def issue(ca: Issued, common_name: str, *, hosts: Sequence[str] = (), server: bool = True,
-          client: bool = False, days: int = DEFAULT_DAYS) -> Issued:
+def issue(
+    ca: Issued,
+    common_name: str,
+    *,
+    hosts: Sequence[str] = (),
+    server: bool = True,
+    client: bool = False,
+    days: int = DEFAULT_DAYS,
+) -> Issued:
     """A leaf certificate signed by `ca`.
 
     Args:
@@ -105,11 +136,15 @@ def issue(ca: Issued, common_name: str, *, hosts: Sequence[str] = (), server: bo
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     key = ec.generate_private_key(ec.SECP256R1())
-    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
-    builder = (_builder(_name(common_name), ca_cert.subject, key.public_key(), days)
-               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(_key_usage(digital_signature=True), critical=True)
-               .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
+    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
+        [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+    )
+    builder = (
+        _builder(_name(common_name), ca_cert.subject, key.public_key(), days)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(digital_signature=True), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    )
     if hosts:
         builder = builder.add_extension(_san(hosts), critical=False)
     return Issued(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM), _key_pem(key))
@@ -130,11 +165,13 @@ def write_certs(out_dir: str | pathlib.Path, dns_names: Sequence[str] = (), days
     server = issue(ca, "pagoda-server", hosts=["127.0.0.1", "localhost", *dns_names], server=True, days=days)
     client = issue(ca, "pagoda-scheduler", server=False, client=True, days=days)
     return CertPaths(
-        ca=_write(out / "ca.pem", ca.cert_pem), ca_key=_write(out / "ca-key.pem", ca.key_pem, True),
+        ca=_write(out / "ca.pem", ca.cert_pem),
+        ca_key=_write(out / "ca-key.pem", ca.key_pem, True),
         server_cert=_write(out / "server.pem", server.cert_pem),
         server_key=_write(out / "server-key.pem", server.key_pem, True),
         client_cert=_write(out / "client.pem", client.cert_pem),
-        client_key=_write(out / "client-key.pem", client.key_pem, True))
+        client_key=_write(out / "client-key.pem", client.key_pem, True),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -147,8 +184,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = write_certs(args.out, args.dns, args.days)
     print(f"wrote {p.ca}, {p.server_cert}, {p.client_cert} (and keys) — for development only")
     print(f"  executor:  --tls-cert {p.server_cert} --tls-key {p.server_key} --tls-ca {p.ca}")
-    print(f"  scheduler: --tls-cert {p.server_cert} --tls-key {p.server_key} --executor-tls-ca {p.ca} "
-          f"--executor-tls-cert {p.client_cert} --executor-tls-key {p.client_key}")
+    print(
+        f"  scheduler: --tls-cert {p.server_cert} --tls-key {p.server_key} --executor-tls-ca {p.ca} "
+        f"--executor-tls-cert {p.client_cert} --executor-tls-key {p.client_key}"
+    )
 
 
 if __name__ == "__main__":

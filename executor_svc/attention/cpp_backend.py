@@ -46,8 +46,10 @@ class CppAttentionBackend(TorchAttentionBackend):
         num_decode = meta.num_decode_seqs
         spans = None
         if meta.prefills and self.prefill_kernel is not None and meta.sliding_window is None:
-            spans = torch.tensor([(s.query_start, s.num_query_tokens, s.num_cached_tokens, s.seq_index)
-                                  for s in meta.prefills], dtype=torch.int64)
+            spans = torch.tensor(
+                [(s.query_start, s.num_query_tokens, s.num_cached_tokens, s.seq_index) for s in meta.prefills],
+                dtype=torch.int64,
+            )
         return CppStepState(
             meta=meta,
             torch_state=super().prepare(dataclasses.replace(meta, num_decode_seqs=0)),
@@ -63,13 +65,21 @@ class CppAttentionBackend(TorchAttentionBackend):
         num_tokens, num_heads, head_dim = q.shape
         num_decode = meta.num_decode_seqs
         if not meta.prefills:
-            out = self.kernel.paged_decode(q, k_cache, v_cache, state.block_tables, state.context_lens,
-                                           scale, meta.sliding_window or 0)
+            out = self.kernel.paged_decode(
+                q, k_cache, v_cache, state.block_tables, state.context_lens, scale, meta.sliding_window or 0
+            )
             return out.view(num_tokens, num_heads * head_dim)
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         if num_decode:
-            out[:num_decode] = self.kernel.paged_decode(q[:num_decode], k_cache, v_cache, state.block_tables,
-                                                        state.context_lens, scale, meta.sliding_window or 0)
+            out[:num_decode] = self.kernel.paged_decode(
+                q[:num_decode],
+                k_cache,
+                v_cache,
+                state.block_tables,
+                state.context_lens,
+                scale,
+                meta.sliding_window or 0,
+            )
         if state.prefill_spans is not None and _prefill_fits(q, k_cache):
             self.prefill_kernel.paged_prefill(q, k_cache, v_cache, meta.block_tables, state.prefill_spans, scale, out)
             return out.view(num_tokens, num_heads * head_dim)

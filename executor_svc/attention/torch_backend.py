@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from executor_svc.attention.metadata import AttentionMetadata
 
-
 # Decode sequences are split into at most this many groups of similar context
 # length (each padded only to its own longest), when there are enough of them.
 MAX_DECODE_GROUPS = 4
@@ -143,7 +142,9 @@ def _gather(k_cache, v_cache, group: DecodeGroup, state: TorchStepState):
         state.gather_buffers = [torch.empty(size, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2)]
     gathered = []
     for cache, buffer in zip((k_cache, v_cache), state.gather_buffers):
-        out = buffer[: num_kv_heads * num_ids * block_size * head_dim].view(num_kv_heads, num_ids, block_size * head_dim)
+        out = buffer[: num_kv_heads * num_ids * block_size * head_dim].view(
+            num_kv_heads, num_ids, block_size * head_dim
+        )
         torch.index_select(cache.view(num_kv_heads, num_blocks, -1), 1, group.block_ids, out=out)
         gathered.append(out.view(num_kv_heads, group.end - group.start, group.length, head_dim))
     return gathered

@@ -22,12 +22,30 @@ from executor_svc.attention.torch_backend import write_kv
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_of_token_ptr, positions_ptr,
-    scale, window,
-    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-    stride_c_h, stride_c_b, stride_c_s, stride_bt,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_PAD: tl.constexpr, USE_WINDOW: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_of_token_ptr,
+    positions_ptr,
+    scale,
+    window,
+    stride_q_t,
+    stride_q_h,
+    stride_o_t,
+    stride_o_h,
+    stride_c_h,
+    stride_c_b,
+    stride_c_s,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_PAD: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -63,7 +81,11 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
     out = acc / l_i[:, None]
-    tl.store(out_ptr + token * stride_o_t + heads[:, None] * stride_o_h + d[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(
+        out_ptr + token * stride_o_t + heads[:, None] * stride_o_h + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=q_mask,
+    )
 
 
 @dataclasses.dataclass
@@ -102,13 +124,29 @@ class TritonAttentionBackend:
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         window = state.meta.sliding_window
         _paged_attention_kernel[(num_tokens, num_kv_heads)](
-            q, k_cache, v_cache, out, state.block_tables, state.seq_of_token, state.positions,
-            scale, window or 0,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), state.block_tables.stride(0),
-            GROUP=group, GROUP_PAD=triton.next_power_of_2(group),
-            HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim),
-            BLOCK_SIZE=block_size, BLOCK_PAD=triton.next_power_of_2(block_size),
+            q,
+            k_cache,
+            v_cache,
+            out,
+            state.block_tables,
+            state.seq_of_token,
+            state.positions,
+            scale,
+            window or 0,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            state.block_tables.stride(0),
+            GROUP=group,
+            GROUP_PAD=triton.next_power_of_2(group),
+            HEAD_DIM=head_dim,
+            DIM_PAD=triton.next_power_of_2(head_dim),
+            BLOCK_SIZE=block_size,
+            BLOCK_PAD=triton.next_power_of_2(block_size),
             USE_WINDOW=window is not None,
         )
         return out.view(num_tokens, num_heads * head_dim)

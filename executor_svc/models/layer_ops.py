@@ -119,7 +119,12 @@ class CppLayerOps(TorchLayerOps):
         return x
 
     def argmax(self, logits):
-        if logits.dtype in (torch.bfloat16, torch.float32) and logits.dim() == 2 and logits.stride(-1) == 1 and logits.shape[1]:
+        if (
+            logits.dtype in (torch.bfloat16, torch.float32)
+            and logits.dim() == 2
+            and logits.stride(-1) == 1
+            and logits.shape[1]
+        ):
             return self.kernel.argmax_rows(logits)
         return logits.argmax(dim=-1)
 
@@ -149,8 +154,11 @@ def _gemm():
 
 
 def _can_pack() -> bool:
-    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 def layer_ops(device: torch.device) -> TorchLayerOps:

@@ -11,12 +11,20 @@ import re
 from aiohttp import web
 
 from scheduler_svc.errors import (
-    DeadlineExceeded, ExecutorFailure, InvalidRequest, Overloaded, RequestError, Unavailable,
+    DeadlineExceeded,
+    ExecutorFailure,
+    InvalidRequest,
+    Overloaded,
+    RequestError,
+    Unavailable,
 )
 
 # Engine field names (gRPC vocabulary) → OpenAI parameter names, after "sampling."/"stopping." is cut.
 _PARAM_OF_FIELD = {
-    "input": "prompt", "text": "prompt", "token_ids": "prompt", "chat": "messages",
+    "input": "prompt",
+    "text": "prompt",
+    "token_ids": "prompt",
+    "chat": "messages",
     "request_id": "x-request-id",
 }
 _INDEX = re.compile(r"\[\d+\]")
@@ -25,8 +33,15 @@ _INDEX = re.compile(r"\[\d+\]")
 class ApiError(Exception):
     """A request the HTTP API refuses, with everything its JSON body needs."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -65,7 +80,7 @@ def from_request_error(exc: RequestError, *, chat: bool, aliases: dict[str, str]
     """The HTTP error for an engine error."""
     if isinstance(exc, InvalidRequest):
         param = openai_param(exc.field, chat=chat, aliases=aliases)
-        detail = str(exc)[len(exc.field) + 2:]
+        detail = str(exc)[len(exc.field) + 2 :]
         return bad_request(param, detail)
     if isinstance(exc, Overloaded):
         return ApiError(429, f"server overloaded: {exc}", type="rate_limit_error", code="queue_full")
@@ -90,11 +105,16 @@ def server_error(message: str) -> ApiError:
 
 def unauthorized() -> ApiError:
     """401: API keys are configured and the request carries no valid one."""
-    return ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                    type="authentication_error", code="invalid_api_key")
+    return ApiError(
+        401,
+        "missing or invalid API key (send 'Authorization: Bearer <key>')",
+        type="authentication_error",
+        code="invalid_api_key",
+    )
 
 
 def model_not_found(model: str, served: str) -> ApiError:
     """404 as OpenAI answers an unknown model."""
-    return ApiError(404, f"The model '{model}' does not exist; this server serves '{served}'",
-                    param="model", code="model_not_found")
+    return ApiError(
+        404, f"The model '{model}' does not exist; this server serves '{served}'", param="model", code="model_not_found"
+    )

@@ -71,13 +71,24 @@ class _Fields:
         return tuple(values)
 
 
-_KIND_NAMES = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a string",
-               "dict": "an object", "list": "an array"}
+_KIND_NAMES = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "str": "a string",
+    "dict": "an object",
+    "list": "an array",
+}
 
 
 def _json_type(value) -> str:
-    for kind, name in ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "an array"),
-                       (dict, "an object")):
+    for kind, name in (
+        (bool, "a boolean"),
+        ((int, float), "a number"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "an object"),
+    ):
         if isinstance(value, kind):
             return name
     return type(value).__name__
@@ -96,8 +107,13 @@ def parse_completion(body: dict, request_id: str) -> ParsedRequest:
     logprobs = f.get("logprobs", "int")
     sampling = _sampling(f, logprobs)
     stopping = _stopping(f, f.get("max_tokens", "int", COMPLETIONS_DEFAULT_MAX_TOKENS))
-    generation = GenerationRequest(request_id, _completion_prompt(body.get("prompt")), sampling, stopping,
-                                   skip_special_tokens=f.get("skip_special_tokens", "bool", True))
+    generation = GenerationRequest(
+        request_id,
+        _completion_prompt(body.get("prompt")),
+        sampling,
+        stopping,
+        skip_special_tokens=f.get("skip_special_tokens", "bool", True),
+    )
     stream, include_usage = _stream_flags(f)
     return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, {}, f.get("user", "str"))
 
@@ -121,10 +137,16 @@ def parse_chat(body: dict, request_id: str) -> ParsedRequest:
         aliases["max_tokens"] = "max_completion_tokens"
     else:
         max_tokens = f.get("max_tokens", "int")
-    prompt = PromptInput(messages=_messages(body.get("messages")),
-                         add_generation_prompt=f.get("add_generation_prompt", "bool", True))
-    generation = GenerationRequest(request_id, prompt, _sampling(f, logprobs), _stopping(f, max_tokens),
-                                   skip_special_tokens=f.get("skip_special_tokens", "bool", True))
+    prompt = PromptInput(
+        messages=_messages(body.get("messages")), add_generation_prompt=f.get("add_generation_prompt", "bool", True)
+    )
+    generation = GenerationRequest(
+        request_id,
+        prompt,
+        _sampling(f, logprobs),
+        _stopping(f, max_tokens),
+        skip_special_tokens=f.get("skip_special_tokens", "bool", True),
+    )
     stream, include_usage = _stream_flags(f)
     return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, aliases, f.get("user", "str"))
 
@@ -166,7 +188,9 @@ def _stopping(f: _Fields, max_tokens: int | None) -> StoppingOptions:
     else:
         raise bad_request("stop", "expected a string or an array of strings")
     return StoppingOptions(
-        max_tokens=max_tokens, stop=stops, stop_token_ids=f.int_list("stop_token_ids"),
+        max_tokens=max_tokens,
+        stop=stops,
+        stop_token_ids=f.int_list("stop_token_ids"),
         ignore_eos=f.get("ignore_eos", "bool", False),
         include_stop_str_in_output=f.get("include_stop_str_in_output", "bool", False),
     )

@@ -51,8 +51,14 @@ class _Formatter:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _envelope(self, object_name: str, choices: list[dict]) -> dict:
-        return {"id": self.response_id, "object": object_name, "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": choices}
+        return {
+            "id": self.response_id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
 
     def usage_chunk(self) -> dict:
         """The last chunk when stream_options.include_usage: no choices, only usage."""
@@ -84,8 +90,13 @@ class CompletionFormatter(_Formatter):
         self._note(out)
         if not (out.text or out.finished or (self._logprobs is not None and out.token_ids)):
             return []
-        choice = {"index": 0, "text": out.text, "logprobs": self._logprobs_body(out),
-                  "finish_reason": _finish(out), "stop_reason": out.stop_reason}
+        choice = {
+            "index": 0,
+            "text": out.text,
+            "logprobs": self._logprobs_body(out),
+            "finish_reason": _finish(out),
+            "stop_reason": out.stop_reason,
+        }
         return [self._envelope(self.chunk_object_name, [choice])]
 
     def response(self, outputs: list[RequestOutput]) -> dict:
@@ -95,8 +106,13 @@ class CompletionFormatter(_Formatter):
         logprobs = None
         if self._logprobs is not None:
             logprobs = _merge_legacy([self._logprobs_body(out) for out in outputs])
-        choice = {"index": 0, "text": "".join(o.text for o in outputs), "logprobs": logprobs,
-                  "finish_reason": _finish(last), "stop_reason": last.stop_reason}
+        choice = {
+            "index": 0,
+            "text": "".join(o.text for o in outputs),
+            "logprobs": logprobs,
+            "finish_reason": _finish(last),
+            "stop_reason": last.stop_reason,
+        }
         return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
 
     def _logprobs_body(self, out: RequestOutput) -> dict | None:
@@ -139,9 +155,13 @@ class ChatFormatter(_Formatter):
         content = self._logprobs_content(out)
         if not (out.text or out.finished or content):
             return []
-        choice = {"index": 0, "delta": {"content": out.text} if out.text else {},
-                  "logprobs": None if content is None else {"content": content, "refusal": None},
-                  "finish_reason": _finish(out), "stop_reason": out.stop_reason}
+        choice = {
+            "index": 0,
+            "delta": {"content": out.text} if out.text else {},
+            "logprobs": None if content is None else {"content": content, "refusal": None},
+            "finish_reason": _finish(out),
+            "stop_reason": out.stop_reason,
+        }
         return [self._envelope(self.chunk_object_name, [choice])]
 
     def response(self, outputs: list[RequestOutput]) -> dict:
@@ -152,8 +172,13 @@ class ChatFormatter(_Formatter):
         if self._logprobs is not None:
             logprobs = {"content": [e for o in outputs for e in self._logprobs_content(o)], "refusal": None}
         message = {"role": "assistant", "content": "".join(o.text for o in outputs), "refusal": None}
-        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": _finish(last),
-                  "stop_reason": last.stop_reason}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": _finish(last),
+            "stop_reason": last.stop_reason,
+        }
         return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
 
     def _logprobs_content(self, out: RequestOutput) -> list[dict] | None:
@@ -162,8 +187,10 @@ class ChatFormatter(_Formatter):
         return [self._token_logprob(token_id, entry) for token_id, entry in zip(out.token_ids, out.logprobs)]
 
     def _token_logprob(self, token_id: int, entry: LogprobEntry) -> dict:
-        return {**self._token(token_id, entry.sampled.logprob),
-                "top_logprobs": [self._token(t.token_id, t.logprob) for t in entry.top]}
+        return {
+            **self._token(token_id, entry.sampled.logprob),
+            "top_logprobs": [self._token(t.token_id, t.logprob) for t in entry.top],
+        }
 
     def _token(self, token_id: int, logprob: float) -> dict:
         token = self.token_str(token_id)
@@ -172,4 +199,3 @@ class ChatFormatter(_Formatter):
 
 def _finish(out: RequestOutput) -> str | None:
     return out.finish_reason.value if out.finish_reason is not None else None
-

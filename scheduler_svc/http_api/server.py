@@ -20,7 +20,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scheduler_svc.auth import bearer_token, key_is_valid, load_api_keys
 from scheduler_svc.errors import RequestError
 from scheduler_svc.http_api.errors import (
-    ApiError, from_request_error, model_not_found, server_error, unauthorized, unavailable,
+    ApiError,
+    from_request_error,
+    model_not_found,
+    server_error,
+    unauthorized,
+    unavailable,
 )
 from scheduler_svc.http_api.protocol import ParsedRequest, parse_chat, parse_completion, read_json
 from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter, check_output
@@ -80,10 +85,13 @@ class HttpApi:
     @web.middleware
     async def _middleware(self, request: web.Request, handler) -> web.StreamResponse:
         try:
-            if self._keys and request.path not in OPEN_PATHS:
-                if not key_is_valid(bearer_token(request.headers.get("Authorization")), self._keys):
-                    log.warning("unauthenticated_http_call", path=request.path)
-                    raise unauthorized()
+            if (
+                self._keys
+                and request.path not in OPEN_PATHS
+                and not key_is_valid(bearer_token(request.headers.get("Authorization")), self._keys)
+            ):
+                log.warning("unauthenticated_http_call", path=request.path)
+                raise unauthorized()
             return await handler(request)
         except ApiError as exc:
             return exc.response()
@@ -113,8 +121,13 @@ class HttpApi:
     async def models(self, request: web.Request) -> web.Response:
         """The served model, in OpenAI's list shape."""
         model = self._served_model()
-        card = {"id": model, "object": "model", "created": self.created, "owned_by": "pagoda",
-                "max_model_len": self.engine.limits.max_model_len}
+        card = {
+            "id": model,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "pagoda",
+            "max_model_len": self.engine.limits.max_model_len,
+        }
         return web.json_response({"object": "list", "data": [card]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -141,8 +154,12 @@ class HttpApi:
         try:
             log.info("http_request", path=request.path, stream=parsed.stream, user=parsed.user)
             formatter_cls = ChatFormatter if chat else CompletionFormatter
-            formatter = formatter_cls(f"{'chatcmpl' if chat else 'cmpl'}-{request_id}", served,
-                                      self.engine.tokenizer, parsed.generation.sampling.logprobs)
+            formatter = formatter_cls(
+                f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
+                served,
+                self.engine.tokenizer,
+                parsed.generation.sampling.logprobs,
+            )
             return await self._run(request, parsed, formatter, chat)
         finally:
             structlog.contextvars.unbind_contextvars("request_id")
@@ -166,9 +183,13 @@ class HttpApi:
 
     async def _stream(self, request: web.Request, parsed: ParsedRequest, formatter, first, outputs):
         check_output(first)  # a request that failed before any token gets a plain error reply
-        response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-            "x-request-id": parsed.generation.request_id})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-request-id": parsed.generation.request_id,
+            }
+        )
         await response.prepare(request)
         try:
             await self._write_events(response, parsed, formatter, first, outputs)

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from support.tiny_model import build_tiny_model
 
 TINY_VOCAB_SIZE = 384
@@ -30,6 +29,12 @@ def client_tiny_system(client_tiny_model_dir: Path, tmp_path_factory: pytest.Tem
     from pagoda_client.launcher import Launcher
 
     logs = tmp_path_factory.mktemp("client-logs")
-    with Launcher(str(client_tiny_model_dir), num_executors=1, dtype="float32", kv_cache_memory="512KiB",
-                  log_dir=logs, startup_timeout_s=180) as system:
+    with Launcher(
+        str(client_tiny_model_dir),
+        num_executors=1,
+        dtype="float32",
+        kv_cache_memory="512KiB",
+        log_dir=logs,
+        startup_timeout_s=180,
+    ) as system:
         yield system

@@ -38,9 +38,28 @@ def test_a_batch_runs_to_its_longest_output_even_past_eos(client_tiny_model_dir)
 
 def test_bench_cli_hf_backend_writes_json(client_tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["bench", "--backend", "hf", "--model", str(client_tiny_model_dir), "--num-prompts", "4",
-                 "--input-len-range", "4:16", "--output-len-range", "3:6", "--hf-batch-size", "2",
-                 "--goodput", "e2el:100000", "--json", str(out), "--no-progress"])
+    code = main(
+        [
+            "bench",
+            "--backend",
+            "hf",
+            "--model",
+            str(client_tiny_model_dir),
+            "--num-prompts",
+            "4",
+            "--input-len-range",
+            "4:16",
+            "--output-len-range",
+            "3:6",
+            "--hf-batch-size",
+            "2",
+            "--goodput",
+            "e2el:100000",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     report = capsys.readouterr().out
     assert "Serving Benchmark Result (hf static batching, batch 2, float32)" in report

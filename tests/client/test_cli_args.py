@@ -16,10 +16,30 @@ from pagoda_client.types import TlsConfig
 
 def test_generate_flags(monkeypatch):
     monkeypatch.delenv("PAGODA_TARGET", raising=False)
-    args = build_parser().parse_args([
-        "generate", "hello", "--max-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "40",
-        "--min-p", "0.05", "--seed", "3", "--stop", "a", "--stop", "bc", "--ignore-eos", "--json",
-    ])
+    args = build_parser().parse_args(
+        [
+            "generate",
+            "hello",
+            "--max-tokens",
+            "7",
+            "--temperature",
+            "0.5",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "40",
+            "--min-p",
+            "0.05",
+            "--seed",
+            "3",
+            "--stop",
+            "a",
+            "--stop",
+            "bc",
+            "--ignore-eos",
+            "--json",
+        ]
+    )
     assert args.prompt == "hello" and args.json and args.target == "127.0.0.1:50051"
     kwargs = generation_kwargs(args)
     assert kwargs["max_tokens"] == 7 and kwargs["temperature"] == 0.5 and kwargs["top_p"] == 0.9
@@ -38,8 +58,19 @@ def test_token_ids_and_environment(monkeypatch):
 
 
 def test_tls_flags():
-    args = build_parser().parse_args(["models", "--tls-ca", "ca.pem", "--tls-cert", "c.pem", "--tls-key", "k.pem",
-                                      "--tls-server-name", "pagoda.local"])
+    args = build_parser().parse_args(
+        [
+            "models",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--tls-server-name",
+            "pagoda.local",
+        ]
+    )
     assert connection_of(args)["tls"] == TlsConfig("ca.pem", "c.pem", "k.pem", "pagoda.local")
 
 
@@ -60,11 +91,36 @@ def test_bench_defaults_are_w_mixed():
 
 
 def test_bench_flags():
-    args = build_parser().parse_args([
-        "bench", "--backend", "hf", "--model", "/m", "--dtype", "bfloat16", "--hf-batch-size", "8",
-        "--request-rate", "4", "--burstiness", "0.5", "--max-concurrency", "3", "--goodput", "ttft:500", "tpot:50",
-        "--input-len-range", "8:9", "--json", "out.json", "--plot", "plots", "--max-duration-s", "30",
-    ])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--backend",
+            "hf",
+            "--model",
+            "/m",
+            "--dtype",
+            "bfloat16",
+            "--hf-batch-size",
+            "8",
+            "--request-rate",
+            "4",
+            "--burstiness",
+            "0.5",
+            "--max-concurrency",
+            "3",
+            "--goodput",
+            "ttft:500",
+            "tpot:50",
+            "--input-len-range",
+            "8:9",
+            "--json",
+            "out.json",
+            "--plot",
+            "plots",
+            "--max-duration-s",
+            "30",
+        ]
+    )
     assert (args.backend, args.model, args.dtype, args.hf_batch_size) == ("hf", "/m", "bfloat16", 8)
     assert (args.request_rate, args.burstiness, args.max_concurrency) == (4.0, 0.5, 3)
     assert args.goodput == ["ttft:500", "tpot:50"] and args.input_len_range == (8, 9)
@@ -75,16 +131,39 @@ def test_serve_flags_and_passthrough():
     own, passthrough = split_passthrough(["serve", "--executors", "2", "--", "--max-num-seqs", "8"])
     assert own == ["serve", "--executors", "2"] and passthrough == ["--max-num-seqs", "8"]
     assert split_passthrough(["generate", "--", "-x"]) == (["generate", "--", "-x"], [])
-    args, unknown = build_parser().parse_known_args([
-        "serve", "--model", "/m", "--executors", "2", "--port", "6001", "--dtype", "float32",
-        "--kv-cache-memory", "64MiB", "--executor-args", "--num-threads 1", "--max-num-batched-tokens", "512",
-    ])
+    args, unknown = build_parser().parse_known_args(
+        [
+            "serve",
+            "--model",
+            "/m",
+            "--executors",
+            "2",
+            "--port",
+            "6001",
+            "--dtype",
+            "float32",
+            "--kv-cache-memory",
+            "64MiB",
+            "--executor-args",
+            "--num-threads 1",
+            "--max-num-batched-tokens",
+            "512",
+        ]
+    )
     assert unknown == ["--max-num-batched-tokens", "512"]
     launcher = launcher_from_args(args, unknown)
     assert launcher.target == "127.0.0.1:6001"
     executor_argv = launcher.executors[1].argv
-    assert executor_argv[-8:] == ["--model", "/m", "--dtype", "float32", "--kv-cache-memory", "64MiB",
-                                  "--num-threads", "1"]
+    assert executor_argv[-8:] == [
+        "--model",
+        "/m",
+        "--dtype",
+        "float32",
+        "--kv-cache-memory",
+        "64MiB",
+        "--num-threads",
+        "1",
+    ]
     scheduler_argv = launcher.scheduler.argv
     assert scheduler_argv[-2:] == ["--max-num-batched-tokens", "512"]
     addresses = scheduler_argv[scheduler_argv.index("--executors") + 1]
@@ -100,10 +179,17 @@ def test_serve_model_defaults_to_default():
     assert "--dtype" not in argv
 
 
-@pytest.mark.parametrize("target,expected", [
-    ("127.0.0.1:50051", True), ("localhost:1", True), ("[::1]:5", True), ("127.3.4.5:80", True),
-    ("10.0.0.1:50051", False), ("example.com:50051", False),
-])
+@pytest.mark.parametrize(
+    "target,expected",
+    [
+        ("127.0.0.1:50051", True),
+        ("localhost:1", True),
+        ("[::1]:5", True),
+        ("127.3.4.5:80", True),
+        ("10.0.0.1:50051", False),
+        ("example.com:50051", False),
+    ],
+)
 def test_bench_is_loopback_only(target, expected):
     assert is_loopback(target) is expected
 
@@ -111,7 +197,9 @@ def test_bench_is_loopback_only(target, expected):
 def test_unreachable_server_exit_code_and_message():
     proc = subprocess.run(
         [sys.executable, "-m", "pagoda_client.cli", "generate", "hi", "--target", "127.0.0.1:1", "--timeout", "2"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: UNAVAILABLE: ")
@@ -121,16 +209,20 @@ def test_unreachable_server_exit_code_and_message():
 def test_bench_refuses_non_loopback():
     proc = subprocess.run(
         [sys.executable, "-m", "pagoda_client.cli", "bench", "--target", "10.1.2.3:50051", "--no-progress"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert "loopback" in proc.stderr
 
 
 def test_client_imports_no_heavy_modules():
-    code = ("import sys, pagoda_client, pagoda_client.cli, pagoda_client.launcher; "
-            "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'matplotlib', 'scheduler_svc', "
-            "'executor_svc') if m in sys.modules))")
+    code = (
+        "import sys, pagoda_client, pagoda_client.cli, pagoda_client.launcher; "
+        "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'matplotlib', 'scheduler_svc', "
+        "'executor_svc') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 

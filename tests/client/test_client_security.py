@@ -23,9 +23,27 @@ def server_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     folder = tmp_path_factory.mktemp("certs")
     cert, key = folder / "server.pem", folder / "server.key"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pagoda-test",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=pagoda-test",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     return str(cert), str(key)
 
@@ -34,10 +52,16 @@ def server_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 def secure_system(client_tiny_model_dir, server_cert, tmp_path_factory):
     """The tiny system serving TLS and requiring an API key."""
     cert, key = server_cert
-    with Launcher(str(client_tiny_model_dir), dtype="float32", kv_cache_memory="256KiB",
-                  extra_scheduler_args=["--api-keys", KEY, "--tls-cert", cert, "--tls-key", key],
-                  client_tls=TlsConfig(root_certificates=cert), client_api_key=KEY,
-                  log_dir=tmp_path_factory.mktemp("secure-logs"), startup_timeout_s=180) as system:
+    with Launcher(
+        str(client_tiny_model_dir),
+        dtype="float32",
+        kv_cache_memory="256KiB",
+        extra_scheduler_args=["--api-keys", KEY, "--tls-cert", cert, "--tls-key", key],
+        client_tls=TlsConfig(root_certificates=cert),
+        client_api_key=KEY,
+        log_dir=tmp_path_factory.mktemp("secure-logs"),
+        startup_timeout_s=180,
+    ) as system:
         yield system
 
 
@@ -67,10 +91,20 @@ def test_plaintext_client_fails(secure_system):
 
 def test_cli_with_tls_flags_and_key_from_environment(secure_system, server_cert):
     env = {**os.environ, "PAGODA_API_KEY": KEY, "PAGODA_TARGET": secure_system.target}
-    proc = subprocess.run([sys.executable, "-m", "pagoda_client.cli", "models", "--json", "--tls-ca", server_cert[0]],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pagoda_client.cli", "models", "--json", "--tls-ca", server_cert[0]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     env.pop("PAGODA_API_KEY")
-    proc = subprocess.run([sys.executable, "-m", "pagoda_client.cli", "models", "--tls-ca", server_cert[0]],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pagoda_client.cli", "models", "--tls-ca", server_cert[0]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 1 and proc.stderr.startswith("error: UNAUTHENTICATED: ")

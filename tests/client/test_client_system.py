@@ -11,8 +11,8 @@ import time
 
 import grpc
 import pytest
-
 from fixtures_tiny import TINY_EOS_ID, TINY_VOCAB_SIZE
+
 from pagoda_client import AsyncClient, Client, FinishReason, PagodaError
 from pagoda_client.launcher import Launcher, free_port
 
@@ -115,11 +115,14 @@ def test_async_deadline_exceeded(client_tiny_system):
     assert asyncio.run(run()) == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"temperature": -1.0}, "temperature"),
-    ({"top_p": 1.5}, "top_p"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
 def test_invalid_argument_is_mapped(client_tiny_system, kwargs, field):
     with Client(client_tiny_system.target, timeout=30) as client:
         with pytest.raises(PagodaError) as caught:
@@ -131,24 +134,37 @@ def test_invalid_argument_is_mapped(client_tiny_system, kwargs, field):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pagoda_client.cli", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pagoda_client.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_json_and_streamed_text(client_tiny_system):
     target = client_tiny_system.target
     with Client(target, timeout=60) as client:
         expected = client.generate(token_ids=PROMPT, max_tokens=6, temperature=0, ignore_eos=True)
-    flags = ["--token-ids", ",".join(map(str, PROMPT)), "--max-tokens", "6", "--temperature", "0", "--ignore-eos",
-             "--target", target]
+    flags = [
+        "--token-ids",
+        ",".join(map(str, PROMPT)),
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--target",
+        target,
+    ]
     proc = _cli("generate", *flags, "--json")
     assert proc.returncode == 0, proc.stderr
     document = json.loads(proc.stdout)
     assert document["token_ids"] == expected.token_ids
     assert document["text"] == expected.text
     assert document["finish_reason"] == "length"
-    assert document["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 6, "cached_tokens":
-                                 document["usage"]["cached_tokens"]}
+    assert document["usage"] == {
+        "prompt_tokens": len(PROMPT),
+        "completion_tokens": 6,
+        "cached_tokens": document["usage"]["cached_tokens"],
+    }
     proc = _cli("generate", *flags)
     assert proc.returncode == 0 and proc.stdout == expected.text + "\n"
 
@@ -168,8 +184,22 @@ def test_cli_errors_and_info_commands(client_tiny_system):
 
 def test_cli_bench_against_the_system(client_tiny_system, tmp_path):
     out = tmp_path / "bench.json"
-    proc = _cli("bench", "--target", client_tiny_system.target, "--num-prompts", "6", "--input-len-range", "4:40",
-                "--output-len-range", "2:12", "--max-concurrency", "4", "--json", str(out), "--no-progress")
+    proc = _cli(
+        "bench",
+        "--target",
+        client_tiny_system.target,
+        "--num-prompts",
+        "6",
+        "--input-len-range",
+        "4:40",
+        "--output-len-range",
+        "2:12",
+        "--max-concurrency",
+        "4",
+        "--json",
+        str(out),
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     document = json.loads(out.read_text())
     records = document["runs"]["pagoda"]["requests"]
@@ -183,13 +213,20 @@ def test_retry_before_first_token_when_server_starts_late(client_tiny_model_dir,
         with pytest.raises(PagodaError) as caught:
             client.model_info()
         assert caught.value.code == grpc.StatusCode.UNAVAILABLE
-    launcher = Launcher(str(client_tiny_model_dir), port=port, dtype="float32", kv_cache_memory="512KiB",
-                        log_dir=tmp_path, startup_timeout_s=180)
+    launcher = Launcher(
+        str(client_tiny_model_dir),
+        port=port,
+        dtype="float32",
+        kv_cache_memory="512KiB",
+        log_dir=tmp_path,
+        startup_timeout_s=180,
+    )
     starter = threading.Thread(target=lambda: (time.sleep(0.5), launcher.start()))
     try:
         starter.start()
-        with Client(launcher.target, max_retries=200, retry_backoff_s=0.1, retry_max_backoff_s=0.5,
-                    timeout=180) as client:
+        with Client(
+            launcher.target, max_retries=200, retry_backoff_s=0.1, retry_max_backoff_s=0.5, timeout=180
+        ) as client:
             result = client.generate(token_ids=PROMPT, max_tokens=3, temperature=0, ignore_eos=True)
         assert len(result.token_ids) == 3
     finally:

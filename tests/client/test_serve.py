@@ -41,10 +41,29 @@ def _gone(pid: int) -> bool:
 def test_serve_prints_ready_line_and_stops_children_on_sigint(client_tiny_model_dir, tmp_path):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pagoda_client.cli", "serve", "--model", str(client_tiny_model_dir),
-         "--executors", "2", "--port", str(port), "--dtype", "float32", "--kv-cache-memory", "256KiB",
-         "--log-dir", str(tmp_path), "--max-num-seqs", "8"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pagoda_client.cli",
+            "serve",
+            "--model",
+            str(client_tiny_model_dir),
+            "--executors",
+            "2",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--kv-cache-memory",
+            "256KiB",
+            "--log-dir",
+            str(tmp_path),
+            "--max-num-seqs",
+            "8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         output = _read_until(proc, "Press Ctrl-C", 180)
@@ -69,9 +88,21 @@ def test_serve_prints_ready_line_and_stops_children_on_sigint(client_tiny_model_
 def test_serve_fails_fast_with_the_childs_exit_code(tmp_path):
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pagoda_client.cli", "serve", "--model", str(tmp_path / "missing"),
-         "--port", str(free_port()), "--log-dir", str(tmp_path / "logs")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pagoda_client.cli",
+            "serve",
+            "--model",
+            str(tmp_path / "missing"),
+            "--port",
+            str(free_port()),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "executor-0 exited with code" in proc.stderr
@@ -82,8 +113,9 @@ def test_launcher_kill_and_restart_executor(client_tiny_model_dir, tmp_path):
     from pagoda_client.health import ServingStatus, check_health
     from pagoda_client.launcher import Launcher
 
-    with Launcher(str(client_tiny_model_dir), dtype="float32", kv_cache_memory="256KiB", log_dir=tmp_path,
-                  startup_timeout_s=180) as system:
+    with Launcher(
+        str(client_tiny_model_dir), dtype="float32", kv_cache_memory="256KiB", log_dir=tmp_path, startup_timeout_s=180
+    ) as system:
         old_pid = system.executor_pids[0]
         address = system.executor_addresses[0]
         system.kill_executor(0)

@@ -13,10 +13,27 @@ from pagoda_client.health import ServingStatus, decode_response, encode_request
 from pagoda_client.types import FinishReason, GenerationResult
 
 _DEFAULTS = dict(
-    prompt=None, token_ids=None, messages=None, max_tokens=None, temperature=None, top_p=None, top_k=None,
-    min_p=None, repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None, logprobs=None,
-    stop=None, stop_token_ids=None, ignore_eos=False, include_stop_str_in_output=False, priority=0,
-    cache_salt="", request_id=None, skip_special_tokens=None,
+    prompt=None,
+    token_ids=None,
+    messages=None,
+    max_tokens=None,
+    temperature=None,
+    top_p=None,
+    top_k=None,
+    min_p=None,
+    repetition_penalty=None,
+    presence_penalty=None,
+    frequency_penalty=None,
+    seed=None,
+    logprobs=None,
+    stop=None,
+    stop_token_ids=None,
+    ignore_eos=False,
+    include_stop_str_in_output=False,
+    priority=0,
+    cache_salt="",
+    request_id=None,
+    skip_special_tokens=None,
 )
 
 
@@ -72,7 +89,10 @@ def test_backoff_grows_and_is_bounded():
 def test_deltas_fold_into_a_result():
     first = generation_pb2.GenerateResponse(request_id="r", text="Hel", token_ids=[1, 2], prompt_token_ids=[7, 8])
     last = generation_pb2.GenerateResponse(
-        request_id="r", text="lo", token_ids=[3], finish_reason=generation_pb2.FINISH_REASON_LENGTH,
+        request_id="r",
+        text="lo",
+        token_ids=[3],
+        finish_reason=generation_pb2.FINISH_REASON_LENGTH,
         usage=generation_pb2.Usage(prompt_tokens=2, completion_tokens=3, cached_tokens=0),
         timings=generation_pb2.Timings(queue_ns=1_000_000, time_to_first_token_ns=5_000_000, total_ns=9_000_000),
     )
@@ -100,5 +120,8 @@ def test_health_codec_matches_grpc_health():
 def test_error_carries_code_message_and_request_id():
     error = PagodaError(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be >= 1", "r5")
     assert str(error) == "INVALID_ARGUMENT: max_tokens must be >= 1"
-    assert (error.code, error.message, error.request_id) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                                              "max_tokens must be >= 1", "r5")
+    assert (error.code, error.message, error.request_id) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "max_tokens must be >= 1",
+        "r5",
+    )

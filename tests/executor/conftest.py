@@ -26,11 +26,19 @@ TINY = dict(
 # name -> (config class name, overrides); covers every switch of the family.
 ARCHS = {
     "llama": ("LlamaConfig", dict(tie_word_embeddings=False)),
-    "llama3_rope": ("LlamaConfig", dict(
-        tie_word_embeddings=True,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
-    )),
+    "llama3_rope": (
+        "LlamaConfig",
+        dict(
+            tie_word_embeddings=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
     "llama_head_dim": ("LlamaConfig", dict(head_dim=24, num_key_value_heads=1)),
     "mistral_window": ("MistralConfig", dict(sliding_window=6, head_dim=16)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
@@ -55,7 +63,9 @@ def load_hf(folder: Path):
     """The transformers oracle for a checkpoint folder, fp32, eager attention, no EOS stop."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, torch_dtype=torch.float32, attn_implementation="eager"
+    )
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
+from executor_svc import types as t
 from executor_svc.attention import get_backend
 from executor_svc.step_batch import SequenceState, build_step_batch
-from executor_svc import types as t
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 16
 
@@ -59,12 +59,23 @@ def _run_case(backend_name, device, block_size, seqs, window, dtype=torch.float3
         q_rows.append(q)
         k_rows.append(full_k[i][cached:])
         v_rows.append(full_v[i][cached:])
-        refs.append(_dense(q, full_k[i].to(dtype).float(), full_v[i].to(dtype).float(), torch.arange(cached, cached + n), window))
+        refs.append(
+            _dense(
+                q, full_k[i].to(dtype).float(), full_v[i].to(dtype).float(), torch.arange(cached, cached + n), window
+            )
+        )
     backend = get_backend(backend_name, torch.device(device), dtype)
     state = backend.prepare(batch.attn_meta)
     to = dict(device=device, dtype=dtype)
-    out = backend.forward(torch.cat(q_rows).to(**to), torch.cat(k_rows).to(**to), torch.cat(v_rows).to(**to),
-                          cache[0], cache[1], state, HEAD_DIM**-0.5)
+    out = backend.forward(
+        torch.cat(q_rows).to(**to),
+        torch.cat(k_rows).to(**to),
+        torch.cat(v_rows).to(**to),
+        cache[0],
+        cache[1],
+        state,
+        HEAD_DIM**-0.5,
+    )
     ref = torch.cat(refs).reshape(out.shape)
     return (out.double().cpu() - ref).abs().max().item()
 
@@ -140,7 +151,9 @@ print("ok")
 def test_triton_kernel_interpreted_on_cpu_matches_dense():
     """The Triton kernel's logic, run by Triton's CPU interpreter (no GPU needed)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 

@@ -173,8 +173,14 @@ def expected_after_roundtrip(weight: np.ndarray, qtype: QT) -> np.ndarray:
 # Largest |error| relative to the row's max |weight|, by type (well above the
 # rounding each format does, far below what a wrong layout gives).
 QUANT_TOLERANCE = {
-    QT.F32: 0.0, QT.F16: 1e-3, QT.BF16: 8e-3, QT.Q8_0: 1e-2,
-    QT.Q4_0: 0.15, QT.Q4_1: 0.1, QT.Q5_0: 0.08, QT.Q5_1: 0.05,
+    QT.F32: 0.0,
+    QT.F16: 1e-3,
+    QT.BF16: 8e-3,
+    QT.Q8_0: 1e-2,
+    QT.Q4_0: 0.15,
+    QT.Q4_1: 0.1,
+    QT.Q5_0: 0.08,
+    QT.Q5_1: 0.05,
 }
 
 
@@ -282,7 +288,9 @@ def test_rope_scaling_and_eot_ids(tmp_path: pathlib.Path) -> None:
 
     model = load_gguf(write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), extra_kv=extra))
     assert model.config["rope_scaling"] == {
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
     }
     assert model.eos_token_ids == (2, 0)
 
@@ -312,12 +320,19 @@ def test_llama3_rope_factors_become_rope_scaling(tmp_path: pathlib.Path) -> None
     freqs = llama_cpp_rope_freqs(theta, HEAD_DIM, factor)
     assert 1.0 < np.median(freqs) < factor  # the test covers all three regions
     raw = {"rope_freqs.weight": (freqs, QT.F32)}
-    write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), raw=raw,
-                    extra_kv=lambda w: w.add_float32("llama.rope.freq_base", theta))
+    write_tiny_gguf(
+        tmp_path / "x.gguf",
+        random_hf_weights(),
+        raw=raw,
+        extra_kv=lambda w: w.add_float32("llama.rope.freq_base", theta),
+    )
     model = load_gguf(tmp_path / "x.gguf")
     assert model.config["rope_theta"] == theta
     assert model.config["rope_scaling"] == {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     }
     assert "rope_freqs.weight" not in model.tensors and len(model.tensors) == len(random_hf_weights())
@@ -377,8 +392,16 @@ def test_smollm2_tensors_match_transformers_gguf_import() -> None:
         "model.norm.weight",  # F32
     ]:
         torch.testing.assert_close(ours.tensors[name], reference_state[name].float(), rtol=0, atol=1e-6, msg=name)
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size", "max_position_embeddings", "bos_token_id"):
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+        "bos_token_id",
+    ):
         assert ours.config[key] == getattr(reference.config, key), key
 
 

@@ -81,7 +81,8 @@ def small_bpe_subset(metadata: dict, num_tokens: int) -> tuple[list[str], list[i
     tokens = list(metadata["tokenizer.ggml.tokens"][:num_tokens])
     known = set(tokens)
     merges = [
-        m for m in metadata["tokenizer.ggml.merges"]
+        m
+        for m in metadata["tokenizer.ggml.merges"]
         if m.replace(" ", "") in known and all(part in known for part in m.split(" "))
     ]
     return tokens, list(metadata["tokenizer.ggml.token_type"][:num_tokens]), merges
@@ -146,8 +147,31 @@ def sentencepiece_vocab() -> tuple[list[str], list[int], list[float]]:
     """A tiny Llama-2 style vocabulary: unk, bos, eos, 256 byte tokens, then pieces by score."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     token_types = [2, 3, 3] + [6] * 256
-    pieces = ["▁", *"abcdefghijklmnopqrstuvwxyzHTW.,!?'", "▁t", "he", "▁the", "ll", "llo", "▁he", "▁hello",
-              "▁w", "or", "▁wor", "▁world", "in", "▁in", "er", "▁H", "▁Hello", "at", "▁th", "▁that", "ing", "▁a"]
+    pieces = [
+        "▁",
+        *"abcdefghijklmnopqrstuvwxyzHTW.,!?'",
+        "▁t",
+        "he",
+        "▁the",
+        "ll",
+        "llo",
+        "▁he",
+        "▁hello",
+        "▁w",
+        "or",
+        "▁wor",
+        "▁world",
+        "in",
+        "▁in",
+        "er",
+        "▁H",
+        "▁Hello",
+        "at",
+        "▁th",
+        "▁that",
+        "ing",
+        "▁a",
+    ]
     tokens += pieces
     token_types += [1] * len(pieces)
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]

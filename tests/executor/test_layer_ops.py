@@ -22,7 +22,9 @@ def ops(cpp_kernel) -> CppLayerOps:
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert (actual.float() - expected.float()).abs().max().item() <= TOLERANCE[dtype] * max(1.0, expected.abs().max().item())
+    assert (actual.float() - expected.float()).abs().max().item() <= TOLERANCE[dtype] * max(
+        1.0, expected.abs().max().item()
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -81,8 +83,11 @@ def test_torch_ops_agree_with_cpp_ops(ops):
     x, residual = (torch.randn(4, 48, generator=gen) for _ in range(2))
     weight = torch.rand(48, generator=gen) + 0.5
     torch_residual = residual.clone()
-    _close(ops.add_rms_norm(x, residual, weight, 1e-5), TorchLayerOps().add_rms_norm(x, torch_residual, weight, 1e-5),
-           torch.float32)
+    _close(
+        ops.add_rms_norm(x, residual, weight, 1e-5),
+        TorchLayerOps().add_rms_norm(x, torch_residual, weight, 1e-5),
+        torch.float32,
+    )
     _close(residual, torch_residual, torch.float32)
 
 
@@ -240,7 +245,9 @@ def test_amx_bf16_linear_takes_strided_rows_and_rejects_mismatches(amx):
     wide = torch.randn(7, 100, generator=gen).to(torch.bfloat16)
     x = wide[:, 20:84]
     expected = torch.nn.functional.linear(x.float(), weight.float())
-    assert (amx.linear_bf16(x, panels, 40, None).float() - expected).abs().max().item() <= 0.02 * expected.abs().max().item()
+    assert (
+        amx.linear_bf16(x, panels, 40, None).float() - expected
+    ).abs().max().item() <= 0.02 * expected.abs().max().item()
     assert amx.linear_bf16(torch.zeros(0, 64, dtype=torch.bfloat16), panels, 40, None).shape == (0, 40)
     with pytest.raises(RuntimeError, match="features"):
         amx.linear_bf16(torch.randn(2, 96).bfloat16(), panels, 40, None)

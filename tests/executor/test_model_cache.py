@@ -29,8 +29,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_gguf_loader import CHAT_TEMPLATE, VOCAB, random_hf_weights, write_tiny_gguf  # noqa: E402
 
 CHECKPOINT_FILES = {
-    MARKER_FILE, "config.json", "model.safetensors", "tokenizer.json",
-    "tokenizer_config.json", "generation_config.json",
+    MARKER_FILE,
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
 }
 
 
@@ -61,7 +65,10 @@ def test_checkpoint_folder_contents(tmp_path: pathlib.Path, tiny_gguf: pathlib.P
     assert json.loads((folder / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 2}
     files = read_tokenizer_files(folder)
     assert (files.chat_template, files.bos_token, files.eos_token, files.eos_token_ids) == (
-        CHAT_TEMPLATE, "<|im_start|>", "<|im_end|>", (2,)
+        CHAT_TEMPLATE,
+        "<|im_start|>",
+        "<|im_end|>",
+        (2,),
     )
     assert files.tokenizer_json == source.tokenizer_json
 
@@ -163,8 +170,10 @@ def test_default_model_answers_paris(tmp_path: pathlib.Path) -> None:
     assert model.config.architectures == ["LlamaForCausalLM"] and model.config.tie_word_embeddings
     inputs = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
-        add_generation_prompt=True, return_tensors="pt", return_dict=True,
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
-    answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer

@@ -14,7 +14,9 @@ BLOCK_SIZE = 4
 
 
 def _runner(folder, **kwargs) -> ModelRunner:
-    options = dict(dtype="float32", device="cpu", block_size=BLOCK_SIZE, kv_cache_memory_bytes=2**20, attention_backend="torch")
+    options = dict(
+        dtype="float32", device="cpu", block_size=BLOCK_SIZE, kv_cache_memory_bytes=2**20, attention_backend="torch"
+    )
     return ModelRunner(str(folder), **{**options, **kwargs})
 
 
@@ -48,17 +50,30 @@ def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, reques
     alloc = BlockAllocator(runner.info.num_kv_blocks)
     blocks_a = alloc.take(blocks_needed(21, BLOCK_SIZE))
     # Step 1: A's first chunk (12 tokens), B and C whole prompts (they sample).
-    out1 = runner.execute(t.StepInput(1, new_seqs=(
-        _new(1, prompt_a, blocks_a, 0, 12),
-        _new(2, prompt_b, alloc.take(blocks_needed(14, BLOCK_SIZE)), 0, 13),
-        _new(3, prompt_c, alloc.take(blocks_needed(8, BLOCK_SIZE)), 0, 7),
-    )))
+    out1 = runner.execute(
+        t.StepInput(
+            1,
+            new_seqs=(
+                _new(1, prompt_a, blocks_a, 0, 12),
+                _new(2, prompt_b, alloc.take(blocks_needed(14, BLOCK_SIZE)), 0, 13),
+                _new(3, prompt_c, alloc.take(blocks_needed(8, BLOCK_SIZE)), 0, 7),
+            ),
+        )
+    )
     assert not out1.errors and {o.seq_id for o in out1.outputs} == {2, 3}
     # Step 2: A's second chunk reaches the prompt end; B, C decode; D reuses A's 4 full blocks.
     blocks_d = blocks_a[:4] + alloc.take(blocks_needed(22, BLOCK_SIZE) - 4)
-    out2 = runner.execute(t.StepInput(2, new_seqs=(_new(4, prompt_d, blocks_d, 16, 5),), scheduled_seqs=(
-        t.ScheduledSequence(1, 9), t.ScheduledSequence(2, 1), t.ScheduledSequence(3, 1),
-    )))
+    out2 = runner.execute(
+        t.StepInput(
+            2,
+            new_seqs=(_new(4, prompt_d, blocks_d, 16, 5),),
+            scheduled_seqs=(
+                t.ScheduledSequence(1, 9),
+                t.ScheduledSequence(2, 1),
+                t.ScheduledSequence(3, 1),
+            ),
+        )
+    )
     assert not out2.errors and {o.seq_id for o in out2.outputs} == {1, 2, 3, 4}
     assert out2.num_scheduled_tokens == 9 + 1 + 1 + 5
     assert len(recorder.records) == 6
@@ -107,5 +122,5 @@ def test_greedy_64_tokens_match_generate(arch, checkpoints):
     got = _generate(runner, prompts, 64, chunk=7)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, len(prompt):]
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, len(prompt) :]
         assert got[i] == expected.tolist(), f"sequence {i}"

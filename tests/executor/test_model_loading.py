@@ -13,8 +13,14 @@ from executor_svc.model_config import ModelConfig
 from executor_svc.model_runner import ModelRunner
 from tests.executor.conftest import GREEDY, install_recorder, load_hf, make_tiny_checkpoint
 
-BASE = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=96, vocab_size=128)
+BASE = dict(
+    architectures=["LlamaForCausalLM"],
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=96,
+    vocab_size=128,
+)
 
 
 def test_unsupported_architecture_is_named():
@@ -23,10 +29,32 @@ def test_unsupported_architecture_is_named():
 
 
 def test_rope_keys_of_transformers_4_and_5():
-    old = ModelConfig.from_dict({**BASE, "rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
-    new = ModelConfig.from_dict({**BASE, "rope_parameters": {"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0,
-                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
+    old = ModelConfig.from_dict(
+        {
+            **BASE,
+            "rope_theta": 5e5,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        }
+    )
+    new = ModelConfig.from_dict(
+        {
+            **BASE,
+            "rope_parameters": {
+                "rope_theta": 5e5,
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        }
+    )
     assert old == new and new.rope_theta == 5e5 and new.rope_scaling.rope_type == "llama3"
     with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
         ModelConfig.from_dict({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
@@ -35,11 +63,15 @@ def test_rope_keys_of_transformers_4_and_5():
 def test_defaults_and_family_switches():
     config = ModelConfig.from_dict({**BASE, "eos_token_id": [2, 7]})
     assert (config.num_kv_heads, config.head_dim, config.eos_token_ids) == (4, 16, (2, 7))
-    qwen2 = ModelConfig.from_dict({**BASE, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096,
-                                   "use_sliding_window": False})
+    qwen2 = ModelConfig.from_dict(
+        {**BASE, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096, "use_sliding_window": False}
+    )
     assert qwen2.attention_bias and qwen2.sliding_window is None and not qwen2.qk_norm
     assert ModelConfig.from_dict({**BASE, "architectures": ["Qwen3ForCausalLM"]}).qk_norm
-    assert ModelConfig.from_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 8}).sliding_window == 8
+    assert (
+        ModelConfig.from_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 8}).sliding_window
+        == 8
+    )
 
 
 def _corrupt(folder, edit):
@@ -65,10 +97,14 @@ def test_wrong_shape_is_named(tmp_path):
 
 def _greedy(runner, prompt, num_new):
     install_recorder(runner)
-    runner.execute(t.StepInput(1, new_seqs=(t.NewSequence(1, "r", tuple(prompt), len(prompt), GREEDY, tuple(range(8)), 0, len(prompt)),)))
+    runner.execute(
+        t.StepInput(
+            1, new_seqs=(t.NewSequence(1, "r", tuple(prompt), len(prompt), GREEDY, tuple(range(8)), 0, len(prompt)),)
+        )
+    )
     for step in range(num_new - 1):
         runner.execute(t.StepInput(step + 2, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
-    return runner._seqs[1].token_ids[len(prompt):]
+    return runner._seqs[1].token_ids[len(prompt) :]
 
 
 def test_sharded_checkpoint_with_index(tmp_path, checkpoints):
@@ -88,8 +124,14 @@ def test_sharded_checkpoint_with_index(tmp_path, checkpoints):
 def test_reduced_precision_logits_close_to_fp32(checkpoints, dtype, kv_dtype):
     """bf16 / fp16 weights, or a bf16 KV cache under fp32 weights, stay close to HF fp32."""
     hf = load_hf(checkpoints["llama"])
-    runner = ModelRunner(str(checkpoints["llama"]), dtype=dtype, kv_cache_dtype=kv_dtype, device="cpu",
-                         block_size=4, kv_cache_memory_bytes=2**20)
+    runner = ModelRunner(
+        str(checkpoints["llama"]),
+        dtype=dtype,
+        kv_cache_dtype=kv_dtype,
+        device="cpu",
+        block_size=4,
+        kv_cache_memory_bytes=2**20,
+    )
     assert runner.info.kv_cache_dtype == (dtype if kv_dtype == "auto" else kv_dtype)
     recorder = install_recorder(runner)
     prompt = [4, 8, 15, 16, 23, 42, 7]

@@ -27,26 +27,37 @@ def test_smollm2_greedy_batch_matches_generate(smollm2_folder):
     hf = transformers.AutoModelForCausalLM.from_pretrained(smollm2_folder, torch_dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
-    runner = ModelRunner(str(smollm2_folder), dtype="float32", device="cpu", block_size=BLOCK_SIZE,
-                         kv_cache_memory_bytes=2**28, attention_backend="auto")
+    runner = ModelRunner(
+        str(smollm2_folder),
+        dtype="float32",
+        device="cpu",
+        block_size=BLOCK_SIZE,
+        kv_cache_memory_bytes=2**28,
+        attention_backend="auto",
+    )
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (3, 9, 17, 30, 44, 61, 80, 120)]
     alloc = BlockAllocator(runner.info.num_kv_blocks)
     new = tuple(
-        t.NewSequence(i, str(i), tuple(p), len(p), GREEDY, alloc.take(blocks_needed(len(p) + 32, BLOCK_SIZE)), 0, len(p))
+        t.NewSequence(
+            i, str(i), tuple(p), len(p), GREEDY, alloc.take(blocks_needed(len(p) + 32, BLOCK_SIZE)), 0, len(p)
+        )
         for i, p in enumerate(prompts)
     )
     outputs = {i: [] for i in range(len(prompts))}
     for step in range(32):
-        plan = t.StepInput(step, new_seqs=new) if step == 0 else t.StepInput(
-            step, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in outputs))
+        plan = (
+            t.StepInput(step, new_seqs=new)
+            if step == 0
+            else t.StepInput(step, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in outputs))
+        )
         out = runner.execute(plan)
         assert not out.errors
         for o in out.outputs:
             outputs[o.seq_id].extend(o.token_ids)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt):]
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt) :]
         assert outputs[i] == expected.tolist(), f"prompt {i}"
 
 
@@ -70,8 +81,11 @@ def test_smollm2_bf16_logits_track_fp32_transformers(smollm2_folder):
         for i, p in enumerate(prompts)
     )
     for step in range(6):
-        plan = t.StepInput(step, new_seqs=new) if step == 0 else t.StepInput(
-            step, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(len(prompts))))
+        plan = (
+            t.StepInput(step, new_seqs=new)
+            if step == 0
+            else t.StepInput(step, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(len(prompts))))
+        )
         assert not runner.execute(plan).errors
     assert len(recorder.records) == 6 * len(prompts)
     for token_ids, logits in recorder.records:

@@ -17,14 +17,23 @@ NUM_BLOCKS = 40
 @pytest.fixture()
 def runner(checkpoints) -> ModelRunner:
     spec = KVCacheSpec(2, 2, 16, BLOCK_SIZE, torch.float32)
-    r = ModelRunner(str(checkpoints["llama"]), dtype="float32", device="cpu", block_size=BLOCK_SIZE,
-                    kv_cache_memory_bytes=NUM_BLOCKS * spec.bytes_per_block, attention_backend="torch", max_model_len=64)
+    r = ModelRunner(
+        str(checkpoints["llama"]),
+        dtype="float32",
+        device="cpu",
+        block_size=BLOCK_SIZE,
+        kv_cache_memory_bytes=NUM_BLOCKS * spec.bytes_per_block,
+        attention_backend="torch",
+        max_model_len=64,
+    )
     install_recorder(r)
     return r
 
 
 def _new(seq_id, tokens, blocks, num_scheduled, num_computed=0):
-    return t.NewSequence(seq_id, f"r{seq_id}", tuple(tokens), len(tokens), GREEDY, tuple(blocks), num_computed, num_scheduled)
+    return t.NewSequence(
+        seq_id, f"r{seq_id}", tuple(tokens), len(tokens), GREEDY, tuple(blocks), num_computed, num_scheduled
+    )
 
 
 def test_info_reports_budgeted_blocks(runner):
@@ -70,15 +79,21 @@ def test_sampled_token_is_appended_and_decoded_next(runner):
 
 def test_plan_errors_hit_only_their_sequence(runner):
     runner.execute(t.StepInput(1, new_seqs=(_new(1, [5, 6], [0], 2), _new(2, [8, 9], [1], 2))))
-    out = runner.execute(t.StepInput(2, new_seqs=(
-        _new(3, [1, 2, 3], [NUM_BLOCKS], 3),  # block id out of range
-        _new(4, [1, 2, 3], [5], 3),  # fine
-        _new(5, list(range(10)), [6, 7, 8], 10),  # fine, full
-    ), scheduled_seqs=(
-        t.ScheduledSequence(1, 2),  # more tokens than known
-        t.ScheduledSequence(2, 1),  # fine
-        t.ScheduledSequence(99, 1),  # unknown
-    )))
+    out = runner.execute(
+        t.StepInput(
+            2,
+            new_seqs=(
+                _new(3, [1, 2, 3], [NUM_BLOCKS], 3),  # block id out of range
+                _new(4, [1, 2, 3], [5], 3),  # fine
+                _new(5, list(range(10)), [6, 7, 8], 10),  # fine, full
+            ),
+            scheduled_seqs=(
+                t.ScheduledSequence(1, 2),  # more tokens than known
+                t.ScheduledSequence(2, 1),  # fine
+                t.ScheduledSequence(99, 1),  # unknown
+            ),
+        )
+    )
     errors = {e.seq_id: e.message for e in out.errors}
     assert set(errors) == {1, 3, 99}
     assert "out of range" in errors[3] and "unknown sequence 99" in errors[99] and "has 3 tokens" in errors[1]
@@ -90,14 +105,18 @@ def test_plan_errors_hit_only_their_sequence(runner):
 def test_max_model_len_and_duplicates_are_refused(runner):
     out = runner.execute(t.StepInput(1, new_seqs=(_new(1, list(range(70)), range(18), 65),)))
     assert "max_model_len 64" in out.errors[0].message
-    out = runner.execute(t.StepInput(2, new_seqs=(_new(2, [1, 2], [0], 2),), scheduled_seqs=(t.ScheduledSequence(2, 1),)))
+    out = runner.execute(
+        t.StepInput(2, new_seqs=(_new(2, [1, 2], [0], 2),), scheduled_seqs=(t.ScheduledSequence(2, 1),))
+    )
     assert [e.seq_id for e in out.errors] == [2] and "twice" in out.errors[0].message
 
 
 def test_drop_and_replace(runner):
     runner.execute(t.StepInput(1, new_seqs=(_new(1, [5, 6], [0], 2), _new(2, [7], [1], 1))))
     assert runner.num_sequences() == 2
-    out = runner.execute(t.StepInput(2, dropped_seq_ids=(2, 77), new_seqs=(_new(1, [5, 6, 9, 9], [3, 4], 1, num_computed=3),)))
+    out = runner.execute(
+        t.StepInput(2, dropped_seq_ids=(2, 77), new_seqs=(_new(1, [5, 6, 9, 9], [3, 4], 1, num_computed=3),))
+    )
     assert not out.errors and runner.num_sequences() == 1
     assert runner._seqs[1].block_table == [3, 4] and runner._seqs[1].num_computed_tokens == 4
     runner.reset()

@@ -71,10 +71,7 @@ def test_same_seed_same_tokens_alone_and_in_mixed_batch():
         logits = torch.randn(17, vocab_size) * 3
         target = _request(token_ids=range(position), num_prompt_tokens=3, **target_params)
         alone = sample(logits[8:9].clone(), [target])
-        batch = [
-            _request(token_ids=range(i + 2), num_prompt_tokens=1, **others[i % len(others)])
-            for i in range(17)
-        ]
+        batch = [_request(token_ids=range(i + 2), num_prompt_tokens=1, **others[i % len(others)]) for i in range(17)]
         batch[8] = target
         together = sample(logits, batch)
         assert together[8] == alone[0]
@@ -82,6 +79,7 @@ def test_same_seed_same_tokens_alone_and_in_mixed_batch():
 
 def test_position_and_seed_change_the_token():
     logits = torch.zeros(1, 1000)  # uniform distribution: tokens are the noise argmax
+
     def token(num_tokens: int, seed: int) -> int:
         return _tokens(sample(logits, [_request(range(num_tokens), 1, seed=seed)]))[0]
 
@@ -254,9 +252,7 @@ def test_property_token_in_kept_set_and_same_alone(rows, data_seed):
         keep = sampling_ops.min_p_mask(scaled, torch.tensor([params["min_p"]]))
         scaled = scaled.masked_fill(~keep, float("-inf"))
         top_k = params["top_k"] if 0 < params["top_k"] < vocab_size else vocab_size
-        keep = sampling_ops.top_k_top_p_mask(
-            scaled, torch.tensor([top_k]), torch.tensor([params["top_p"]])
-        )
+        keep = sampling_ops.top_k_top_p_mask(scaled, torch.tensor([top_k]), torch.tensor([params["top_p"]]))
         assert keep[0, together[row]] and scaled[0, together[row]] > float("-inf")
 
 
@@ -360,9 +356,7 @@ def test_bfloat16_logits_sample_like_their_float32_values():
     logits = (torch.randn(8, 300) * 2).to(torch.bfloat16)
     requests = [_request(temperature=0.9, top_p=0.9, seed=i, logprobs=2) for i in range(8)]
     assert sample(logits, requests) == sample(logits.float(), requests)
-    assert _tokens(sample(logits, [_request(temperature=0.0)] * 8)) == (
-        logits.float().argmax(dim=-1).tolist()
-    )
+    assert _tokens(sample(logits, [_request(temperature=0.0)] * 8)) == (logits.float().argmax(dim=-1).tolist())
 
 
 def test_sample_leaves_the_logits_untouched():
@@ -387,10 +381,7 @@ def test_validate_sampling_params_rejects_bad_values():
 def test_cuda_gives_the_same_tokens_as_cpu():
     torch.manual_seed(7)
     logits = torch.randn(64, 4096) * 2
-    requests = [
-        _request(range(i + 3), 2, temperature=0.8, top_k=i % 7 * 10, top_p=0.95, seed=i)
-        for i in range(64)
-    ]
+    requests = [_request(range(i + 3), 2, temperature=0.8, top_k=i % 7 * 10, top_p=0.95, seed=i) for i in range(64)]
     keys = torch.tensor([sampling_ops.stream_key(s, 11) for s in range(64)])
     assert torch.equal(
         sampling_ops.hash_uniforms(keys, torch.arange(4096)),

@@ -70,7 +70,10 @@ def test_jinja_file_and_config_fallback(tmp_path: pathlib.Path) -> None:
     )
     files = read_tokenizer_files(folder)
     assert (files.chat_template, files.bos_token, files.eos_token, files.eos_token_ids) == (
-        "{{ messages }}", None, "</s>", (2, 3)
+        "{{ messages }}",
+        None,
+        "</s>",
+        (2, 3),
     )
 
 
@@ -96,8 +99,13 @@ def test_malformed_json_names_the_file(tmp_path: pathlib.Path) -> None:
 
 def test_from_gguf_copies_the_tokenizer_fields() -> None:
     model = GgufModel(
-        config={}, tensors={}, tokenizer_json=TOKENIZER_JSON, chat_template="T",
-        bos_token="<b>", eos_token="<e>", eos_token_ids=(5, 6),
+        config={},
+        tensors={},
+        tokenizer_json=TOKENIZER_JSON,
+        chat_template="T",
+        bos_token="<b>",
+        eos_token="<e>",
+        eos_token_ids=(5, 6),
     )
     assert from_gguf(model) == TokenizerFiles(TOKENIZER_JSON, "T", "<b>", "<e>", (5, 6))
 
@@ -107,7 +115,10 @@ def test_gguf_file_tokenizer_without_reading_weights(tmp_path: pathlib.Path) -> 
     files = from_gguf_file(path)
     assert files == from_gguf(load_gguf(path))
     assert (files.chat_template, files.bos_token, files.eos_token, files.eos_token_ids) == (
-        CHAT_TEMPLATE, "<|im_start|>", "<|im_end|>", (2,)
+        CHAT_TEMPLATE,
+        "<|im_start|>",
+        "<|im_end|>",
+        (2,),
     )
     assert load_tokenizer_files(path) == files
 

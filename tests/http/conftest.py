@@ -7,7 +7,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from support.tiny_model import build_tiny_model
 
 
@@ -38,8 +37,15 @@ def http_system(http_tiny_model_dir, tmp_path_factory):
 
     port = free_port()
     logs = tmp_path_factory.mktemp("http-logs")
-    with Launcher(str(http_tiny_model_dir), num_executors=1, dtype="float32", kv_cache_memory="512KiB",
-                  http_port=port, log_dir=logs, startup_timeout_s=120) as system:
+    with Launcher(
+        str(http_tiny_model_dir),
+        num_executors=1,
+        dtype="float32",
+        kv_cache_memory="512KiB",
+        http_port=port,
+        log_dir=logs,
+        startup_timeout_s=120,
+    ) as system:
         base_url = f"http://127.0.0.1:{port}"
         wait_http_health(base_url)
         yield system, base_url

@@ -36,9 +36,23 @@ def test_completion_defaults_follow_openai():
 
 
 def test_completion_parameters_map_onto_the_engine_request():
-    body = {"prompt": [[5, 6, 7]], "max_tokens": 9, "temperature": 0, "top_p": 0.5, "seed": 3, "stop": "x",
-            "presence_penalty": 0.1, "frequency_penalty": -0.2, "logprobs": 2, "top_k": 4, "min_p": 0.05,
-            "repetition_penalty": 1.1, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": [[5, 6, 7]],
+        "max_tokens": 9,
+        "temperature": 0,
+        "top_p": 0.5,
+        "seed": 3,
+        "stop": "x",
+        "presence_penalty": 0.1,
+        "frequency_penalty": -0.2,
+        "logprobs": 2,
+        "top_k": 4,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     g = parse_completion(body, "r").generation
     assert g.prompt.token_ids == (5, 6, 7)
     s = g.sampling
@@ -48,49 +62,69 @@ def test_completion_parameters_map_onto_the_engine_request():
 
 
 def test_chat_parameters_and_messages():
-    body = {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                         {"role": "assistant", "content": None}],
-            "max_tokens": 5, "max_completion_tokens": 7, "logprobs": True, "top_logprobs": 3, "stop": ["u", "v"]}
+    body = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": None},
+        ],
+        "max_tokens": 5,
+        "max_completion_tokens": 7,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "stop": ["u", "v"],
+    }
     parsed = parse_chat(body, "r")
     g = parsed.generation
-    assert g.prompt.messages == (ChatMessage("system", "be brief"), ChatMessage("user", "a\nb"),
-                                 ChatMessage("assistant", ""))
+    assert g.prompt.messages == (
+        ChatMessage("system", "be brief"),
+        ChatMessage("user", "a\nb"),
+        ChatMessage("assistant", ""),
+    )
     assert (g.stopping.max_tokens, g.stopping.stop, g.sampling.logprobs) == (7, ("u", "v"), 3)
     assert parsed.param_aliases == {"logprobs": "top_logprobs", "max_tokens": "max_completion_tokens"}
     assert parse_chat({"messages": body["messages"], "logprobs": True}, "r").generation.sampling.logprobs == 0
     assert parse_chat({"messages": body["messages"]}, "r").generation.sampling.logprobs is None
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"prompt": "a", "temperature": "hot"}, "temperature", "expected a number, got a string"),
-    ({"prompt": "a", "max_tokens": 2.5}, "max_tokens", "expected an integer"),
-    ({"prompt": "a", "stream": "yes"}, "stream", "expected a boolean"),
-    ({"prompt": "a", "n": 2}, "n", "only n=1"),
-    ({"prompt": "a", "best_of": 3}, "best_of", "best_of=1"),
-    ({"prompt": "a", "echo": True}, "echo", "not supported"),
-    ({"prompt": "a", "logit_bias": {"5": 1}}, "logit_bias", "not supported"),
-    ({"prompt": ["a", "b"]}, "prompt", "got 2 prompts"),
-    ({"prompt": [1, "b"]}, "prompt", "token ids"),
-    ({}, "prompt", "required"),
-    ({"prompt": "a", "stop": [1]}, "stop", "array of strings"),
-    ({"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"prompt": "a", "temperature": "hot"}, "temperature", "expected a number, got a string"),
+        ({"prompt": "a", "max_tokens": 2.5}, "max_tokens", "expected an integer"),
+        ({"prompt": "a", "stream": "yes"}, "stream", "expected a boolean"),
+        ({"prompt": "a", "n": 2}, "n", "only n=1"),
+        ({"prompt": "a", "best_of": 3}, "best_of", "best_of=1"),
+        ({"prompt": "a", "echo": True}, "echo", "not supported"),
+        ({"prompt": "a", "logit_bias": {"5": 1}}, "logit_bias", "not supported"),
+        ({"prompt": ["a", "b"]}, "prompt", "got 2 prompts"),
+        ({"prompt": [1, "b"]}, "prompt", "token ids"),
+        ({}, "prompt", "required"),
+        ({"prompt": "a", "stop": [1]}, "stop", "array of strings"),
+        ({"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream"),
+    ],
+)
 def test_bad_completion_bodies_name_the_parameter(body, param, words):
     err = _api_error(parse_completion, body, "r")
     assert (err.status, err.param) == (400, param)
     assert words in err.message and err.message.startswith(param)
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"messages": []}, "messages", "non-empty array"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content", "text content"),
-    ({"messages": [{"content": "x"}]}, "messages[0].role", "non-empty string"),
-    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs", "logprobs set to true"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
-     "response_format", "text"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"messages": []}, "messages", "non-empty array"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content", "text content"),
+        ({"messages": [{"content": "x"}]}, "messages[0].role", "non-empty string"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs", "logprobs set to true"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            "response_format",
+            "text",
+        ),
+    ],
+)
 def test_bad_chat_bodies_name_the_parameter(body, param, words):
     err = _api_error(parse_chat, body, "r")
     assert (err.status, err.param) == (400, param)
@@ -103,8 +137,11 @@ def test_malformed_json_is_a_400():
 
 
 def test_engine_errors_map_onto_openai_statuses_and_params():
-    err = from_request_error(InvalidRequest("sampling.logprobs", "must be in [0, 20], got 30"), chat=True,
-                             aliases={"logprobs": "top_logprobs"})
+    err = from_request_error(
+        InvalidRequest("sampling.logprobs", "must be in [0, 20], got 30"),
+        chat=True,
+        aliases={"logprobs": "top_logprobs"},
+    )
     assert (err.status, err.param, err.message) == (400, "top_logprobs", "top_logprobs: must be in [0, 20], got 30")
     assert from_request_error(InvalidRequest("text", "prompt is empty"), chat=False).param == "prompt"
     assert from_request_error(InvalidRequest("chat.messages[1].role", "role is empty"), chat=True).param == "messages"
@@ -155,15 +192,21 @@ async def test_api_keys_health_metrics_and_error_shapes(keyed_api):
 
 def _outputs(last_reason: FinishReason) -> list[RequestOutput]:
     usage = Usage(prompt_tokens=4, completion_tokens=3, cached_tokens=2)
-    return [RequestOutput("r", "Hel", (11, 12)),
-            RequestOutput("r", "lo", (13,), finish_reason=last_reason, usage=usage, error="boom")]
+    return [
+        RequestOutput("r", "Hel", (11, 12)),
+        RequestOutput("r", "lo", (13,), finish_reason=last_reason, usage=usage, error="boom"),
+    ]
 
 
 def test_formatters_join_text_and_report_usage():
     body = CompletionFormatter("cmpl-r", "m", None, None).response(_outputs(FinishReason.LENGTH))
     assert body["choices"][0]["text"] == "Hello" and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
-                             "prompt_tokens_details": {"cached_tokens": 2}}
+    assert body["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
     chat = ChatFormatter("chatcmpl-r", "m", None, None)
     chunks = [chunk for out in _outputs(FinishReason.STOP) for chunk in chat.chunks(out)]
     assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Hel"}, {"content": "lo"}]

@@ -61,8 +61,14 @@ def test_models_list_names_the_served_model(oai, grpc, model):
 
 
 def test_completion_equals_grpc(oai, grpc, model):
-    reply = oai.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0,
-                                   extra_body={"ignore_eos": True}, extra_headers={"x-request-id": "req-7"})
+    reply = oai.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        extra_headers={"x-request-id": "req-7"},
+    )
     expected = grpc.generate(PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
     assert reply.id == "cmpl-req-7" and reply.object == "text_completion" and reply.model == model
     assert reply.choices[0].text == expected.text
@@ -73,16 +79,26 @@ def test_completion_equals_grpc(oai, grpc, model):
 
 def test_completion_with_token_ids_equals_grpc(oai, grpc, model):
     token_ids = grpc.tokenize(PROMPT)
-    reply = oai.completions.create(model=model, prompt=token_ids, max_tokens=8, temperature=0,
-                                   extra_body={"ignore_eos": True})
+    reply = oai.completions.create(
+        model=model, prompt=token_ids, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
     expected = grpc.generate(token_ids=token_ids, max_tokens=8, temperature=0, ignore_eos=True)
     assert reply.choices[0].text == expected.text
     _same_usage(reply.usage, expected.usage)
 
 
 def test_streamed_completion_equals_grpc(oai, grpc, model):
-    chunks = list(oai.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
-                                         stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    chunks = list(
+        oai.completions.create(
+            model=model,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     expected = grpc.generate(PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
     *text_chunks, usage_chunk = chunks
     assert "".join(c.choices[0].text for c in text_chunks) == expected.text
@@ -93,8 +109,9 @@ def test_streamed_completion_equals_grpc(oai, grpc, model):
 
 
 def test_chat_completion_equals_grpc(oai, grpc, model):
-    reply = oai.chat.completions.create(model=model, messages=MESSAGES, max_completion_tokens=10, temperature=0,
-                                        extra_body={"ignore_eos": True})
+    reply = oai.chat.completions.create(
+        model=model, messages=MESSAGES, max_completion_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+    )
     expected = grpc.chat(MESSAGES, max_tokens=10, temperature=0, ignore_eos=True)
     assert reply.id.startswith("chatcmpl-") and reply.object == "chat.completion"
     assert reply.choices[0].message.role == "assistant"
@@ -104,9 +121,17 @@ def test_chat_completion_equals_grpc(oai, grpc, model):
 
 
 def test_streamed_chat_role_first_finish_last_then_usage(oai, grpc, model):
-    chunks = list(oai.chat.completions.create(model=model, messages=MESSAGES, max_tokens=10, temperature=0,
-                                              stream=True, stream_options={"include_usage": True},
-                                              extra_body={"ignore_eos": True}))
+    chunks = list(
+        oai.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     expected = grpc.chat(MESSAGES, max_tokens=10, temperature=0, ignore_eos=True)
     first, *middle, last, usage_chunk = chunks
     assert first.choices[0].delta.role == "assistant" and first.choices[0].finish_reason is None
@@ -119,11 +144,14 @@ def test_streamed_chat_role_first_finish_last_then_usage(oai, grpc, model):
 
 def test_stop_string_ends_the_text_like_grpc(oai, grpc, model):
     full = grpc.generate(PROMPT, max_tokens=24, temperature=0, ignore_eos=True).text
-    stop = next(full[i:i + 2] for i in range(3, len(full)) if full[i:i + 2].strip() and "\ufffd" not in full[i:i + 2])
-    reply = oai.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
-                                   extra_body={"ignore_eos": True})
+    stop = next(
+        full[i : i + 2] for i in range(3, len(full)) if full[i : i + 2].strip() and "\ufffd" not in full[i : i + 2]
+    )
+    reply = oai.completions.create(
+        model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
     expected = grpc.generate(PROMPT, max_tokens=24, temperature=0, ignore_eos=True, stop=[stop])
-    assert reply.choices[0].text == expected.text == full[:full.index(stop)]
+    assert reply.choices[0].text == expected.text == full[: full.index(stop)]
     assert reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].model_extra["stop_reason"] == stop
     _same_usage(reply.usage, expected.usage)
@@ -132,8 +160,9 @@ def test_stop_string_ends_the_text_like_grpc(oai, grpc, model):
 def test_seeded_sampling_with_every_knob_equals_grpc(oai, grpc, model):
     knobs = dict(temperature=0.9, top_p=0.9, seed=1234, presence_penalty=0.5, frequency_penalty=0.3)
     extensions = dict(top_k=50, min_p=0.01, repetition_penalty=1.2)
-    reply = oai.completions.create(model=model, prompt=PROMPT, max_tokens=16, **knobs,
-                                   extra_body={"ignore_eos": True, **extensions})
+    reply = oai.completions.create(
+        model=model, prompt=PROMPT, max_tokens=16, **knobs, extra_body={"ignore_eos": True, **extensions}
+    )
     expected = grpc.generate(PROMPT, max_tokens=16, ignore_eos=True, **knobs, **extensions)
     assert reply.choices[0].text == expected.text
     greedy = grpc.generate(PROMPT, max_tokens=16, temperature=0, ignore_eos=True)
@@ -141,8 +170,15 @@ def test_seeded_sampling_with_every_knob_equals_grpc(oai, grpc, model):
 
 
 def test_chat_logprobs_equal_grpc(oai, grpc, model):
-    reply = oai.chat.completions.create(model=model, messages=MESSAGES, max_tokens=6, temperature=0,
-                                        logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    reply = oai.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     expected = grpc.chat(MESSAGES, max_tokens=6, temperature=0, ignore_eos=True, logprobs=3)
     content = reply.choices[0].logprobs.content
     assert len(content) == len(expected.logprobs) == 6
@@ -155,8 +191,9 @@ def test_chat_logprobs_equal_grpc(oai, grpc, model):
 
 
 def test_completion_logprobs_legacy_layout(oai, grpc, model):
-    reply = oai.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2,
-                                   extra_body={"ignore_eos": True})
+    reply = oai.completions.create(
+        model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
     expected = grpc.generate(PROMPT, max_tokens=5, temperature=0, ignore_eos=True, logprobs=2)
     lp = reply.choices[0].logprobs
     assert lp.tokens == [grpc.detokenize([t], skip_special_tokens=False) for t in expected.token_ids]
@@ -165,15 +202,18 @@ def test_completion_logprobs_legacy_layout(oai, grpc, model):
     assert all(lp.tokens[i] in lp.top_logprobs[i] for i in range(5))
 
 
-@pytest.mark.parametrize("kwargs, param, words", [
-    (dict(temperature=-1), "temperature", "must be >= 0"),
-    (dict(top_p=1.5), "top_p", "(0, 1]"),
-    (dict(n=2), "n", "only n=1"),
-    (dict(max_tokens=5000), "max_tokens", "above the limit"),
-    (dict(max_tokens=1000, prompt="x " * 100), "max_tokens", "context"),
-    (dict(logprobs=99), "logprobs", "must be in [0, 20]"),
-    (dict(extra_body={"top_k": "many"}), "top_k", "expected an integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, param, words",
+    [
+        (dict(temperature=-1), "temperature", "must be >= 0"),
+        (dict(top_p=1.5), "top_p", "(0, 1]"),
+        (dict(n=2), "n", "only n=1"),
+        (dict(max_tokens=5000), "max_tokens", "above the limit"),
+        (dict(max_tokens=1000, prompt="x " * 100), "max_tokens", "context"),
+        (dict(logprobs=99), "logprobs", "must be in [0, 20]"),
+        (dict(extra_body={"top_k": "many"}), "top_k", "expected an integer"),
+    ],
+)
 def test_invalid_parameter_is_a_400_naming_it(oai, model, kwargs, param, words):
     kwargs = {"prompt": PROMPT, **kwargs}
     with pytest.raises(openai.BadRequestError) as info:
@@ -216,7 +256,7 @@ def _read_events(reply: http.client.HTTPResponse, count: int) -> list[dict]:
     while len(events) < count:
         line = reply.fp.readline().decode().strip()
         if line.startswith("data: "):
-            events.append(json.loads(line[len("data: "):]))
+            events.append(json.loads(line[len("data: ") :]))
     return events
 
 
@@ -232,8 +272,10 @@ def test_client_disconnect_mid_stream_frees_the_blocks(http_system, grpc, model)
     _, base_url = http_system
     num_aborted = _num_aborted(base_url)
     # ~1000 tokens take seconds on the tiny model: the request is still running when we hang up.
-    conn, reply = _open_stream(base_url, {"model": model, "prompt": PROMPT, "max_tokens": 1000, "temperature": 0,
-                                          "ignore_eos": True, "stream": True})
+    conn, reply = _open_stream(
+        base_url,
+        {"model": model, "prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "ignore_eos": True, "stream": True},
+    )
     assert reply.status == 200 and reply.getheader("Content-Type").startswith("text/event-stream")
     events = _read_events(reply, 3)
     assert all(e["choices"][0]["finish_reason"] is None for e in events)

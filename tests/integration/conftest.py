@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from support.tiny_model import build_tiny_model
 
 
@@ -19,6 +18,13 @@ def tiny_system(tiny_model_dir, tmp_path_factory):
     from pagoda_client.launcher import Launcher
 
     logs = tmp_path_factory.mktemp("logs")
-    with Launcher(str(tiny_model_dir), num_executors=1, dtype="float32", kv_cache_memory="256KiB",
-                  block_size=16, log_dir=logs, startup_timeout_s=120) as system:
+    with Launcher(
+        str(tiny_model_dir),
+        num_executors=1,
+        dtype="float32",
+        kv_cache_memory="256KiB",
+        block_size=16,
+        log_dir=logs,
+        startup_timeout_s=120,
+    ) as system:
         yield system

@@ -35,8 +35,13 @@ def smollm2_dir():
 def smollm2_system(smollm2_dir, tmp_path_factory):
     from pagoda_client.launcher import Launcher
 
-    with Launcher(str(smollm2_dir), dtype="float32", kv_cache_memory="256MiB",
-                  log_dir=tmp_path_factory.mktemp("logs"), startup_timeout_s=300) as system:
+    with Launcher(
+        str(smollm2_dir),
+        dtype="float32",
+        kv_cache_memory="256MiB",
+        log_dir=tmp_path_factory.mktemp("logs"),
+        startup_timeout_s=300,
+    ) as system:
         yield system
 
 
@@ -50,9 +55,14 @@ def _hf_greedy_chat(folder, messages_list, max_new_tokens):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         input_ids = torch.tensor([list(ids)])
         with torch.no_grad():
-            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                 max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id)
-        outputs.append((list(ids), out[0, input_ids.shape[1]:].tolist()))
+            out = model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        outputs.append((list(ids), out[0, input_ids.shape[1] :].tolist()))
     return outputs
 
 
@@ -69,7 +79,8 @@ def test_eight_concurrent_prompts_match_transformers(smollm2_system, smollm2_dir
 
 def test_capital_of_france(smollm2_system):
     with Client(smollm2_system.target, timeout=120) as client:
-        answer = client.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=40,
-                             temperature=0)
+        answer = client.chat(
+            [{"role": "user", "content": "What is the capital of France?"}], max_tokens=40, temperature=0
+        )
     assert "Paris" in answer.text
     assert answer.finish_reason == "stop"

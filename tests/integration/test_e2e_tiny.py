@@ -8,9 +8,9 @@ import time
 
 import grpc
 import pytest
+from support.tiny_model import hf_greedy
 
 from pagoda_client import Client, PagodaError
-from support.tiny_model import hf_greedy
 
 pytestmark = pytest.mark.integration
 
@@ -36,8 +36,9 @@ def test_greedy_matches_transformers_concurrently(tiny_system, tiny_model_dir):
     prompts = _prompts(6)
     with Client(tiny_system.target, timeout=60) as client:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-            results = list(pool.map(
-                lambda p: client.generate(token_ids=p, max_tokens=24, temperature=0, ignore_eos=True), prompts))
+            results = list(
+                pool.map(lambda p: client.generate(token_ids=p, max_tokens=24, temperature=0, ignore_eos=True), prompts)
+            )
         for prompt, result in zip(prompts, results):
             assert result.token_ids == hf_greedy(tiny_model_dir, prompt, 24)
             assert result.finish_reason == "length"
@@ -75,17 +76,20 @@ def test_short_request_finishes_first_and_long_is_unchanged(tiny_system, tiny_mo
         assert short_result.token_ids == hf_greedy(tiny_model_dir, short_prompt, 5)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(prompt=""), "text"),
-    (dict(token_ids=[]), "token_ids"),
-    (dict(prompt="hi", max_tokens=0), "max_tokens"),
-    (dict(prompt="hi", max_tokens=-3), "max_tokens"),
-    (dict(prompt="hi", temperature=-0.5), "temperature"),
-    (dict(prompt="hi", top_p=0.0), "top_p"),
-    (dict(prompt="hi", top_p=1.5), "top_p"),
-    (dict(token_ids=[5] * 2000), "tokens"),
-    (dict(token_ids=[1, 99999]), "token_ids"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(prompt=""), "text"),
+        (dict(token_ids=[]), "token_ids"),
+        (dict(prompt="hi", max_tokens=0), "max_tokens"),
+        (dict(prompt="hi", max_tokens=-3), "max_tokens"),
+        (dict(prompt="hi", temperature=-0.5), "temperature"),
+        (dict(prompt="hi", top_p=0.0), "top_p"),
+        (dict(prompt="hi", top_p=1.5), "top_p"),
+        (dict(token_ids=[5] * 2000), "tokens"),
+        (dict(token_ids=[1, 99999]), "token_ids"),
+    ],
+)
 def test_bad_input_is_invalid_argument_and_service_keeps_serving(tiny_system, kwargs, field):
     with Client(tiny_system.target, timeout=30) as client:
         with pytest.raises(PagodaError) as info:

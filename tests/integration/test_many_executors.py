@@ -21,8 +21,12 @@ MAX_TOKENS = 160
 
 def _request(i: int) -> dict:
     rng = random.Random(1000 + i)
-    kwargs = dict(token_ids=[rng.randrange(3, 384) for _ in range(rng.randrange(4, 60))],
-                  max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0)
+    kwargs = dict(
+        token_ids=[rng.randrange(3, 384) for _ in range(rng.randrange(4, 60))],
+        max_tokens=MAX_TOKENS,
+        ignore_eos=True,
+        temperature=0,
+    )
     if i % 4 == 3:  # seeded sampling must continue identically on the other executor
         kwargs.update(temperature=0.9, top_p=0.95, seed=i)
     return kwargs
@@ -60,8 +64,14 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_executors(tiny_model_dir, tmp_path_factory):
-    with Launcher(str(tiny_model_dir), num_executors=2, dtype="float32", kv_cache_memory="2MiB",
-                  log_dir=tmp_path_factory.mktemp("logs"), extra_executor_args=["--drain-timeout-s", "20"]) as system:
+    with Launcher(
+        str(tiny_model_dir),
+        num_executors=2,
+        dtype="float32",
+        kv_cache_memory="2MiB",
+        log_dir=tmp_path_factory.mktemp("logs"),
+        extra_executor_args=["--drain-timeout-s", "20"],
+    ) as system:
         yield system
 
 

@@ -17,8 +17,12 @@ def _requests(n: int) -> list[dict]:
     rng = random.Random(5)
     out = []
     for i in range(n):
-        kwargs = dict(token_ids=[rng.randrange(3, 384) for _ in range(rng.randrange(16, 64))],
-                      max_tokens=rng.randrange(60, 120), ignore_eos=True, temperature=0)
+        kwargs = dict(
+            token_ids=[rng.randrange(3, 384) for _ in range(rng.randrange(16, 64))],
+            max_tokens=rng.randrange(60, 120),
+            ignore_eos=True,
+            temperature=0,
+        )
         if i % 5 == 0:
             kwargs.update(temperature=0.8, seed=i)
         out.append(kwargs)
@@ -38,8 +42,9 @@ def test_five_times_the_pool_completes_with_identical_outputs(tiny_model_dir, tm
     # 512 bytes of KV per token for the tiny model: 16 tokens = 8 KiB per block.
     small_blocks = blocks_needed // 5
     small = f"{small_blocks * 8}KiB"
-    with Launcher(str(tiny_model_dir), dtype="float32", kv_cache_memory=small, block_size=16,
-                  log_dir=tmp_path / "small") as system:
+    with Launcher(
+        str(tiny_model_dir), dtype="float32", kv_cache_memory=small, block_size=16, log_dir=tmp_path / "small"
+    ) as system:
         tight, status = _run(system.target, requests)
         assert status.executors[0].num_kv_blocks == small_blocks
         assert status.num_preemptions_total > 0, "the pool was not under pressure"
@@ -61,8 +66,9 @@ def test_shared_prefix_is_served_from_cache(tiny_model_dir, tmp_path):
             assert first.usage.cached_tokens == 0
             second = client.generate(token_ids=prefix + [10, 11], max_tokens=4, temperature=0, ignore_eos=True)
             assert second.usage.cached_tokens >= 480
-            salted = client.generate(token_ids=prefix + [10, 11], max_tokens=4, temperature=0, ignore_eos=True,
-                                     cache_salt="tenant-b")
+            salted = client.generate(
+                token_ids=prefix + [10, 11], max_tokens=4, temperature=0, ignore_eos=True, cache_salt="tenant-b"
+            )
             assert salted.usage.cached_tokens == 0
             assert salted.token_ids == second.token_ids
             status = client.status()

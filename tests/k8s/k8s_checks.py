@@ -10,8 +10,16 @@ import re
 
 from k8s_flags import env_for_flag
 from k8s_pods import (
-    Container, by_kind, config_maps, container_env, containers, pod_spec, selects, setting,
-    template_labels, workloads,
+    Container,
+    by_kind,
+    config_maps,
+    container_env,
+    containers,
+    pod_spec,
+    selects,
+    setting,
+    template_labels,
+    workloads,
 )
 
 HEALTH_PORT_NAME = "grpc"
@@ -49,7 +57,9 @@ def check_selectors(objects: list[dict]) -> list[str]:
 
 def _port_names(workload: dict) -> dict[str, int]:
     spec = pod_spec(workload)
-    return {p["name"]: p["containerPort"] for c in spec.get("containers", []) for p in c.get("ports", []) if "name" in p}
+    return {
+        p["name"]: p["containerPort"] for c in spec.get("containers", []) for p in c.get("ports", []) if "name" in p
+    }
 
 
 def check_target_ports(objects: list[dict]) -> list[str]:
@@ -62,8 +72,10 @@ def check_target_ports(objects: list[dict]) -> list[str]:
                 target = port.get("targetPort", port["port"])
                 known = target in ports if isinstance(target, str) else target in ports.values()
                 if not known:
-                    errors.append(f"{_svc_id(svc)}: port {port.get('name', port['port'])} targets {target!r}, "
-                                  f"not a container port of {w['metadata']['name']} ({sorted(ports)})")
+                    errors.append(
+                        f"{_svc_id(svc)}: port {port.get('name', port['port'])} targets {target!r}, "
+                        f"not a container port of {w['metadata']['name']} ({sorted(ports)})"
+                    )
     return errors
 
 
@@ -74,14 +86,20 @@ def _of_program(objects: list[dict], program: str) -> list[Container]:
 def _headless_address(objects: list[dict], executor: Container) -> tuple[str | None, list[str]]:
     """(expected executor address, errors) from the headless Service of the executors."""
     labels, errors = template_labels(executor.workload), []
-    services = [s for s in by_kind(objects, "Service")
-                if s["spec"].get("clusterIP") == "None" and selects(s["spec"].get("selector", {}), labels)]
+    services = [
+        s
+        for s in by_kind(objects, "Service")
+        if s["spec"].get("clusterIP") == "None" and selects(s["spec"].get("selector", {}), labels)
+    ]
     if len(services) != 1:
         return None, [f"{executor.where}: expected one headless Service selecting it, found {len(services)}"]
     svc = services[0]
     if svc["spec"].get("publishNotReadyAddresses"):
         errors.append(f"{_svc_id(svc)}: publishNotReadyAddresses must be false (unready executors must leave DNS)")
-    if executor.workload["kind"] == "StatefulSet" and executor.workload["spec"].get("serviceName") != svc["metadata"]["name"]:
+    if (
+        executor.workload["kind"] == "StatefulSet"
+        and executor.workload["spec"].get("serviceName") != svc["metadata"]["name"]
+    ):
         errors.append(f"{executor.where}: serviceName is not the headless Service {svc['metadata']['name']}")
     grpc_port = executor.port(HEALTH_PORT_NAME)
     ports = [p["port"] for p in svc["spec"].get("ports", []) if p.get("targetPort") in (HEALTH_PORT_NAME, grpc_port)]
@@ -133,7 +151,9 @@ def _check_container_probes(c: Container, objects: list[dict]) -> list[str]:
     startup = c.spec.get("startupProbe") or {}
     window = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
     if c.program == "pagoda-executor" and window < MIN_EXECUTOR_STARTUP_S:
-        errors.append(f"{c.where}: startupProbe allows {window}s for model loading, less than {MIN_EXECUTOR_STARTUP_S}s")
+        errors.append(
+            f"{c.where}: startupProbe allows {window}s for model loading, less than {MIN_EXECUTOR_STARTUP_S}s"
+        )
     return errors
 
 
@@ -153,12 +173,16 @@ def check_config_refs(objects: list[dict]) -> list[str]:
         for var in c.spec.get("env", []):
             ref = var.get("valueFrom", {}).get("configMapKeyRef")
             if ref and not ref.get("optional") and ref["key"] not in cms.get(ref["name"], {}):
-                errors.append(f"{c.where}: env {var['name']} refers to missing key {ref['key']} of ConfigMap {ref['name']}")
+                errors.append(
+                    f"{c.where}: env {var['name']} refers to missing key {ref['key']} of ConfigMap {ref['name']}"
+                )
     for w in workloads(objects):
         for vol in pod_spec(w).get("volumes", []):
             ref = vol.get("configMap")
             if ref and ref["name"] not in cms and not ref.get("optional"):
-                errors.append(f"{w['kind'].lower()}/{w['metadata']['name']}: volume ConfigMap {ref['name']} does not exist")
+                errors.append(
+                    f"{w['kind'].lower()}/{w['metadata']['name']}: volume ConfigMap {ref['name']} does not exist"
+                )
     return errors
 
 
@@ -166,8 +190,11 @@ def _check_container_flags(c: Container, objects: list[dict], flags: dict, extra
     program = c.program or c.image_program
     known = flags[program]
     allowed_envs = {env_for_flag(f) for f in known} | (extras[program] if not c.program else set())
-    errors = [f"{c.where}: {name} is not the variable of any flag of {program}"
-              for name in sorted(container_env(c, objects)) if name.startswith("PAGODA_") and name not in allowed_envs]
+    errors = [
+        f"{c.where}: {name} is not the variable of any flag of {program}"
+        for name in sorted(container_env(c, objects))
+        if name.startswith("PAGODA_") and name not in allowed_envs
+    ]
     for flag in sorted(c.arg_flags()):
         if flag not in known:
             errors.append(f"{c.where}: argument {flag} is not a flag of {program}")
@@ -184,8 +211,12 @@ def check_env_flags(objects: list[dict], flags: dict[str, set[str]], extras: dic
         extras: program -> documented PAGODA_* variables that are not flags
             (allowed in init containers that run helpers of the image, not the program).
     """
-    return [e for c in containers(objects) if c.program or c.image_program
-            for e in _check_container_flags(c, objects, flags, extras)]
+    return [
+        e
+        for c in containers(objects)
+        if c.program or c.image_program
+        for e in _check_container_flags(c, objects, flags, extras)
+    ]
 
 
 def check_drain(objects: list[dict]) -> list[str]:
@@ -245,10 +276,12 @@ def check_metrics(objects: list[dict]) -> list[str]:
         notes = c.workload["spec"]["template"].get("metadata", {}).get("annotations", {})
         port, configured = c.port(METRICS_PORT_NAME), setting(c, objects, "--metrics-port")
         if notes.get("prometheus.io/scrape") != "true":
-            errors.append(f"{c.where}: pod template lacks prometheus.io/scrape: \"true\"")
+            errors.append(f'{c.where}: pod template lacks prometheus.io/scrape: "true"')
         if port is None or notes.get("prometheus.io/port") != str(port) or configured != str(port):
-            errors.append(f"{c.where}: prometheus.io/port {notes.get('prometheus.io/port')}, "
-                          f"container port {METRICS_PORT_NAME!r} {port} and --metrics-port {configured} differ")
+            errors.append(
+                f"{c.where}: prometheus.io/port {notes.get('prometheus.io/port')}, "
+                f"container port {METRICS_PORT_NAME!r} {port} and --metrics-port {configured} differ"
+            )
     return errors
 
 

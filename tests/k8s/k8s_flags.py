@@ -29,12 +29,18 @@ def env_for_flag(flag: str) -> str:
 def _parser_of(module) -> argparse.ArgumentParser | None:
     if hasattr(module, "build_parser"):
         return module.build_parser()
-    config_classes = [obj for obj in vars(module).values()
-                      if dataclasses.is_dataclass(obj) and isinstance(obj, type)
-                      and obj.__module__ == module.__name__ and obj.__name__.endswith("Config")]
+    config_classes = [
+        obj
+        for obj in vars(module).values()
+        if dataclasses.is_dataclass(obj)
+        and isinstance(obj, type)
+        and obj.__module__ == module.__name__
+        and obj.__name__.endswith("Config")
+    ]
     if len(config_classes) != 1:
         return None
     from pagoda.runtime.flags import build_parser
+
     return build_parser(config_classes[0], module.__name__, "")
 
 
@@ -47,8 +53,9 @@ def parser_flags(program: str) -> set[str] | None:
     parser = _parser_of(module)
     if parser is None:
         return None
-    return {opt for action in parser._actions for opt in action.option_strings
-            if opt.startswith("--") and opt != "--help"}
+    return {
+        opt for action in parser._actions for opt in action.option_strings if opt.startswith("--") and opt != "--help"
+    }
 
 
 def _docs_section(program: str) -> str:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pathlib
 import re
 
-import pytest
-
 import k8s_validate as validate
+import pytest
 from k8s_checks import check_all, check_images_across
 from k8s_manifests import kubectl_path, overlay_dirs, render, validate_schemas
 
@@ -41,19 +40,22 @@ def test_schema_rejects_unknown_field_and_unknown_kind(broken):
 def test_selector_mismatch(results):
     assert results["selectors"] == [
         "service/pagoda-scheduler: selector {'app.kubernetes.io/component': 'schedular', "
-        "'app.kubernetes.io/name': 'pagoda'} matches no pod template"]
+        "'app.kubernetes.io/name': 'pagoda'} matches no pod template"
+    ]
 
 
 def test_named_target_port_not_declared(results):
     assert results["target_ports"] == [
         "service/pagoda-executor: port metrics targets 'prom', not a container port of pagoda-executor "
-        "(['grpc', 'metrics'])"]
+        "(['grpc', 'metrics'])"
+    ]
 
 
 def test_executor_address_in_wrong_namespace(results):
     assert results["executor_address"] == [
         f"{SCHEDULER}: --executors is 'pagoda-executor.default.svc.cluster.local:50061', "
-        "expected 'pagoda-executor.pagoda.svc.cluster.local:50061'"]
+        "expected 'pagoda-executor.pagoda.svc.cluster.local:50061'"
+    ]
 
 
 def test_probe_on_undeclared_port(results):
@@ -62,12 +64,17 @@ def test_probe_on_undeclared_port(results):
 
 def test_missing_config_map_key(results):
     assert len(results["config_refs"]) == 1
-    assert re.fullmatch(r"statefulset/pagoda-executor container model-init: env PAGODA_MODEL refers to missing key "
-                        r"PAGODA_MODEL_PATH of ConfigMap pagoda-executor-config-[a-z0-9]{10}", results["config_refs"][0])
+    assert re.fullmatch(
+        r"statefulset/pagoda-executor container model-init: env PAGODA_MODEL refers to missing key "
+        r"PAGODA_MODEL_PATH of ConfigMap pagoda-executor-config-[a-z0-9]{10}",
+        results["config_refs"][0],
+    )
 
 
 def test_variable_that_is_no_flag(results):
-    assert results["env_flags"] == [f"{SCHEDULER}: PAGODA_MAX_BATCH is not the variable of any flag of pagoda-scheduler"]
+    assert results["env_flags"] == [
+        f"{SCHEDULER}: PAGODA_MAX_BATCH is not the variable of any flag of pagoda-scheduler"
+    ]
 
 
 def test_grace_period_shorter_than_drain(results):
@@ -87,4 +94,5 @@ def test_images_from_another_repository(broken):
         f"pagoda-executor/model-init: overlays use different repositories {repos}",
     ]
     assert check_images_across({"cpu": renders["cpu"]}, "0.2.0")[0] == (
-        "cpu: deployment/pagoda-scheduler container scheduler: image tag '0.1.0' is not 0.2.0 or 0.2.0-<cpu|cuda>")
+        "cpu: deployment/pagoda-scheduler container scheduler: image tag '0.1.0' is not 0.2.0 or 0.2.0-<cpu|cuda>"
+    )

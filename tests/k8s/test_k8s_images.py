@@ -4,10 +4,9 @@ non-root user, slim scheduler without torch, nothing installed in the final stag
 from __future__ import annotations
 
 import re
-import tomllib
 
 import pytest
-
+import tomllib
 from k8s_manifests import REPO, kubectl_path, overlay_dirs, render
 from k8s_pods import containers
 
@@ -33,8 +32,14 @@ def test_final_stage_runs_as_non_root_and_installs_nothing(name):
     assert "COPY docker/health_probe.py /opt/pagoda/health_probe.py" in final
 
 
-@pytest.mark.parametrize("name,arg", [("Dockerfile.scheduler", "PYTHON_IMAGE"), ("Dockerfile.executor", "PYTHON_IMAGE"),
-                                      ("Dockerfile.executor", "CUDA_IMAGE")])
+@pytest.mark.parametrize(
+    "name,arg",
+    [
+        ("Dockerfile.scheduler", "PYTHON_IMAGE"),
+        ("Dockerfile.executor", "PYTHON_IMAGE"),
+        ("Dockerfile.executor", "CUDA_IMAGE"),
+    ],
+)
 def test_base_images_are_pinned(name, arg):
     image = _arg_default(name, arg)
     assert re.fullmatch(r"[a-z0-9./-]+:\d+\.\d+\.\d+-[a-z0-9.-]+", image), image
@@ -70,8 +75,10 @@ def test_dockerignore_lets_every_copied_path_in(name):
 
 @pytest.mark.skipif(kubectl_path() is None, reason="kubectl is not installed: k8s/ cannot be rendered")
 def test_manifests_match_the_images():
-    entrypoints = {name: re.search(r'ENTRYPOINT \["([^"]+)"\]', (DOCKER / name).read_text()).group(1)
-                   for name in ["Dockerfile.scheduler", "Dockerfile.executor"]}
+    entrypoints = {
+        name: re.search(r'ENTRYPOINT \["([^"]+)"\]', (DOCKER / name).read_text()).group(1)
+        for name in ["Dockerfile.scheduler", "Dockerfile.executor"]
+    }
     assert entrypoints == {"Dockerfile.scheduler": "pagoda-scheduler", "Dockerfile.executor": "pagoda-executor"}
     for objects in (render(path) for path in overlay_dirs().values()):
         for c in containers(objects):

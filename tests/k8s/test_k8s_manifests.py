@@ -3,9 +3,8 @@ consistent with itself and with the programs' real flags (offline, no cluster)."
 
 from __future__ import annotations
 
-import pytest
-
 import k8s_validate as validate
+import pytest
 from k8s_checks import check_all, check_images_across
 from k8s_flags import docs_flags, parser_flags, program_flags
 from k8s_manifests import KUBE_VERSION, kubectl_path, overlay_dirs, render, validate_schemas
@@ -14,8 +13,19 @@ from k8s_pods import container_env, containers, setting
 pytestmark = pytest.mark.skipif(kubectl_path() is None, reason="kubectl is not installed: k8s/ cannot be rendered")
 
 OVERLAYS = sorted(overlay_dirs())
-CHECKS = ["selectors", "target_ports", "executor_address", "probes", "config_refs", "env_flags",
-          "drain", "security", "metrics", "resources", "scheduler_singleton"]
+CHECKS = [
+    "selectors",
+    "target_ports",
+    "executor_address",
+    "probes",
+    "config_refs",
+    "env_flags",
+    "drain",
+    "security",
+    "metrics",
+    "resources",
+    "scheduler_singleton",
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +65,9 @@ def test_images_agree_across_overlays(renders):
     assert check_images_across(renders, validate.project_version()) == []
     images = {name: {c.name: c.spec["image"] for c in containers(objs)} for name, objs in renders.items()}
     assert images["cpu"]["executor"] == "ghcr.io/pagoda-llm/pagoda-executor:0.1.0-cpu"
-    assert images["gpu"]["executor"] == images["gpu-tls"]["model-init"] == "ghcr.io/pagoda-llm/pagoda-executor:0.1.0-cuda"
+    assert (
+        images["gpu"]["executor"] == images["gpu-tls"]["model-init"] == "ghcr.io/pagoda-llm/pagoda-executor:0.1.0-cuda"
+    )
     assert {images[o]["scheduler"] for o in OVERLAYS} == {"ghcr.io/pagoda-llm/pagoda-scheduler:0.1.0"}
 
 
@@ -86,12 +98,24 @@ def test_rendered_settings(renders):
 def test_tls_overlay_passes_flags_and_mounts_secrets(renders):
     objects = renders["gpu-tls"]
     executor, sched = _container(objects, "pagoda-executor"), _container(objects, "pagoda-scheduler")
-    assert executor.arg_flags() == {"--tls-cert": "/etc/pagoda/tls/tls.crt", "--tls-key": "/etc/pagoda/tls/tls.key",
-                                    "--tls-ca": "/etc/pagoda/tls/ca.crt"}
-    assert sorted(sched.arg_flags()) == ["--executor-tls-ca", "--executor-tls-cert", "--executor-tls-key",
-                                         "--tls-cert", "--tls-key"]
-    secrets = sorted(v["secret"]["secretName"] for c in (executor, sched)
-                     for v in c.workload["spec"]["template"]["spec"]["volumes"] if "secret" in v)
+    assert executor.arg_flags() == {
+        "--tls-cert": "/etc/pagoda/tls/tls.crt",
+        "--tls-key": "/etc/pagoda/tls/tls.key",
+        "--tls-ca": "/etc/pagoda/tls/ca.crt",
+    }
+    assert sorted(sched.arg_flags()) == [
+        "--executor-tls-ca",
+        "--executor-tls-cert",
+        "--executor-tls-key",
+        "--tls-cert",
+        "--tls-key",
+    ]
+    secrets = sorted(
+        v["secret"]["secretName"]
+        for c in (executor, sched)
+        for v in c.workload["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    )
     assert secrets == ["pagoda-executor-tls", "pagoda-scheduler-client-tls", "pagoda-scheduler-tls"]
     assert not [o for o in objects if o["kind"] == "Secret"]
 
@@ -106,8 +130,10 @@ def test_programs_parse_the_rendered_settings(renders, overlay):
     """Each main container's args and environment parse with the program's own config
     loader (values such as `2GiB` or `json` included), giving what the manifests say."""
     parse_config = pytest.importorskip("pagoda.runtime.flags").parse_config
-    classes = {"pagoda-executor": ("executor_svc.config", "ExecutorConfig"),
-               "pagoda-scheduler": ("scheduler_svc.config", "SchedulerServiceConfig")}
+    classes = {
+        "pagoda-executor": ("executor_svc.config", "ExecutorConfig"),
+        "pagoda-scheduler": ("scheduler_svc.config", "SchedulerServiceConfig"),
+    }
     for c in containers(renders[overlay]):
         if not c.program:
             continue

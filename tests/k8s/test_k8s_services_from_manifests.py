@@ -9,16 +9,18 @@ import subprocess
 import time
 
 import pytest
-
 from k8s_manifests import kubectl_path, overlay_dirs, render
 from k8s_pods import container_env, containers
+from support.tiny_model import build_tiny_model
+
 from pagoda_client import Client
 from pagoda_client.health import ServingStatus, check_health
 from pagoda_client.launcher import free_port, service_command
-from support.tiny_model import build_tiny_model
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(kubectl_path() is None, reason="kubectl (with kustomize) is not installed")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(kubectl_path() is None, reason="kubectl (with kustomize) is not installed"),
+]
 
 
 def _main_container(objects, program: str):
@@ -27,8 +29,9 @@ def _main_container(objects, program: str):
 
 def _argv_and_env(container, objects, overrides: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     command = container.spec.get("command") or []
-    argv = service_command(command[0], {"pagoda-executor": "executor_svc.main",
-                                        "pagoda-scheduler": "scheduler_svc.main"}[command[0]])
+    argv = service_command(
+        command[0], {"pagoda-executor": "executor_svc.main", "pagoda-scheduler": "scheduler_svc.main"}[command[0]]
+    )
     argv += list(command[1:]) + list(container.spec.get("args") or [])
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAGODA_")}
     env.update(container_env(container, objects))
@@ -49,12 +52,27 @@ def test_cpu_overlay_settings_start_real_services(tmp_path):
     model = build_tiny_model(tmp_path / "models" / "tiny")
     executor_port, scheduler_port = free_port(), free_port()
     local = {"PAGODA_HOST": "127.0.0.1", "PAGODA_METRICS_PORT": str(free_port()), "PAGODA_HTTP_PORT": str(free_port())}
-    ex_argv, ex_env = _argv_and_env(_main_container(objects, "pagoda-executor"), objects, {
-        **local, "PAGODA_PORT": str(executor_port), "PAGODA_MODEL": str(model),
-        "PAGODA_MODEL_CACHE_DIR": str(tmp_path / "cache"), "PAGODA_KV_CACHE_MEMORY": "4MiB"})
-    sc_argv, sc_env = _argv_and_env(_main_container(objects, "pagoda-scheduler"), objects, {
-        **local, "PAGODA_METRICS_PORT": str(free_port()), "PAGODA_PORT": str(scheduler_port),
-        "PAGODA_EXECUTORS": f"127.0.0.1:{executor_port}"})
+    ex_argv, ex_env = _argv_and_env(
+        _main_container(objects, "pagoda-executor"),
+        objects,
+        {
+            **local,
+            "PAGODA_PORT": str(executor_port),
+            "PAGODA_MODEL": str(model),
+            "PAGODA_MODEL_CACHE_DIR": str(tmp_path / "cache"),
+            "PAGODA_KV_CACHE_MEMORY": "4MiB",
+        },
+    )
+    sc_argv, sc_env = _argv_and_env(
+        _main_container(objects, "pagoda-scheduler"),
+        objects,
+        {
+            **local,
+            "PAGODA_METRICS_PORT": str(free_port()),
+            "PAGODA_PORT": str(scheduler_port),
+            "PAGODA_EXECUTORS": f"127.0.0.1:{executor_port}",
+        },
+    )
     processes = []
     try:
         with open(tmp_path / "executor.log", "wb") as ex_log, open(tmp_path / "scheduler.log", "wb") as sc_log:

@@ -6,7 +6,6 @@ import time
 import urllib.request
 
 import pytest
-
 from support.tiny_model import build_tiny_model
 
 

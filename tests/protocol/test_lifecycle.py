@@ -6,16 +6,15 @@ import concurrent.futures
 import random
 import signal
 import subprocess
-import sys
 import threading
 
 import grpc
 import pytest
+from protocol.conftest import pool_is_whole, scrape, wait_until
 
 from pagoda_client import Client, PagodaError
 from pagoda_client.health import ServingStatus, check_health
 from pagoda_client.launcher import Launcher, free_port, service_command
-from protocol.conftest import pool_is_whole, scrape, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -28,9 +27,14 @@ def _prompt(i: int) -> list[int]:
 @pytest.fixture(scope="module")
 def system(tiny_model_dir, tmp_path_factory):
     executor_metrics, scheduler_metrics = free_port(), free_port()
-    with Launcher(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB", metrics_port=scheduler_metrics,
-                  extra_executor_args=["--metrics-port", str(executor_metrics)],
-                  log_dir=tmp_path_factory.mktemp("logs")) as launched:
+    with Launcher(
+        str(tiny_model_dir),
+        dtype="float32",
+        kv_cache_memory="1MiB",
+        metrics_port=scheduler_metrics,
+        extra_executor_args=["--metrics-port", str(executor_metrics)],
+        log_dir=tmp_path_factory.mktemp("logs"),
+    ) as launched:
         launched.executor_metrics_port = executor_metrics
         launched.metrics_port = scheduler_metrics
         yield launched
@@ -43,8 +47,10 @@ def _executor_sequences(system) -> float:
 def test_cancelling_half_the_streams_frees_them_and_keeps_the_rest_unchanged(system):
     keep = list(range(8))
     with Client(system.target, timeout=120) as client:
-        expected = {i: client.generate(token_ids=_prompt(i), max_tokens=300, temperature=0, ignore_eos=True).token_ids
-                    for i in keep}
+        expected = {
+            i: client.generate(token_ids=_prompt(i), max_tokens=300, temperature=0, ignore_eos=True).token_ids
+            for i in keep
+        }
         cancelled = threading.Event()
         num_cancelled = [0]
         lock = threading.Lock()
@@ -111,28 +117,58 @@ def test_health_follows_model_loading_and_executor_loss(tiny_model_dir, tmp_path
     port = free_port()
     log = open(tmp_path / "executor.log", "wb")
     executor = subprocess.Popen(
-        [*service_command("pagoda-executor", "executor_svc.main"), "--model", str(tiny_model_dir),
-         "--port", str(port), "--kv-cache-memory", "3GiB", "--dtype", "float32"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            *service_command("pagoda-executor", "executor_svc.main"),
+            "--model",
+            str(tiny_model_dir),
+            "--port",
+            str(port),
+            "--kv-cache-memory",
+            "3GiB",
+            "--dtype",
+            "float32",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     address = f"127.0.0.1:{port}"
     try:
         statuses = []
-        wait_until(lambda: statuses.append(check_health(address, timeout=1.0)) or statuses[-1] == ServingStatus.SERVING,
-                   120, 0.01, "executor SERVING")
+        wait_until(
+            lambda: statuses.append(check_health(address, timeout=1.0)) or statuses[-1] == ServingStatus.SERVING,
+            120,
+            0.01,
+            "executor SERVING",
+        )
         answered = [s for s in statuses if s in (ServingStatus.SERVING, ServingStatus.NOT_SERVING)]
         assert answered[0] == ServingStatus.NOT_SERVING, "executor said SERVING before its model was loaded"
         sched_port = free_port()
         scheduler = subprocess.Popen(
-            [*service_command("pagoda-scheduler", "scheduler_svc.main"), "--port", str(sched_port),
-             "--executors", address], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                *service_command("pagoda-scheduler", "scheduler_svc.main"),
+                "--port",
+                str(sched_port),
+                "--executors",
+                address,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         sched_address = f"127.0.0.1:{sched_port}"
         try:
-            wait_until(lambda: check_health(sched_address, timeout=1.0) == ServingStatus.SERVING, 30, 0.05,
-                       "scheduler SERVING")
+            wait_until(
+                lambda: check_health(sched_address, timeout=1.0) == ServingStatus.SERVING, 30, 0.05, "scheduler SERVING"
+            )
             executor.send_signal(signal.SIGKILL)
             executor.wait()
-            wait_until(lambda: check_health(sched_address, timeout=1.0) == ServingStatus.NOT_SERVING, 20, 0.05,
-                       "scheduler NOT_SERVING without executors")
+            wait_until(
+                lambda: check_health(sched_address, timeout=1.0) == ServingStatus.NOT_SERVING,
+                20,
+                0.05,
+                "scheduler NOT_SERVING without executors",
+            )
             assert check_health(sched_address, service="liveness", timeout=1.0) == ServingStatus.SERVING
         finally:
             scheduler.terminate()
@@ -146,12 +182,16 @@ def test_health_follows_model_loading_and_executor_loss(tiny_model_dir, tmp_path
 def test_sigterm_drains_in_flight_requests(tiny_model_dir, tmp_path):
     with Launcher(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB", log_dir=tmp_path) as system:
         with Client(system.target, timeout=120, max_retries=0) as client:
-            streams = [client.stream(token_ids=_prompt(i), max_tokens=120, temperature=0, ignore_eos=True)
-                       for i in range(4)]
+            streams = [
+                client.stream(token_ids=_prompt(i), max_tokens=120, temperature=0, ignore_eos=True) for i in range(4)
+            ]
             firsts = [next(iter(s)) for s in streams]
             system.scheduler.process.send_signal(signal.SIGTERM)
-            wait_until(lambda: check_health(system.target, timeout=1.0) != ServingStatus.SERVING, 10,
-                       message="scheduler NOT_SERVING while draining")
+            wait_until(
+                lambda: check_health(system.target, timeout=1.0) != ServingStatus.SERVING,
+                10,
+                message="scheduler NOT_SERVING while draining",
+            )
             with pytest.raises(PagodaError) as info:
                 client.generate(token_ids=[5, 6, 7], max_tokens=3)
             assert info.value.code == grpc.StatusCode.UNAVAILABLE

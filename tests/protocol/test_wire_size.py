@@ -17,13 +17,26 @@ def _steady_decode_plan_sizes(context_len: int, num_steps: int = 40) -> list[int
     """Plan sizes (bytes) of `num_steps` decode steps after every prompt is in."""
     block_size = 16
     blocks_per_seq = (context_len + num_steps + 8) // block_size + 2
-    sched = Scheduler(SchedulerConfig(
-        num_blocks=NUM_SEQS * blocks_per_seq, block_size=block_size, max_num_seqs=NUM_SEQS,
-        max_num_batched_tokens=NUM_SEQS * context_len, max_model_len=context_len + 1000))
+    sched = Scheduler(
+        SchedulerConfig(
+            num_blocks=NUM_SEQS * blocks_per_seq,
+            block_size=block_size,
+            max_num_seqs=NUM_SEQS,
+            max_num_batched_tokens=NUM_SEQS * context_len,
+            max_model_len=context_len + 1000,
+        )
+    )
     for i in range(NUM_SEQS):
         prompt = [(i * 7 + j) % 1000 + 3 for j in range(context_len)]
-        sched.add(Sequence(i + 1, f"r{i}", prompt, SamplingParams(temperature=0.0),
-                           StoppingCriteria(max_tokens=500, ignore_eos=True)))
+        sched.add(
+            Sequence(
+                i + 1,
+                f"r{i}",
+                prompt,
+                SamplingParams(temperature=0.0),
+                StoppingCriteria(max_tokens=500, ignore_eos=True),
+            )
+        )
     sizes = []
     for step in range(num_steps + 2):
         plan = sched.schedule()

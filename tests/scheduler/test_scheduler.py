@@ -1,5 +1,7 @@
 """Scheduler: exact plans for chunking, preemption, priorities, overlap, stops and abort."""
 
+from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, reference_output
+
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
 from scheduler_svc.sequence import Sequence, SequenceStatus
 from scheduler_svc.types import (
@@ -13,8 +15,6 @@ from scheduler_svc.types import (
     StepResult,
     StoppingCriteria,
 )
-
-from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, reference_output
 
 
 class Clock:
@@ -32,8 +32,13 @@ def make_sched(num_blocks=10, block_size=4, clock=None, **kwargs) -> Scheduler:
 
 def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival_s=0.0, **stopping) -> Sequence:
     return Sequence(
-        seq_id, f"req-{seq_id}", list(prompt), SamplingParams(),
-        StoppingCriteria(max_tokens=max_tokens, **stopping), priority=priority, arrival_time_s=arrival_s,
+        seq_id,
+        f"req-{seq_id}",
+        list(prompt),
+        SamplingParams(),
+        StoppingCriteria(max_tokens=max_tokens, **stopping),
+        priority=priority,
+        arrival_time_s=arrival_s,
     )
 
 
@@ -51,9 +56,7 @@ def test_long_prompt_is_chunked_by_the_token_budget():
     s = make_sched(max_num_batched_tokens=8)
     s.add(make_seq(1, range(20), max_tokens=3))
     plan = s.schedule()
-    assert plan.new_seqs == (
-        NewSeqPlan(1, "req-1", tuple(range(20)), 20, SamplingParams(), (0, 1), 0, 8),
-    )
+    assert plan.new_seqs == (NewSeqPlan(1, "req-1", tuple(range(20)), 20, SamplingParams(), (0, 1), 0, 8),)
     assert s.update(result(plan)) == []
     plan = s.schedule()
     assert plan.scheduled_seqs == (ScheduledSeqPlan(1, 8, (2, 3)),)

@@ -10,12 +10,11 @@ and every output equals what the fake model generates with no memory limit.
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, reference_output
 
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
 from scheduler_svc.sequence import Sequence
 from scheduler_svc.types import FinishReason, SamplingParams, StoppingCriteria
-
-from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, reference_output
 
 EOS = 3
 # Shared prefixes make prefix-cache hits (and sharing) frequent.
@@ -123,9 +122,8 @@ class Harness:
             expected = reference_output(prompt, stopping.max_tokens, eos, self.config.max_model_len)
             got = self.engine.outputs.get(seq_id, [])
             reason = self.engine.finish_reasons[seq_id]
-            if reason in (FinishReason.STOP, FinishReason.LENGTH) and got and got[-1] in eos + (None,):
-                assert got == expected
-            elif reason is FinishReason.LENGTH:
+            ended_by_model = reason in (FinishReason.STOP, FinishReason.LENGTH) and got and got[-1] in eos + (None,)
+            if ended_by_model or reason is FinishReason.LENGTH:
                 assert got == expected
             else:  # stopped by the engine (stop string, abort): a prefix of the full output
                 assert got == expected[: len(got)]

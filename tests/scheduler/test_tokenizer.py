@@ -135,13 +135,11 @@ def pair(info):
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_chat_template_ids_match_transformers(pair, conversation, add_generation_prompt):
     tok, hf = pair
-    expected = hf.apply_chat_template(
-        conversation, add_generation_prompt=add_generation_prompt, tokenize=True
-    )["input_ids"]
+    expected = hf.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, tokenize=True)[
+        "input_ids"
+    ]
     assert tok.apply_chat_template(conversation, add_generation_prompt) == expected
-    text = hf.apply_chat_template(
-        conversation, add_generation_prompt=add_generation_prompt, tokenize=False
-    )
+    text = hf.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, tokenize=False)
     assert tok.render_chat(conversation, add_generation_prompt) == text
 
 
@@ -257,9 +255,7 @@ def test_invalid_tokenizer_json(bad_json):
 
 
 def test_strftime_now_is_available():
-    tok = Tokenizer.from_info(
-        train_tiny_tokenizer(), "{{ strftime_now('%Y') }}|{{ messages[0].content }}", None, None
-    )
+    tok = Tokenizer.from_info(train_tiny_tokenizer(), "{{ strftime_now('%Y') }}|{{ messages[0].content }}", None, None)
     text = tok.render_chat([{"role": "user", "content": "x"}])
     year, content = text.split("|")
     assert year.isdigit() and len(year) == 4 and content == "x"

@@ -10,8 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for scripts/
 
-from scripts.make_certs import CertPaths, issue, make_ca, write_certs
 from support.tiny_model import build_tiny_model
+
+from scripts.make_certs import CertPaths, issue, make_ca, write_certs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
-from pagoda.v1 import generation_pb2, generation_pb2_grpc
-
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from pagoda_client.launcher import LOOPBACK, free_port, service_command
 
 
@@ -51,23 +51,61 @@ class SecureSystem:
         with_scheduler: False starts the executor alone.
     """
 
-    def __init__(self, model_dir: Path, log_dir: Path, *, executor_args: Sequence[str] = (),
-                 scheduler_args: Sequence[str] = (), executor_health_creds: grpc.ChannelCredentials | None = None,
-                 scheduler_creds: grpc.ChannelCredentials | None = None, api_key: str | None = None,
-                 kv_cache_memory: str = "256KiB", executor_server_name: str = "", executor_route: str = "",
-                 with_scheduler: bool = True) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        log_dir: Path,
+        *,
+        executor_args: Sequence[str] = (),
+        scheduler_args: Sequence[str] = (),
+        executor_health_creds: grpc.ChannelCredentials | None = None,
+        scheduler_creds: grpc.ChannelCredentials | None = None,
+        api_key: str | None = None,
+        kv_cache_memory: str = "256KiB",
+        executor_server_name: str = "",
+        executor_route: str = "",
+        with_scheduler: bool = True,
+    ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         executor_port, self.port = free_port(), free_port()
-        self.executor = Child("executor", [
-            *service_command("pagoda-executor", "executor_svc.main"), "--host", LOOPBACK,
-            "--port", str(executor_port), "--model", str(model_dir), "--dtype", "float32",
-            "--kv-cache-memory", kv_cache_memory, "--log-format", "json", *executor_args,
-        ], f"{LOOPBACK}:{executor_port}", log_dir / "executor.log")
-        self.scheduler = Child("scheduler", [
-            *service_command("pagoda-scheduler", "scheduler_svc.main"), "--host", LOOPBACK,
-            "--port", str(self.port), "--executors", executor_route or self.executor.address, "--log-format", "json",
-            *scheduler_args,
-        ], f"{LOOPBACK}:{self.port}", log_dir / "scheduler.log")
+        self.executor = Child(
+            "executor",
+            [
+                *service_command("pagoda-executor", "executor_svc.main"),
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(executor_port),
+                "--model",
+                str(model_dir),
+                "--dtype",
+                "float32",
+                "--kv-cache-memory",
+                kv_cache_memory,
+                "--log-format",
+                "json",
+                *executor_args,
+            ],
+            f"{LOOPBACK}:{executor_port}",
+            log_dir / "executor.log",
+        )
+        self.scheduler = Child(
+            "scheduler",
+            [
+                *service_command("pagoda-scheduler", "scheduler_svc.main"),
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(self.port),
+                "--executors",
+                executor_route or self.executor.address,
+                "--log-format",
+                "json",
+                *scheduler_args,
+            ],
+            f"{LOOPBACK}:{self.port}",
+            log_dir / "scheduler.log",
+        )
         self._executor_health_creds = executor_health_creds
         self._scheduler_creds = scheduler_creds
         self._api_key = api_key
@@ -78,7 +116,7 @@ class SecureSystem:
     def target(self) -> str:
         return self.scheduler.address
 
-    def __enter__(self) -> "SecureSystem":
+    def __enter__(self) -> SecureSystem:
         try:
             self._spawn(self.executor)
             self._wait_healthy(self.executor, self._executor_health_creds, self._executor_server_name)
@@ -97,15 +135,17 @@ class SecureSystem:
 
     def _spawn(self, child: Child) -> None:
         with open(child.log_path, "ab") as log:
-            child.process = subprocess.Popen(child.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+            child.process = subprocess.Popen(
+                child.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def _check_alive(self, child: Child) -> None:
         if child.process is not None and child.process.poll() is not None:
             raise RuntimeError(f"{child.name} exited ({child.process.returncode}):\n{child.log_text()[-3000:]}")
 
-    def _wait_healthy(self, child: Child, creds: grpc.ChannelCredentials | None, server_name: str = "",
-                      timeout_s: float = 120) -> None:
+    def _wait_healthy(
+        self, child: Child, creds: grpc.ChannelCredentials | None, server_name: str = "", timeout_s: float = 120
+    ) -> None:
         end = time.monotonic() + timeout_s
         while not is_serving(child.address, creds, server_name):
             self._check_alive(child)

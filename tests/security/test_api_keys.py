@@ -6,8 +6,8 @@ import json
 
 import grpc
 import pytest
-from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
+from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from pagoda_client import Client, PagodaError
 from scheduler_svc.auth import bearer_token, key_is_valid, load_api_keys
 from security.system import SecureSystem, is_serving
@@ -44,18 +44,21 @@ def _refused_calls(target: str, metadata) -> list[grpc.StatusCode]:
     return codes
 
 
-@pytest.mark.parametrize("metadata", [
-    None,
-    [("authorization", "Bearer wrong-key")],
-    [("authorization", f"Bearer {FLAG_KEY}x")],
-    [("authorization", f"Bearer {FLAG_KEY[:-1]}")],
-    [("authorization", f"Basic {FLAG_KEY}")],
-    [("authorization", FLAG_KEY)],
-    [("authorization", "Bearer ")],
-    [("authorization", "Bearer # operators")],
-    [("x-api-key", FLAG_KEY)],
-], ids=["missing", "wrong", "longer", "shorter", "basic-scheme", "no-scheme", "empty", "comment-line",
-        "other-header"])
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        None,
+        [("authorization", "Bearer wrong-key")],
+        [("authorization", f"Bearer {FLAG_KEY}x")],
+        [("authorization", f"Bearer {FLAG_KEY[:-1]}")],
+        [("authorization", f"Basic {FLAG_KEY}")],
+        [("authorization", FLAG_KEY)],
+        [("authorization", "Bearer ")],
+        [("authorization", "Bearer # operators")],
+        [("x-api-key", FLAG_KEY)],
+    ],
+    ids=["missing", "wrong", "longer", "shorter", "basic-scheme", "no-scheme", "empty", "comment-line", "other-header"],
+)
 def test_missing_or_wrong_key_is_unauthenticated(keyed_system, metadata):
     assert _refused_calls(keyed_system.target, metadata) == [grpc.StatusCode.UNAUTHENTICATED] * 3
 
@@ -70,9 +73,8 @@ def test_right_key_is_served(keyed_system, key):
 
 
 def test_client_without_key_gets_unauthenticated(keyed_system):
-    with Client(keyed_system.target, timeout=10, max_retries=0) as client:
-        with pytest.raises(PagodaError) as info:
-            client.generate("hello", max_tokens=2)
+    with Client(keyed_system.target, timeout=10, max_retries=0) as client, pytest.raises(PagodaError) as info:
+        client.generate("hello", max_tokens=2)
     assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -89,8 +91,11 @@ def test_refusal_logs_only_the_method(keyed_system):
     assert len(refusals) >= 6
     for entry in refusals:
         assert set(entry) == {"event", "method", "level", "timestamp"}, entry
-        assert entry["method"] in ("/pagoda.v1.Generation/Generate", "/pagoda.v1.Generation/Tokenize",
-                                   "/pagoda.v1.Generation/GetStatus")
+        assert entry["method"] in (
+            "/pagoda.v1.Generation/Generate",
+            "/pagoda.v1.Generation/Tokenize",
+            "/pagoda.v1.Generation/GetStatus",
+        )
 
 
 def test_key_helpers():

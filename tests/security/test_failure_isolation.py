@@ -17,14 +17,14 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
+from support.tiny_model import hf_greedy
 
 from executor_svc import types as t
 from executor_svc.model_runner import ModelRunner
+from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
 from pagoda_client import Client, PagodaError
 from pagoda_client.launcher import LOOPBACK, free_port
 from security.system import SecureSystem
-from support.tiny_model import hf_greedy
 
 GREEDY = t.SamplingParams(temperature=0.0)
 PROMPT_A, PROMPT_B = (5, 17, 42, 99, 7, 300, 12), (8, 9, 10, 11, 200, 201)
@@ -33,14 +33,21 @@ NUM_STEPS = 4
 
 @pytest.fixture(scope="module")
 def runner(security_model_dir) -> ModelRunner:
-    return ModelRunner(str(security_model_dir), dtype="float32", device="cpu", block_size=16,
-                       kv_cache_memory_bytes=2**18, attention_backend="torch")
+    return ModelRunner(
+        str(security_model_dir),
+        dtype="float32",
+        device="cpu",
+        block_size=16,
+        kv_cache_memory_bytes=2**18,
+        attention_backend="torch",
+    )
 
 
 def _new(seq_id: int, tokens, blocks, num_scheduled=None, num_computed=0) -> t.NewSequence:
     num_scheduled = len(tokens) - num_computed if num_scheduled is None else num_scheduled
-    return t.NewSequence(seq_id, f"r{seq_id}", tuple(tokens), len(tokens), GREEDY, tuple(blocks), num_computed,
-                         num_scheduled)
+    return t.NewSequence(
+        seq_id, f"r{seq_id}", tuple(tokens), len(tokens), GREEDY, tuple(blocks), num_computed, num_scheduled
+    )
 
 
 BAD_ENTRIES = {
@@ -61,10 +68,15 @@ def _run_steps(runner: ModelRunner, bad: object | None) -> tuple[dict[int, list[
     tokens: dict[int, list[int]] = {1: [], 2: []}
     errors: list[t.SeqError] = []
     new = (_new(1, PROMPT_A, [0]), _new(2, PROMPT_B, [1]))
-    first = t.StepInput(1, new_seqs=new + ((bad,) if isinstance(bad, t.NewSequence) else ()),
-                        scheduled_seqs=(bad,) if isinstance(bad, t.ScheduledSequence) else ())
-    steps = [first] + [t.StepInput(s, scheduled_seqs=(t.ScheduledSequence(1, 1), t.ScheduledSequence(2, 1)))
-                       for s in range(2, NUM_STEPS + 1)]
+    first = t.StepInput(
+        1,
+        new_seqs=new + ((bad,) if isinstance(bad, t.NewSequence) else ()),
+        scheduled_seqs=(bad,) if isinstance(bad, t.ScheduledSequence) else (),
+    )
+    steps = [first] + [
+        t.StepInput(s, scheduled_seqs=(t.ScheduledSequence(1, 1), t.ScheduledSequence(2, 1)))
+        for s in range(2, NUM_STEPS + 1)
+    ]
     for step in steps:
         out = runner.execute(step)
         errors += out.errors
@@ -85,23 +97,40 @@ def test_runner_fails_the_bad_sequence_alone(runner, fault):
 
 # --- a real executor process, driven directly over gRPC ---------------------------------------------
 
+
 def _pb_new(seq_id: int, tokens, blocks) -> executor_pb2.NewSequence:
     return executor_pb2.NewSequence(
-        seq_id=seq_id, request_id=f"r{seq_id}", token_ids=tokens, num_prompt_tokens=len(tokens),
+        seq_id=seq_id,
+        request_id=f"r{seq_id}",
+        token_ids=tokens,
+        num_prompt_tokens=len(tokens),
         sampling=common_pb2.SamplingParams(temperature=0.0, top_p=1.0, repetition_penalty=1.0),
-        block_ids=blocks, num_computed_tokens=0, num_scheduled_tokens=len(tokens))
+        block_ids=blocks,
+        num_computed_tokens=0,
+        num_scheduled_tokens=len(tokens),
+    )
 
 
 @pytest.mark.integration
 def test_executor_process_fails_one_sequence_of_a_step(security_model_dir, tmp_path):
     plans = [
-        executor_pb2.StepPlan(step_id=1, new_seqs=[
-            _pb_new(1, PROMPT_A, [0]), _pb_new(7, PROMPT_B, [10**6]), _pb_new(8, (1, 2, 384), [3]),
-            _pb_new(2, PROMPT_B, [1])]),
-        executor_pb2.StepPlan(step_id=2, scheduled_seqs=[
-            executor_pb2.ScheduledSequence(seq_id=1, num_scheduled_tokens=1),
-            executor_pb2.ScheduledSequence(seq_id=7, num_scheduled_tokens=1),
-            executor_pb2.ScheduledSequence(seq_id=2, num_scheduled_tokens=1)]),
+        executor_pb2.StepPlan(
+            step_id=1,
+            new_seqs=[
+                _pb_new(1, PROMPT_A, [0]),
+                _pb_new(7, PROMPT_B, [10**6]),
+                _pb_new(8, (1, 2, 384), [3]),
+                _pb_new(2, PROMPT_B, [1]),
+            ],
+        ),
+        executor_pb2.StepPlan(
+            step_id=2,
+            scheduled_seqs=[
+                executor_pb2.ScheduledSequence(seq_id=1, num_scheduled_tokens=1),
+                executor_pb2.ScheduledSequence(seq_id=7, num_scheduled_tokens=1),
+                executor_pb2.ScheduledSequence(seq_id=2, num_scheduled_tokens=1),
+            ],
+        ),
     ]
     with SecureSystem(security_model_dir, tmp_path, with_scheduler=False) as system:
         with grpc.insecure_channel(system.executor.address) as channel:
@@ -113,11 +142,14 @@ def test_executor_process_fails_one_sequence_of_a_step(security_model_dir, tmp_p
     tokens = {o.seq_id: list(o.token_ids) for o in first.outputs}
     for o in second.outputs:
         tokens[o.seq_id] += o.token_ids
-    assert tokens == {1: hf_greedy(security_model_dir, list(PROMPT_A), 2),
-                      2: hf_greedy(security_model_dir, list(PROMPT_B), 2)}
+    assert tokens == {
+        1: hf_greedy(security_model_dir, list(PROMPT_A), 2),
+        2: hf_greedy(security_model_dir, list(PROMPT_B), 2),
+    }
 
 
 # --- the whole system, with one request's plan corrupted on the wire ----------------------------------
+
 
 @dataclasses.dataclass
 class Poisoning:
@@ -158,8 +190,9 @@ class PoisonProxy(executor_pb2_grpc.ExecutorServicer):
                 if seq.request_id == self.poison_request_id:
                     seq.block_ids[0] = 10**6
                     others = [s.seq_id for s in plan.new_seqs if s.seq_id != seq.seq_id]
-                    self.poisonings.append(Poisoning(
-                        plan.step_id, seq.seq_id, others + [s.seq_id for s in plan.scheduled_seqs]))
+                    self.poisonings.append(
+                        Poisoning(plan.step_id, seq.seq_id, others + [s.seq_id for s in plan.scheduled_seqs])
+                    )
             yield plan
 
 

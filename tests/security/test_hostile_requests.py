@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+
 from pagoda.v1 import generation_pb2 as g
 from pagoda.v1 import generation_pb2_grpc
-
 from pagoda_client import Client
 from pagoda_client.launcher import Launcher
 
@@ -30,8 +30,14 @@ GENERATE = "/pagoda.v1.Generation/Generate"
 @pytest.fixture(scope="module")
 def system(security_model_dir, tmp_path_factory):
     args = ["--max-message-bytes", "64KiB", "--max-new-tokens", str(MAX_NEW)]
-    with Launcher(str(security_model_dir), dtype="float32", kv_cache_memory="256KiB", extra_scheduler_args=args,
-                  log_dir=tmp_path_factory.mktemp("hostile-logs"), startup_timeout_s=120) as launched:
+    with Launcher(
+        str(security_model_dir),
+        dtype="float32",
+        kv_cache_memory="256KiB",
+        extra_scheduler_args=args,
+        log_dir=tmp_path_factory.mktemp("hostile-logs"),
+        startup_timeout_s=120,
+    ) as launched:
         yield launched
 
 
@@ -110,8 +116,11 @@ CASES: list[tuple[str, Callable[[], object], grpc.StatusCode]] = [
     ("chat-empty-role", lambda: req(chat=chat(("user", "hi"), ("", "who am I"))), INVALID),
     ("chat-huge-content", lambda: req(chat=chat(("user", "lazy dog " * 2000))), INVALID),
     ("text-invalid-utf8", lambda: raw(no_input(), field(2, BAD_UTF8)), INVALID),
-    ("chat-content-invalid-utf8", lambda: raw(no_input(), field(4, field(1, field(1, b"user") + field(2, BAD_UTF8)))),
-     INVALID),
+    (
+        "chat-content-invalid-utf8",
+        lambda: raw(no_input(), field(4, field(1, field(1, b"user") + field(2, BAD_UTF8)))),
+        INVALID,
+    ),
     ("stop-string-invalid-utf8", lambda: raw(req(), field(6, field(2, BAD_UTF8))), INVALID),
     ("request-id-invalid-utf8", lambda: raw(req(), field(1, BAD_UTF8)), INVALID),
     ("truncated-message", lambda: req(text="hello world").SerializeToString()[:-3], INVALID),
@@ -168,7 +177,7 @@ CASES: list[tuple[str, Callable[[], object], grpc.StatusCode]] = [
     ("priority-most-urgent-accepted", lambda: req(priority=-INT32_MAX), OK),
     ("cache-salt-too-long", lambda: req(cache_salt="s" * 257), INVALID),
     ("request-id-too-long", lambda: req(request_id="r" * 257), INVALID),
-    ("request-id-control-characters", lambda: req(request_id="evil\n{\"level\": \"error\"}\x00"), OK),
+    ("request-id-control-characters", lambda: req(request_id='evil\n{"level": "error"}\x00'), OK),
     # --- transport ---
     ("message-over-max-message-bytes", lambda: req(text="x" * (65 * 1024)), grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
@@ -241,8 +250,11 @@ def test_other_rpcs_refuse_hostile_input(system):
                 codes[name] = OK
             except grpc.RpcError as error:
                 codes[name] = error.code()
-        raw_tokenize = channel.unary_unary("/pagoda.v1.Generation/Tokenize", request_serializer=None,
-                                           response_deserializer=g.TokenizeResponse.FromString)
+        raw_tokenize = channel.unary_unary(
+            "/pagoda.v1.Generation/Tokenize",
+            request_serializer=None,
+            response_deserializer=g.TokenizeResponse.FromString,
+        )
         with pytest.raises(grpc.RpcError) as info:
             raw_tokenize(field(1, BAD_UTF8), timeout=10)
         codes["tokenize-invalid-utf8"] = info.value.code()

@@ -9,8 +9,8 @@ import time
 
 import grpc
 import pytest
-from pagoda.v1 import generation_pb2 as g
 
+from pagoda.v1 import generation_pb2 as g
 from pagoda_client import Client
 from pagoda_client.launcher import Launcher
 
@@ -30,8 +30,11 @@ def _timed_generate(target: str, request: g.GenerateRequest, timeout_s: float = 
     """(status, token ids, seconds until the call ended)."""
     start = time.monotonic()
     with grpc.insecure_channel(target) as channel:
-        call = channel.unary_stream(GENERATE, request_serializer=g.GenerateRequest.SerializeToString,
-                                    response_deserializer=g.GenerateResponse.FromString)
+        call = channel.unary_stream(
+            GENERATE,
+            request_serializer=g.GenerateRequest.SerializeToString,
+            response_deserializer=g.GenerateResponse.FromString,
+        )
         try:
             tokens = [t for response in call(request, timeout=timeout_s) for t in response.token_ids]
             return grpc.StatusCode.OK, tokens, time.monotonic() - start
@@ -44,8 +47,11 @@ def _assert_pool_whole(target: str, timeout_s: float = 10) -> None:
     with Client(target, timeout=10) as client:
         while True:
             status = client.status()
-            if status.num_running == 0 and status.num_waiting == 0 and all(
-                    e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors):
+            if (
+                status.num_running == 0
+                and status.num_waiting == 0
+                and all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors)
+            ):
                 return
             assert time.monotonic() < end, f"KV pool not whole: {status}"
             time.sleep(0.05)
@@ -54,8 +60,14 @@ def _assert_pool_whole(target: str, timeout_s: float = 10) -> None:
 def test_full_waiting_queue_refuses_at_once(security_model_dir, tmp_path):
     args = ["--max-waiting-requests", "4", "--max-num-seqs", "2"]
     prompts = [[random.Random(i).randrange(3, 384) for _ in range(12)] for i in range(24)]
-    with Launcher(str(security_model_dir), dtype="float32", kv_cache_memory="256KiB", extra_scheduler_args=args,
-                  log_dir=tmp_path, startup_timeout_s=120) as system:
+    with Launcher(
+        str(security_model_dir),
+        dtype="float32",
+        kv_cache_memory="256KiB",
+        extra_scheduler_args=args,
+        log_dir=tmp_path,
+        startup_timeout_s=120,
+    ) as system:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             results = list(pool.map(lambda p: _timed_generate(system.target, _request(p, 120)), prompts))
         refused = [r for r in results if r[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
@@ -69,14 +81,21 @@ def test_full_waiting_queue_refuses_at_once(security_model_dir, tmp_path):
 
 
 def test_burst_of_ten_times_kv_capacity_completes_exactly(security_model_dir, tmp_path):
-    with Launcher(str(security_model_dir), dtype="float32", kv_cache_memory="64KiB", block_size=16,
-                  log_dir=tmp_path, startup_timeout_s=120) as system:
+    with Launcher(
+        str(security_model_dir),
+        dtype="float32",
+        kv_cache_memory="64KiB",
+        block_size=16,
+        log_dir=tmp_path,
+        startup_timeout_s=120,
+    ) as system:
         with Client(system.target, timeout=120) as client:
             executor = client.status().executors[0]
             capacity_tokens = executor.num_kv_blocks * 16
             prompts = [[random.Random(100 + i).randrange(3, 384) for _ in range(30 + 7 * i)] for i in range(5)]
-            solo = [client.generate(token_ids=p, max_tokens=48, temperature=0, ignore_eos=True).token_ids
-                    for p in prompts]
+            solo = [
+                client.generate(token_ids=p, max_tokens=48, temperature=0, ignore_eos=True).token_ids for p in prompts
+            ]
         tokens_per_request = sum(len(p) + 48 for p in prompts) / len(prompts)
         num_requests = int(10 * capacity_tokens / tokens_per_request) + 1
         burst = [i % len(prompts) for i in range(num_requests)]

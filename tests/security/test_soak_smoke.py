@@ -24,8 +24,9 @@ def _load_soak():
 
 def test_short_soak_leaves_the_pool_whole(security_model_dir, tmp_path):
     soak = _load_soak()
-    with Launcher(str(security_model_dir), dtype="float32", kv_cache_memory="128KiB", log_dir=tmp_path,
-                  startup_timeout_s=120) as system:
+    with Launcher(
+        str(security_model_dir), dtype="float32", kv_cache_memory="128KiB", log_dir=tmp_path, startup_timeout_s=120
+    ) as system:
         pids = {"scheduler": system.scheduler_pid, "executor-0": system.executor_pids[0]}
         args = soak.parse_args(["--duration-s", "6", "--concurrency", "4", "--progress-s", "60"])
         report = soak.run_load(system.target, args, pids)

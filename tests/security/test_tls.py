@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from pagoda.v1 import executor_pb2, executor_pb2_grpc
+from support.tiny_model import hf_greedy
 
+from pagoda.v1 import executor_pb2, executor_pb2_grpc
 from pagoda_client import Client, PagodaError, TlsConfig
 from scripts.make_certs import issue, make_ca
 from security.system import SecureSystem, is_serving
-from support.tiny_model import hf_greedy
 
 pytestmark = pytest.mark.integration
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
@@ -19,7 +19,8 @@ def _mtls_creds(certs, cert=None, key=None) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
         root_certificates=certs.read("ca"),
         private_key=None if key is None else key.read_bytes(),
-        certificate_chain=None if cert is None else cert.read_bytes())
+        certificate_chain=None if cert is None else cert.read_bytes(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +28,26 @@ def tls_system(security_model_dir, certs, tmp_path_factory):
     """TLS client API; the executor requires a client certificate from the CA."""
     p = certs.paths
     executor_args = ["--tls-cert", str(p.server_cert), "--tls-key", str(p.server_key), "--tls-ca", str(p.ca)]
-    scheduler_args = ["--tls-cert", str(p.server_cert), "--tls-key", str(p.server_key),
-                      "--executor-tls-ca", str(p.ca), "--executor-tls-cert", str(p.client_cert),
-                      "--executor-tls-key", str(p.client_key)]
-    with SecureSystem(security_model_dir, tmp_path_factory.mktemp("tls-logs"), executor_args=executor_args,
-                      scheduler_args=scheduler_args, executor_health_creds=_mtls_creds(certs, p.client_cert, p.client_key),
-                      scheduler_creds=grpc.ssl_channel_credentials(certs.read("ca"))) as system:
+    scheduler_args = [
+        "--tls-cert",
+        str(p.server_cert),
+        "--tls-key",
+        str(p.server_key),
+        "--executor-tls-ca",
+        str(p.ca),
+        "--executor-tls-cert",
+        str(p.client_cert),
+        "--executor-tls-key",
+        str(p.client_key),
+    ]
+    with SecureSystem(
+        security_model_dir,
+        tmp_path_factory.mktemp("tls-logs"),
+        executor_args=executor_args,
+        scheduler_args=scheduler_args,
+        executor_health_creds=_mtls_creds(certs, p.client_cert, p.client_key),
+        scheduler_creds=grpc.ssl_channel_credentials(certs.read("ca")),
+    ) as system:
         yield system
 
 
@@ -45,18 +60,16 @@ def test_tls_client_generates_through_mtls_executor(tls_system, certs, security_
 
 
 def test_plaintext_client_is_refused(tls_system):
-    with Client(tls_system.target, timeout=5, max_retries=0) as client:
-        with pytest.raises(PagodaError) as info:
-            client.generate(token_ids=PROMPT, max_tokens=2)
+    with Client(tls_system.target, timeout=5, max_retries=0) as client, pytest.raises(PagodaError) as info:
+        client.generate(token_ids=PROMPT, max_tokens=2)
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
 
 
 def test_client_trusting_another_ca_is_refused(tls_system, certs, tmp_path):
     (tmp_path / "other-ca.pem").write_bytes(make_ca("Other CA").cert_pem)
     tls = TlsConfig(root_certificates=str(tmp_path / "other-ca.pem"))
-    with Client(tls_system.target, tls=tls, timeout=5, max_retries=0) as client:
-        with pytest.raises(PagodaError) as info:
-            client.generate(token_ids=PROMPT, max_tokens=2)
+    with Client(tls_system.target, tls=tls, timeout=5, max_retries=0) as client, pytest.raises(PagodaError) as info:
+        client.generate(token_ids=PROMPT, max_tokens=2)
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
 
 
@@ -66,8 +79,10 @@ def _describe(address: str, creds: grpc.ChannelCredentials | None) -> executor_p
         return executor_pb2_grpc.ExecutorStub(channel).Describe(executor_pb2.DescribeRequest(), timeout=5)
 
 
-@pytest.mark.parametrize("who", ["plaintext", "tls-without-client-cert", "client-cert-from-another-ca",
-                                 "server-cert-as-client-cert-of-another-ca"])
+@pytest.mark.parametrize(
+    "who",
+    ["plaintext", "tls-without-client-cert", "client-cert-from-another-ca", "server-cert-as-client-cert-of-another-ca"],
+)
 def test_executor_refuses_callers_without_a_valid_client_certificate(tls_system, certs, tmp_path, who):
     if who == "plaintext":
         creds = None
@@ -97,18 +112,34 @@ def test_scheduler_checks_executor_certificate_by_name(security_model_dir, tmp_p
     ca = make_ca()
     server = issue(ca, "executor", hosts=["executor.pagoda.test"])
     client = issue(ca, "scheduler", server=False, client=True)
-    files = {"ca": ca.cert_pem, "srv": server.cert_pem, "srv-key": server.key_pem,
-             "cli": client.cert_pem, "cli-key": client.key_pem}
+    files = {
+        "ca": ca.cert_pem,
+        "srv": server.cert_pem,
+        "srv-key": server.key_pem,
+        "cli": client.cert_pem,
+        "cli-key": client.key_pem,
+    }
     for name, data in files.items():
         (tmp_path / f"{name}.pem").write_bytes(data)
     f = {name: str(tmp_path / f"{name}.pem") for name in files}
     client_creds = grpc.ssl_channel_credentials(ca.cert_pem, client.key_pem, client.cert_pem)
     system = SecureSystem(
-        security_model_dir, tmp_path / "logs",
+        security_model_dir,
+        tmp_path / "logs",
         executor_args=["--tls-cert", f["srv"], "--tls-key", f["srv-key"], "--tls-ca", f["ca"]],
-        scheduler_args=["--executor-tls-ca", f["ca"], "--executor-tls-cert", f["cli"], "--executor-tls-key",
-                        f["cli-key"], "--executor-tls-server-name", "executor.pagoda.test"],
-        executor_health_creds=client_creds, executor_server_name="executor.pagoda.test")
+        scheduler_args=[
+            "--executor-tls-ca",
+            f["ca"],
+            "--executor-tls-cert",
+            f["cli"],
+            "--executor-tls-key",
+            f["cli-key"],
+            "--executor-tls-server-name",
+            "executor.pagoda.test",
+        ],
+        executor_health_creds=client_creds,
+        executor_server_name="executor.pagoda.test",
+    )
     with system, Client(system.target, timeout=60) as client:
         assert not is_serving(system.executor.address, client_creds), "the IP is not in the certificate"
         assert is_serving(system.executor.address, client_creds, "executor.pagoda.test")

@@ -30,14 +30,18 @@ def train_tokenizer(vocab_size: int):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(CORPUS, trainer)
     return tokenizer
 
 
-def build_tiny_model(folder: Path, *, vocab_size: int = 384, seed: int = 0, num_layers: int = 2,
-                     max_position_embeddings: int = 1024) -> Path:
+def build_tiny_model(
+    folder: Path, *, vocab_size: int = 384, seed: int = 0, num_layers: int = 2, max_position_embeddings: int = 1024
+) -> Path:
     """Write the whole model folder; returns it."""
     import torch
     import transformers
@@ -46,15 +50,31 @@ def build_tiny_model(folder: Path, *, vocab_size: int = 384, seed: int = 0, num_
     tokenizer = train_tokenizer(vocab_size)
     tokenizer.save(str(folder / "tokenizer.json"))
     config = transformers.LlamaConfig(
-        hidden_size=64, num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
-        bos_token_id=1, eos_token_id=0, tie_word_embeddings=False, initializer_range=0.2)
+        hidden_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=0,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(folder)
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHAT_TEMPLATE, "eos_token": "<|endoftext|>", "bos_token": "<|im_start|>",
-        "tokenizer_class": "PreTrainedTokenizerFast"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHAT_TEMPLATE,
+                "eos_token": "<|endoftext|>",
+                "bos_token": "<|im_start|>",
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, "bos_token_id": 1}))
     return folder
 
@@ -62,16 +82,20 @@ def build_tiny_model(folder: Path, *, vocab_size: int = 384, seed: int = 0, num_
 def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = True) -> list[int]:
     """The oracle: transformers greedy generate in fp32 on the same weights."""
     import torch
-    import transformers
 
     model = _load(folder)
     input_ids = torch.tensor([prompt_ids])
     eos = model.config.eos_token_id
     model.generation_config.eos_token_id = None if ignore_eos else eos
     with torch.no_grad():
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 _MODELS: dict[str, object] = {}
@@ -84,5 +108,6 @@ def _load(folder: Path):
     key = str(folder)
     if key not in _MODELS:
         _MODELS[key] = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+            folder, torch_dtype=torch.float32, attn_implementation="eager"
+        ).eval()
     return _MODELS[key]

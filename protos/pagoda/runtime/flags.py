@@ -18,8 +18,22 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
-          "MIB": 2**20, "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "KB": 10**3,
+    "KIB": 2**10,
+    "M": 10**6,
+    "MB": 10**6,
+    "MIB": 2**20,
+    "G": 10**9,
+    "GB": 10**9,
+    "GIB": 2**30,
+    "T": 10**12,
+    "TB": 10**12,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -72,15 +86,23 @@ def build_parser(config_cls: type, prog: str, description: str) -> argparse.Argu
             continue
         default = field.default if field.default is not dataclasses.MISSING else None
         parser.add_argument(
-            flag_name(field.name), dest=field.name, default=None,
-            type=_converter(field, hints[field.name]), metavar=field.name.upper(),
+            flag_name(field.name),
+            dest=field.name,
+            default=None,
+            type=_converter(field, hints[field.name]),
+            metavar=field.name.upper(),
             help=f"{field.metadata.get('help', '')} (env {env_name(field.name)}; default {default!r})",
         )
     return parser
 
 
-def parse_config(config_cls: type[T], argv: Sequence[str] | None, prog: str, description: str,
-                 environ: typing.Mapping[str, str] | None = None) -> T:
+def parse_config(
+    config_cls: type[T],
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    environ: typing.Mapping[str, str] | None = None,
+) -> T:
     """Fill `config_cls` from argv, then the environment, then the defaults."""
     environ = os.environ if environ is None else environ
     parser = build_parser(config_cls, prog, description)

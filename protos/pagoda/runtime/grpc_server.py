@@ -44,7 +44,9 @@ def _read(path: str | None) -> bytes | None:
     return pathlib.Path(path).read_bytes() if path else None
 
 
-def server_credentials(cert: str | None, key: str | None, client_ca: str | None = None) -> grpc.ServerCredentials | None:
+def server_credentials(
+    cert: str | None, key: str | None, client_ca: str | None = None
+) -> grpc.ServerCredentials | None:
     """TLS server credentials; with `client_ca`, client certificates are required (mTLS)."""
     if not cert and not key:
         if client_ca:
@@ -57,13 +59,17 @@ def server_credentials(cert: str | None, key: str | None, client_ca: str | None 
     )
 
 
-def channel_credentials(ca: str | None, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials | None:
+def channel_credentials(
+    ca: str | None, cert: str | None = None, key: str | None = None
+) -> grpc.ChannelCredentials | None:
     """TLS channel credentials (server CA, optional client certificate for mTLS)."""
     if not (ca or cert or key):
         return None
     if bool(cert) != bool(key):
         raise ValueError("a client certificate needs both cert and key")
-    return grpc.ssl_channel_credentials(root_certificates=_read(ca), private_key=_read(key), certificate_chain=_read(cert))
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca), private_key=_read(key), certificate_chain=_read(cert)
+    )
 
 
 class _Malformed:
@@ -117,9 +123,11 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
 
 
 async def _refuse(context: grpc.aio.ServicerContext, request: _Malformed) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                        f"malformed request (not a valid protobuf message, or a string field is not UTF-8): "
-                        f"{type(request.error).__name__}")
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"malformed request (not a valid protobuf message, or a string field is not UTF-8): "
+        f"{type(request.error).__name__}",
+    )
 
 
 def add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
