@@ -14,7 +14,7 @@ DTYPE ?= float32
 PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install proto proto-check run test unit-test integration-test model bench clean help
+.PHONY: install proto proto-check run test unit-test integration-test model bench clean help lint
 
 help:
 	@echo "make run               serve the default model (SmolLM2-135M-Instruct) on 127.0.0.1:$(PORT)"
@@ -46,6 +46,12 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# ruff (format and check) over the tree; mypy --strict over the scheduler, the client and pagoda's shared modules.
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/python -m scripts.typecheck
 
 unit-test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)

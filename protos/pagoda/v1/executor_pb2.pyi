@@ -12,7 +12,14 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining")
+    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels")
+    class KernelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +36,7 @@ class ExecutorInfo(_message.Message):
     BOS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     model_name: str
     architecture: str
@@ -45,7 +53,8 @@ class ExecutorInfo(_message.Message):
     bos_token: str
     eos_token: str
     draining: bool
-    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
+    kernels: _containers.ScalarMap[str, str]
+    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class NewSequence(_message.Message):
     __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens")

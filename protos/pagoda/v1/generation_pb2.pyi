@@ -180,7 +180,14 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorStatus(_message.Message):
-    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage")
+    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels")
+    class KernelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +196,7 @@ class ExecutorStatus(_message.Message):
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     address: str
     incarnation_id: str
     state: str
@@ -197,7 +205,8 @@ class ExecutorStatus(_message.Message):
     num_kv_blocks: int
     num_free_kv_blocks: int
     kv_cache_usage: float
-    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ...) -> None: ...
+    kernels: _containers.ScalarMap[str, str]
+    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ServerStatus(_message.Message):
     __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total")

@@ -1,0 +1,312 @@
+"""Request parameters: one table that every layer reads.
+
+``SamplingParams`` and ``StoppingCriteria`` are the effective parameters of a
+request (defaults applied, ranges checked). Each field carries a ``Param`` in
+its metadata, and that entry drives every other place the parameter appears:
+
+- the proto messages of the same names (``scripts/gen_proto.py`` renders them
+  from this table; field numbers and wire types are here);
+- the proto <-> dataclass conversion on both hops;
+- the scheduler's defaults and range checks (``INVALID_ARGUMENT`` naming the field);
+- the OpenAI HTTP body (``http``) and the CLI flags (``cli``);
+- the client's keyword arguments.
+
+Adding a parameter is one field here, its use (e.g. in the sampler) and a test;
+the rest follows from the table. Pure Python: no torch, numpy or protobuf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+Group = Literal["sampling", "stopping"]
+
+# The seed default: the scheduler draws one, so every request is reproducible.
+RANDOM_SEED = "random"
+MAX_SEED = 2**63 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """A closed or open numeric bound; ``limit`` names a server limit instead of a number."""
+
+    value: float = 0.0
+    inclusive: bool = True
+    limit: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """How one request parameter appears in every layer.
+
+    Attributes:
+        number: the proto field number in its message.
+        proto_type: the proto declaration, e.g. ``optional float``.
+        help: one line for the CLI, the proto comment and the docs.
+        unset: what the server applies when a client leaves the field unset
+            (``RANDOM_SEED`` for the seed); ``None`` for "no value" (logprobs).
+        low, high: the accepted range (``None``: unbounded).
+        finite: reject NaN and infinities.
+        http: the OpenAI body field (``""``: not a plain HTTP field; the
+            HTTP edge maps it by hand, as logprobs).
+        http_unset: the HTTP default when it differs from gRPC's (OpenAI
+            samples at temperature 1 by default; the gRPC API is greedy).
+        cli: expose as ``--flag`` on ``pagoda generate``/``chat``.
+        aliases: values accepted and mapped before the range check
+            (top_k -1 means 0, "disabled").
+    """
+
+    number: int
+    proto_type: str
+    help: str
+    unset: Any = None
+    low: Bound | None = None
+    high: Bound | None = None
+    finite: bool = True
+    http: str = ""
+    http_unset: Any = None
+    cli: bool = True
+    aliases: tuple[tuple[Any, Any], ...] = ()
+
+    def check(self, name: str, value: Any, limits: Callable[[str], float]) -> str | None:
+        """Why ``value`` is out of range, or None when it is fine.
+
+        Args:
+            name: the field name (used only in messages).
+            value: the value after ``aliases`` were applied.
+            limits: looks up a named server limit for a ``Bound.limit``.
+        """
+        if isinstance(value, (tuple, list, str, bool)) or value is None:
+            return None
+        if self.finite and isinstance(value, float) and not math.isfinite(value):
+            return f"must be a finite number, got {value}"
+        for bound, is_low in ((self.low, True), (self.high, False)):
+            if bound is None:
+                continue
+            edge = limits(bound.limit) if bound.limit else bound.value
+            ok = (
+                (value >= edge if bound.inclusive else value > edge)
+                if is_low
+                else (value <= edge if bound.inclusive else value < edge)
+            )
+            if not ok:
+                return f"must be in {self.describe_range(limits)}, got {value}"
+        return None
+
+    def describe_range(self, limits: Callable[[str], float]) -> str:
+        """``[0, 1]``-style text of the accepted range."""
+        low, high = self.low, self.high
+        left = (
+            "(-inf"
+            if low is None
+            else ("[" if low.inclusive else "(") + _fmt(limits(low.limit) if low.limit else low.value)
+        )
+        right = (
+            "inf)"
+            if high is None
+            else _fmt(limits(high.limit) if high.limit else high.value) + ("]" if high.inclusive else ")")
+        )
+        return f"{left}, {right}"
+
+    def resolve_alias(self, value: Any) -> Any:
+        """``value`` with its alias applied (top_k -1 -> 0)."""
+        for given, meant in self.aliases:
+            if value == given and type(value) is type(given):
+                return meant
+        return value
+
+
+def _fmt(value: float) -> str:
+    if value == MAX_SEED + 1:
+        return "2^63"
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def param(default: Any, spec: Param) -> Any:
+    """A dataclass field whose metadata is its table entry."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use tuples for sequence defaults (the dataclasses are frozen)")
+    return dataclasses.field(default=default, metadata={"param": spec})
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Effective sampling parameters of one sequence, as the executor applies them."""
+
+    temperature: float = param(
+        1.0,
+        Param(
+            1, "optional float", "0 is greedy (argmax)", unset=0.0, http="temperature", http_unset=1.0, low=Bound(0.0)
+        ),
+    )
+    top_p: float = param(
+        1.0,
+        Param(
+            2,
+            "optional float",
+            "nucleus sampling mass in (0, 1]; 1 disables",
+            unset=1.0,
+            http="top_p",
+            low=Bound(0.0, inclusive=False),
+            high=Bound(1.0),
+        ),
+    )
+    top_k: int = param(
+        0,
+        Param(
+            3,
+            "optional int32",
+            "keep the k most likely tokens; 0 or -1 disables",
+            unset=0,
+            http="top_k",
+            aliases=((-1, 0),),
+            low=Bound(0),
+        ),
+    )
+    min_p: float = param(
+        0.0,
+        Param(
+            4,
+            "optional float",
+            "drop tokens below min_p times the top probability",
+            unset=0.0,
+            http="min_p",
+            low=Bound(0.0),
+            high=Bound(1.0),
+        ),
+    )
+    repetition_penalty: float = param(
+        1.0,
+        Param(
+            5,
+            "optional float",
+            "Hugging Face repetition penalty (> 0; 1 disables)",
+            unset=1.0,
+            http="repetition_penalty",
+            low=Bound(0.0, inclusive=False),
+        ),
+    )
+    presence_penalty: float = param(
+        0.0,
+        Param(
+            6,
+            "optional float",
+            "OpenAI presence penalty in [-2, 2]",
+            unset=0.0,
+            http="presence_penalty",
+            low=Bound(-2.0),
+            high=Bound(2.0),
+        ),
+    )
+    frequency_penalty: float = param(
+        0.0,
+        Param(
+            7,
+            "optional float",
+            "OpenAI frequency penalty in [-2, 2]",
+            unset=0.0,
+            http="frequency_penalty",
+            low=Bound(-2.0),
+            high=Bound(2.0),
+        ),
+    )
+    seed: int = param(
+        0,
+        Param(
+            8,
+            "optional uint64",
+            "random stream seed; the stream depends only on (seed, position); unset: the server draws one",
+            unset=RANDOM_SEED,
+            http="seed",
+            low=Bound(0),
+            high=Bound(MAX_SEED + 1, inclusive=False),
+        ),
+    )
+    logprobs: int | None = param(
+        None,
+        Param(
+            9,
+            "optional int32",
+            "top alternatives returned with each token's logprob; unset: none, 0: the sampled token's only",
+            unset=None,
+            low=Bound(0),
+            high=Bound(limit="max_logprobs"),
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StoppingCriteria:
+    """When a request stops (EOS too, unless ignore_eos)."""
+
+    max_tokens: int = param(
+        16,
+        Param(
+            1,
+            "optional int32",
+            "new tokens to generate at most (server default when unset)",
+            http="max_tokens",
+            low=Bound(1),
+            high=Bound(limit="max_new_tokens"),
+        ),
+    )
+    stop: tuple[str, ...] = param(
+        (), Param(2, "repeated string", "stop when the output contains one of these (not returned)")
+    )
+    stop_token_ids: tuple[int, ...] = param(
+        (),
+        Param(
+            3, "repeated int32", "stop when one of these token ids is sampled (it is returned)", http="stop_token_ids"
+        ),
+    )
+    ignore_eos: bool = param(False, Param(4, "bool", "keep generating past EOS (benchmarks)", http="ignore_eos"))
+    include_stop_str_in_output: bool = param(
+        False,
+        Param(5, "bool", "keep the matched stop string in the returned text", http="include_stop_str_in_output"),
+    )
+
+
+PARAM_CLASSES: dict[Group, type[SamplingParams] | type[StoppingCriteria]] = {
+    "sampling": SamplingParams,
+    "stopping": StoppingCriteria,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamField:
+    """One row of the table: a field name, its group, Python type and ``Param``."""
+
+    name: str
+    group: Group
+    type: str
+    spec: Param
+    default: Any
+
+
+def fields(group: Group | None = None) -> Iterator[ParamField]:
+    """Every table row (of one group, or all), in declaration order."""
+    for name, cls in PARAM_CLASSES.items():
+        if group is not None and name != group:
+            continue
+        for f in dataclasses.fields(cls):
+            yield ParamField(f.name, name, str(f.type), f.metadata["param"], f.default)
+
+
+def field(name: str) -> ParamField:
+    """The table row of one parameter.
+
+    Raises:
+        KeyError: no such parameter.
+    """
+    for row in fields():
+        if row.name == name:
+            return row
+    raise KeyError(name)
+
+
+def names(group: Group | None = None) -> tuple[str, ...]:
+    """Parameter names (of one group, or all)."""
+    return tuple(row.name for row in fields(group))

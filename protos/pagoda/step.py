@@ -1,0 +1,163 @@
+"""The step protocol between scheduler and executor, as plain data.
+
+One definition for both services: the scheduler builds ``StepPlan``s and reads
+``StepResult``s, the executor does the opposite; each converts to and from the
+``pagoda.v1.executor`` protos at its server edge only. Frozen dataclasses of
+ints, strings and tuples; no torch, numpy or protobuf here.
+
+The plan is a *delta*: a sequence is sent whole once (``NewSequence``), then
+only as what changed (``ScheduledSequence``), plus the ids to drop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from pagoda.params import SamplingParams
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence stopped."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class NewSequence:
+    """A sequence the executor has not seen, or must recompute (preempted or moved)."""
+
+    seq_id: int
+    request_id: str
+    # Prompt then tokens generated so far.
+    token_ids: tuple[int, ...]
+    # How many of token_ids are prompt (penalties treat output differently).
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    # The whole block table so far.
+    block_ids: tuple[int, ...]
+    # Tokens whose KV is already in block_ids (prefix-cache hits).
+    num_computed_tokens: int
+    # Tokens to compute this step, starting at num_computed_tokens.
+    num_scheduled_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledSequence:
+    """A sequence the executor holds, scheduled again: only the diff."""
+
+    seq_id: int
+    num_scheduled_tokens: int
+    # Blocks appended to the block table for this step.
+    new_block_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """One engine step for one executor."""
+
+    step_id: int
+    new_seqs: tuple[NewSequence, ...] = ()
+    scheduled_seqs: tuple[ScheduledSequence, ...] = ()
+    # Finished, aborted or preempted: the executor drops their state.
+    dropped_seq_ids: tuple[int, ...] = ()
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens this step computes across all sequences."""
+        return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
+            s.num_scheduled_tokens for s in self.scheduled_seqs
+        )
+
+    @property
+    def has_work(self) -> bool:
+        """Whether the executor has anything to compute."""
+        return bool(self.new_seqs or self.scheduled_seqs)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """Log probability of one token."""
+
+    token_id: int
+    logprob: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobEntry:
+    """The sampled token's logprob and the top alternatives if asked."""
+
+    sampled: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqOutput:
+    """Tokens one sequence sampled in one step (already appended by the executor)."""
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[LogprobEntry, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqError:
+    """A sequence that failed alone inside the executor (it dropped it)."""
+
+    seq_id: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimings:
+    """Where one step's time went inside the executor, in nanoseconds."""
+
+    # Building inputs (slot mapping, positions) on the host.
+    prepare_ns: int = 0
+    forward_ns: int = 0
+    sample_ns: int = 0
+    # Whole step, from plan received to result sent.
+    step_ns: int = 0
+    # Time the executor waited for this plan after finishing the previous step.
+    idle_ns: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What the executor computed for one StepPlan."""
+
+    step_id: int
+    incarnation_id: str = ""
+    # One entry per sequence that sampled a token this step.
+    outputs: tuple[SeqOutput, ...] = ()
+    errors: tuple[SeqError, ...] = ()
+    timings: StepTimings = StepTimings()
+    num_scheduled_tokens: int = 0
+    draining: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorInfo:
+    """What Describe returns: the model and the KV cache of one executor."""
+
+    incarnation_id: str
+    model_name: str
+    architecture: str
+    dtype: str
+    kv_cache_dtype: str
+    device: str
+    block_size: int
+    num_kv_blocks: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    tokenizer_json: str
+    chat_template: str
+    bos_token: str
+    eos_token: str
+    draining: bool = False
+    # The code paths this executor runs, e.g. {"attention": "cpp", "gemm": "amx-panel"}.
+    kernels: tuple[tuple[str, str], ...] = ()
