@@ -34,11 +34,9 @@ class ExecutorConfig:
     )
     max_model_len: int | None = dataclasses.field(default=None, metadata=_help("cap on context length"))
     device: str = dataclasses.field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
-    attention_backend: str = dataclasses.field(default="auto", metadata=_help("torch, triton or auto"))
+    attention_backend: str = dataclasses.field(default="auto", metadata=_help("auto, cpp, torch or triton"))
+    layer_ops: str = dataclasses.field(default="auto", metadata=_help("auto, cpp or torch"))
     num_threads: int | None = dataclasses.field(default=None, metadata=_help("torch intra-op threads"))
-    max_num_batched_tokens: int = dataclasses.field(
-        default=8192, metadata=_help("largest step the executor accepts (sizes scratch buffers)")
-    )
     max_message_bytes: int = dataclasses.field(
         default=64 * 2**20, metadata=_help("largest plan message accepted", parse=parse_size)
     )

@@ -4,6 +4,8 @@ Quantized tensors are dequantized at load (``gguf.quants.dequantize``), so the
 rest of the executor sees ordinary dense weights under Hugging Face names. The
 tokenizer is rebuilt from the GGUF metadata (see ``gguf_tokenizer``).
 
+Which model family a file holds, how llama.cpp names its tensors and whether
+it permuted them come from the family's ``GgufSpec`` in the model registry.
 llama.cpp's converter permutes the rows of the q/k projections of Llama-style
 models (it pairs rotary halves as adjacent rows); ``_unpermute_rows`` undoes it
 so the weights match the Hugging Face layout, where RoPE rotates the two halves
@@ -23,16 +25,9 @@ import torch
 
 from executor_svc import gguf_tokenizer
 from executor_svc.gguf_reader import GgufError, GgufTensorInfo, read_gguf, read_metadata
+from executor_svc.models.registry import GgufSpec, ModelFamily, family_for_gguf, gguf_architectures
 
 __all__ = ["GgufError", "GgufModel", "load_gguf", "read_gguf", "read_metadata"]
-
-# GGUF architecture -> (Hugging Face class, model_type, q/k rows permuted by llama.cpp).
-# llama.cpp writes Llama 2/3 and Mistral 7B alike as "llama".
-_ARCHITECTURES: dict[str, tuple[str, str, bool]] = {
-    "llama": ("LlamaForCausalLM", "llama", True),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
-}
 
 _SUPPORTED_TYPES = frozenset(
     {
@@ -50,28 +45,6 @@ _SUPPORTED_TYPES = frozenset(
     }
 )
 
-# GGUF tensor name inside a block -> Hugging Face name inside model.layers.N.
-_BLOCK_TENSORS: dict[str, str] = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GLOBAL_TENSORS: dict[str, str] = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -105,19 +78,19 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
     """
     metadata, infos = read_gguf(path)
     arch = metadata.get("general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise GgufError(
-            f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(sorted(_ARCHITECTURES))})"
-        )
+    family = family_for_gguf(arch)
+    if family is None or family.gguf is None:
+        supported = ", ".join(sorted(gguf_architectures()))
+        raise GgufError(f"{path}: unsupported GGUF architecture {arch!r} (supported: {supported})")
     rope_freqs = [info for info in infos if info.name == "rope_freqs.weight"]
     infos = [info for info in infos if info.name != "rope_freqs.weight"]
     tok = gguf_tokenizer.build_tokenizer(metadata)
-    config = _build_config(metadata, arch, {t.name for t in infos}, tok, dtype)
+    config = _build_config(metadata, family, family.gguf, {t.name for t in infos}, tok, dtype)
     if rope_freqs:
         head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
         factors = dequantize_tensor(rope_freqs[0])
         config["rope_scaling"] = llama3_rope_scaling(factors, config["rope_theta"], head_dim)
-    tensors = _load_tensors(infos, arch, config, dtype)
+    tensors = _load_tensors(infos, family.gguf, config, dtype)
     return GgufModel(
         config=config,
         tensors=tensors,
@@ -131,7 +104,8 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
 
 def _build_config(
     metadata: dict[str, Any],
-    arch: str,
+    family: ModelFamily,
+    spec: GgufSpec,
     tensor_names: set[str],
     tok: gguf_tokenizer.GgufTokenizer,
     dtype: torch.dtype,
@@ -139,17 +113,16 @@ def _build_config(
     """Maps `<arch>.*` metadata keys to a Hugging Face config.json dict."""
 
     def get(key: str, default: Any = None) -> Any:
-        return metadata.get(f"{arch}.{key}", default)
+        return metadata.get(f"{spec.arch}.{key}", default)
 
-    hf_class, model_type, _ = _ARCHITECTURES[arch]
     hidden_size = int(get("embedding_length"))
     num_heads = int(get("attention.head_count"))
     num_kv_heads = int(get("attention.head_count_kv", num_heads))
     head_dim = int(get("attention.key_length", get("rope.dimension_count", hidden_size // num_heads)))
     num_tokens = len(metadata["tokenizer.ggml.tokens"])
     config: dict[str, Any] = {
-        "architectures": [hf_class],
-        "model_type": model_type,
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
         "hidden_size": hidden_size,
         "intermediate_size": int(get("feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
@@ -166,8 +139,10 @@ def _build_config(
         "torch_dtype": str(dtype).removeprefix("torch."),
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
     }
-    if head_dim != hidden_size // num_heads or model_type == "qwen3":
+    if head_dim != hidden_size // num_heads:
         config["head_dim"] = head_dim
+    if spec.config_hook is not None:
+        spec.config_hook(get, config)
     rope_scaling = _rope_scaling(get)
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling
@@ -236,15 +211,15 @@ def llama3_rope_scaling(factors: np.ndarray, rope_theta: float, head_dim: int) -
 
 
 def _load_tensors(
-    infos: list[GgufTensorInfo], arch: str, config: dict[str, Any], dtype: torch.dtype
+    infos: list[GgufTensorInfo], spec: GgufSpec, config: dict[str, Any], dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
     """Dequantizes every tensor and renames it to its Hugging Face name."""
-    permuted = _ARCHITECTURES[arch][2]
+    permuted = spec.permuted_qk
     num_heads = config["num_attention_heads"]
     num_kv_heads = config["num_key_value_heads"]
     tensors: dict[str, torch.Tensor] = {}
     for info in infos:
-        name = hf_tensor_name(info.name)
+        name = hf_tensor_name(info.name, spec)
         array = dequantize_tensor(info)
         if permuted and name.endswith("self_attn.q_proj.weight"):
             array = _unpermute_rows(array, num_heads)
@@ -255,13 +230,13 @@ def _load_tensors(
     return tensors
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """Maps a GGUF tensor name (`blk.3.attn_q.weight`) to its Hugging Face name."""
-    if gguf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[gguf_name]
+def hf_tensor_name(gguf_name: str, spec: GgufSpec) -> str:
+    """Maps a GGUF tensor name (`blk.3.attn_q.weight`) to its Hugging Face name, by the family's maps."""
+    if gguf_name in spec.global_tensors:
+        return spec.global_tensors[gguf_name]
     match = _BLOCK_RE.match(gguf_name)
-    if match and match.group(2) in _BLOCK_TENSORS:
-        return f"model.layers.{match.group(1)}.{_BLOCK_TENSORS[match.group(2)]}"
+    if match and match.group(2) in spec.block_tensors:
+        return f"model.layers.{match.group(1)}.{spec.block_tensors[match.group(2)]}"
     raise GgufError(f"unknown GGUF tensor {gguf_name!r}")
 
 
@@ -286,11 +261,4 @@ def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """
     head_dim = weight.shape[0] // num_heads
     grouped = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
-    return grouped.swapaxes(1, 2).reshape(weight.shape)
-
-
-def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """llama.cpp's q/k row permutation (the inverse of `_unpermute_rows`); for writing GGUF."""
-    head_dim = weight.shape[0] // num_heads
-    grouped = weight.reshape(num_heads, 2, head_dim // 2, *weight.shape[1:])
     return grouped.swapaxes(1, 2).reshape(weight.shape)

@@ -12,8 +12,8 @@ import dataclasses
 
 import torch
 
-# Without an explicit budget on CPU, take a fraction of available RAM up to this.
-CPU_DEFAULT_MAX_BYTES = 4 * 1024**3
+# The KV cache budget on the CPU when none is given (--kv-cache-memory).
+CPU_DEFAULT_KV_BYTES = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,20 +87,13 @@ def num_blocks_for_budget(
     memory_bytes: int | None,
     memory_fraction: float,
 ) -> int:
-    """Blocks that fit a byte budget, or a fraction of free device memory."""
-    if memory_bytes is None:
-        memory_bytes = int(_free_memory_bytes(device) * memory_fraction)
-        if device.type == "cpu":
-            memory_bytes = min(memory_bytes, CPU_DEFAULT_MAX_BYTES)
-    return int(memory_bytes // spec.bytes_per_block)
-
-
-def _free_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
+    """Blocks that fit a byte budget; without one, CPU_DEFAULT_KV_BYTES on the CPU, or a
+    fraction of the free memory of a CUDA device (after the weights are loaded)."""
+    if memory_bytes is None and device.type == "cpu":
+        memory_bytes = CPU_DEFAULT_KV_BYTES
+    elif memory_bytes is None and device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    with open("/proc/meminfo", encoding="ascii") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+        memory_bytes = int(free * memory_fraction)
+    elif memory_bytes is None:
+        raise ValueError(f"no default KV cache budget on {device}; give one (--kv-cache-memory)")
+    return int(memory_bytes // spec.bytes_per_block)

@@ -23,26 +23,21 @@ from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("executor")
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
-CPU_DEFAULT_KV_BYTES = 2**30
 
 
 def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
-    """Load weights and allocate the KV cache once."""
-    kv_bytes = config.kv_cache_memory
-    on_cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
-    if kv_bytes is None and not on_cuda:
-        kv_bytes = CPU_DEFAULT_KV_BYTES
+    """Load weights and allocate the KV cache once (its default budget depends on the device the runner resolves)."""
     return ModelRunner(
         model_path,
         dtype=config.dtype,
         kv_cache_dtype=config.kv_cache_dtype,
         device=config.device,
         block_size=config.block_size,
-        kv_cache_memory_bytes=kv_bytes,
+        kv_cache_memory_bytes=config.kv_cache_memory,
         kv_cache_memory_fraction=config.kv_cache_memory_fraction,
         max_model_len=config.max_model_len,
         attention_backend=config.attention_backend,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        layer_ops=config.layer_ops,
     )
 
 

@@ -18,7 +18,8 @@ from executor_svc.attention import get_backend
 from executor_svc.device import dtype_name, resolve_device, resolve_dtype
 from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 from executor_svc.model_config import ModelConfig
-from executor_svc.models import LlamaModel
+from executor_svc.models import DecoderModel, get_model_family
+from executor_svc.models.layer_ops import LayerOps, get_layer_ops
 from executor_svc.sampler import SampleRequest, sample
 from executor_svc.step_batch import SequenceState, StepBatch, build_step_batch
 from executor_svc.weights import load_checkpoint, validate_tensors
@@ -62,34 +63,32 @@ class ModelRunner:
         kv_cache_memory_fraction: float = 0.85,
         max_model_len: int | None = None,
         attention_backend: str = "auto",
-        max_num_batched_tokens: int = 8192,
+        layer_ops: str = "auto",
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.kv_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
+        # Implementations by name first: a bad name fails before the weights are read.
+        self.backend = get_backend(attention_backend, self.device, self.dtype)
+        ops = get_layer_ops(layer_ops, self.device, self.dtype)
         checkpoint = load_checkpoint(model_path)
         self.config = ModelConfig.from_dict(checkpoint.config)
-        tensors = validate_tensors(self.config, checkpoint.tensors)
         self.max_model_len = max_model_len or self.config.max_position_embeddings
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.model = LlamaModel(self.config, tensors, self.dtype, self.device, self.max_model_len)
-        del tensors, checkpoint.tensors
-        block_size = block_size or default_block_size(self.device, self.config.head_dim, self.kv_dtype)
-        spec = KVCacheSpec(
-            self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, block_size, self.kv_dtype
-        )
-        num_blocks = num_blocks_for_budget(spec, self.device, kv_cache_memory_bytes, kv_cache_memory_fraction)
-        self.kv_cache = KVCache(spec, num_blocks, self.device)
-        self.backend = get_backend(attention_backend, self.device, self.dtype)
-        self.block_size = block_size
+        self.model = self._build_model(validate_tensors(self.config, checkpoint.tensors), ops)
+        del checkpoint.tensors
+        self.block_size = block_size or default_block_size(self.device, self.config.head_dim, self.kv_dtype)
+        self.kv_cache = self._allocate_kv_cache(kv_cache_memory_bytes, kv_cache_memory_fraction)
+        # Layers sharing a sliding window share one attention state per step.
+        self._windows = tuple(dict.fromkeys(self.config.sliding_windows))  # the distinct ones, in layer order
+        self._layer_window_index = [self._windows.index(w) for w in self.config.sliding_windows]
         self.info = RunnerInfo(
             model_name=checkpoint.name,
             architecture=self.config.architecture,
             dtype=dtype_name(self.dtype),
             kv_cache_dtype=dtype_name(self.kv_dtype),
             device=str(self.device),
-            block_size=block_size,
-            num_kv_blocks=num_blocks,
+            block_size=self.block_size,
+            num_kv_blocks=self.kv_cache.num_blocks,
             max_model_len=self.max_model_len,
             vocab_size=self.config.vocab_size,
             eos_token_ids=tuple(dict.fromkeys(self.config.eos_token_ids + checkpoint.extra_eos_token_ids)),
@@ -98,6 +97,17 @@ class ModelRunner:
         self._seqs: dict[int, SequenceState] = {}
         # (sample function, request class); tests wrap it to record logits.
         self._sample_fn = (sample, SampleRequest)
+
+    def _build_model(self, tensors: dict[str, torch.Tensor], ops: LayerOps) -> DecoderModel:
+        """The architecture's model, built by its registry entry."""
+        family = get_model_family(self.config.architecture)
+        return family.build(self.config, tensors, self.dtype, self.device, self.max_model_len, ops)
+
+    def _allocate_kv_cache(self, memory_bytes: int | None, memory_fraction: float) -> KVCache:
+        """The paged KV cache, as many blocks as the budget holds."""
+        config = self.config
+        spec = KVCacheSpec(config.num_layers, config.num_kv_heads, config.head_dim, self.block_size, self.kv_dtype)
+        return KVCache(spec, num_blocks_for_budget(spec, self.device, memory_bytes, memory_fraction), self.device)
 
     # -- public API ---------------------------------------------------------
 
@@ -147,9 +157,7 @@ class ModelRunner:
         )
         with torch.inference_mode():
             for num_scheduled in (num_tokens, 1):
-                batch = build_step_batch(
-                    [(state, num_scheduled)], self.block_size, self.device, self.config.sliding_window
-                )
+                batch = build_step_batch([(state, num_scheduled)], self.block_size, self.device)
                 hidden = self._forward(batch)
                 self.model.compute_logits(hidden[batch.sample_rows])
                 state.num_computed_tokens += num_scheduled
@@ -228,7 +236,7 @@ class ModelRunner:
     # -- the step -----------------------------------------------------------
 
     def _run(self, step_id, scheduled, errors, start_ns) -> t.StepOutput:
-        batch = build_step_batch(scheduled, self.block_size, self.device, self.config.sliding_window)
+        batch = build_step_batch(scheduled, self.block_size, self.device)
         prepared_ns = time.perf_counter_ns()
         hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.sample_rows]).float()  # [N, V]
@@ -250,8 +258,13 @@ class ModelRunner:
         )
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
-        attn_state = self.backend.prepare(batch.attn_meta)
-        return self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, attn_state)
+        meta = batch.attn_meta  # built without a window: each distinct window gets its own copy
+        states = [
+            self.backend.prepare(meta if w is None else dataclasses.replace(meta, sliding_window=w))
+            for w in self._windows
+        ]
+        layer_states = [states[i] for i in self._layer_window_index]  # [num_layers]
+        return self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, layer_states)
 
     def _sample(self, states: list[SequenceState], logits: torch.Tensor) -> list[t.SeqOutput]:
         if not states:

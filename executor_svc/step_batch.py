@@ -47,9 +47,13 @@ def build_step_batch(
     scheduled: list[tuple[SequenceState, int]],
     block_size: int,
     device: torch.device,
-    sliding_window: int | None,
+    sliding_window: int | None = None,
 ) -> StepBatch:
-    """Lays out the scheduled tokens, decode (one token) sequences first."""
+    """Lays out the scheduled tokens, decode (one token) sequences first.
+
+    ``sliding_window`` is the one the attention metadata carries (the runner
+    leaves it None and sets each layer group's window on a copy).
+    """
     # Decode sequences by context length, so backends can group similar lengths.
     decodes = sorted((e for e in scheduled if e[1] == 1), key=lambda e: e[0].num_computed_tokens)
     ordered = decodes + [e for e in scheduled if e[1] != 1]
@@ -84,7 +88,6 @@ def build_step_batch(
         context_lens=(starts_t + counts_t).to(device),
         query_start_loc=query_start_loc.to(device),
         num_decode_seqs=num_decode,
-        max_context_len=max(s + n for s, n in zip(starts, counts)),
         prefills=prefills,
         block_size=block_size,
         sliding_window=sliding_window,

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from executor_svc.model_config import ModelConfig
+from executor_svc.models.registry import get_model_family
 
 
 @dataclasses.dataclass
@@ -76,38 +77,8 @@ def _load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name the model reads, with its shape."""
-    hidden, head_dim, inter = config.hidden_size, config.head_dim, config.intermediate_size
-    q_size, kv_size = config.num_heads * head_dim, config.num_kv_heads * head_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, hidden),
-        "model.norm.weight": (hidden,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (hidden,),
-                p + "post_attention_layernorm.weight": (hidden,),
-                p + "self_attn.q_proj.weight": (q_size, hidden),
-                p + "self_attn.k_proj.weight": (kv_size, hidden),
-                p + "self_attn.v_proj.weight": (kv_size, hidden),
-                p + "self_attn.o_proj.weight": (hidden, q_size),
-                p + "mlp.gate_proj.weight": (inter, hidden),
-                p + "mlp.up_proj.weight": (inter, hidden),
-                p + "mlp.down_proj.weight": (hidden, inter),
-            }
-        )
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (q_size,)
-            shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
-            shapes[p + "self_attn.v_proj.bias"] = (kv_size,)
-        if config.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
-            shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
-    return shapes
+    """Every tensor name the model reads, with its shape (its family's registry entry says)."""
+    return get_model_family(config.architecture).tensor_shapes(config)
 
 
 def validate_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,23 +1,41 @@
-"""The torch backend with attention done by our C++ kernels.
+"""CPU paged attention with our C++ kernels.
 
 Decode tokens read K/V in place from the paged cache (no gather copy; one
 pass with an online softmax, see cpu_kernel.cpp). bf16 prefill chunks run the
 AMX flash-attention kernel (cpu_prefill.cpp) where the CPU has AMX, also
-reading K/V from the cache; otherwise, and with a sliding window, prefill
-keeps the torch SDPA path. The step's K/V rows are stored by the kernel too
-(one small C++ loop instead of two index_copy_ of transposed views per layer).
+reading K/V from the cache; other prefill chunks (fp32, sliding windows, no
+AMX) take the SDPA path shared with the torch backend (``sdpa_prefill``). The
+step's K/V rows are stored by the kernel too (one small C++ loop instead of
+two index_copy_ of transposed views per layer).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from executor_svc.attention import cpu_kernel
 from executor_svc.attention.metadata import AttentionMetadata
-from executor_svc.attention.torch_backend import TorchAttentionBackend, TorchStepState, _prefill
+from executor_svc.attention.sdpa_prefill import SdpaPrefill
 from executor_svc.native import build
+
+
+def load_kernels(dtype: torch.dtype) -> tuple[Any, Any | None]:
+    """The decode kernel, and for bf16 models the AMX prefill kernel when it is built and this process may use AMX."""
+    decode = cpu_kernel.load()
+    if dtype != torch.bfloat16 or not build.PREFILL.is_built():
+        return decode, None
+    prefill = build.PREFILL.load()
+    return decode, (prefill if prefill.prefill_ready() else None)
+
+
+def unavailable(device: torch.device, dtype: torch.dtype, may_build: bool) -> str | None:
+    """Why this backend cannot run here, or None; without may_build only an already built kernel counts."""
+    if device.type == "cpu" and (cpu_kernel.is_built() or (may_build and cpu_kernel.can_build())):
+        return None
+    return "needs the CPU device and a C++ compiler with ninja"
 
 
 @dataclasses.dataclass
@@ -25,21 +43,20 @@ class CppStepState:
     """Per-step tensors shared by all layers."""
 
     meta: AttentionMetadata
-    torch_state: TorchStepState  # prefill spans only
+    sdpa: SdpaPrefill  # the prefill fallback
     block_tables: torch.Tensor  # [D, max_blocks] int64, contiguous
     context_lens: torch.Tensor  # [D] int64
     prefill_spans: torch.Tensor | None  # [P, 4] int64 for the AMX prefill kernel (bf16 caches), else None
 
 
-class CppAttentionBackend(TorchAttentionBackend):
-    """CPU paged attention: C++ decode kernel, torch prefill."""
+class CppAttentionBackend:
+    """CPU paged attention: C++ decode kernel, AMX prefill kernel or the shared SDPA prefill."""
 
     name = "cpp"
 
     def __init__(self, dtype: torch.dtype):
-        super().__init__(dtype)
-        self.kernel = cpu_kernel.load()
-        self.prefill_kernel = _amx_prefill() if dtype == torch.bfloat16 else None
+        self.dtype = dtype
+        self.kernel, self.prefill_kernel = load_kernels(dtype)
 
     def prepare(self, meta: AttentionMetadata) -> CppStepState:
         """Decode block tables and lengths once for the step."""
@@ -52,7 +69,7 @@ class CppAttentionBackend(TorchAttentionBackend):
             )
         return CppStepState(
             meta=meta,
-            torch_state=super().prepare(dataclasses.replace(meta, num_decode_seqs=0)),
+            sdpa=SdpaPrefill.prepare(meta),
             block_tables=meta.block_tables[:num_decode].contiguous(),
             context_lens=meta.context_lens[:num_decode].contiguous(),
             prefill_spans=spans,
@@ -64,38 +81,20 @@ class CppAttentionBackend(TorchAttentionBackend):
         self.kernel.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_tokens, num_heads, head_dim = q.shape
         num_decode = meta.num_decode_seqs
+        window = meta.sliding_window or 0
         if not meta.prefills:
-            out = self.kernel.paged_decode(
-                q, k_cache, v_cache, state.block_tables, state.context_lens, scale, meta.sliding_window or 0
-            )
+            out = self.kernel.paged_decode(q, k_cache, v_cache, state.block_tables, state.context_lens, scale, window)
             return out.view(num_tokens, num_heads * head_dim)
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         if num_decode:
             out[:num_decode] = self.kernel.paged_decode(
-                q[:num_decode],
-                k_cache,
-                v_cache,
-                state.block_tables,
-                state.context_lens,
-                scale,
-                meta.sliding_window or 0,
+                q[:num_decode], k_cache, v_cache, state.block_tables, state.context_lens, scale, window
             )
         if state.prefill_spans is not None and _prefill_fits(q, k_cache):
             self.prefill_kernel.paged_prefill(q, k_cache, v_cache, meta.block_tables, state.prefill_spans, scale, out)
-            return out.view(num_tokens, num_heads * head_dim)
-        torch_state = state.torch_state
-        for span, mask, block_ids in zip(meta.prefills, torch_state.prefill_masks, torch_state.prefill_block_ids):
-            rows = slice(span.query_start, span.query_start + span.num_query_tokens)
-            out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, span.context_len, mask, block_ids, scale)
+        else:
+            state.sdpa.run(q, k, v, k_cache, v_cache, scale, out)
         return out.view(num_tokens, num_heads * head_dim)
-
-
-def _amx_prefill():
-    """The AMX prefill kernel when it is built and this process may use AMX, else None."""
-    if not build.PREFILL.is_built():
-        return None
-    kernel = build.PREFILL.load()
-    return kernel if kernel.prefill_ready() else None
 
 
 def _prefill_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -42,7 +42,6 @@ class AttentionMetadata:
     context_lens: torch.Tensor  # [S] int64, cached + scheduled tokens
     query_start_loc: torch.Tensor  # [S + 1] int64, cumulative query tokens
     num_decode_seqs: int
-    max_context_len: int
     prefills: tuple[PrefillSpan, ...]
     block_size: int
     sliding_window: int | None = None

@@ -6,8 +6,8 @@ contiguous, so decode runs as one batched matmul over (kv head, sequence) with
 the GQA group as the query dimension, with no transpose copy.
 
 Decode tokens of all sequences: one gather + masked matmul/softmax/matmul per
-layer. Prefill chunks: one SDPA per sequence; a chunk with no cached prefix and
-no sliding window attends to its fresh K/V directly (no gather).
+layer. Prefill chunks: the SDPA path shared with the C++ backend
+(``sdpa_prefill``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 from executor_svc.attention.metadata import AttentionMetadata
+from executor_svc.attention.sdpa_prefill import SdpaPrefill
 
 # Decode sequences are split into at most this many groups of similar context
 # length (each padded only to its own longest), when there are enough of them.
@@ -43,8 +43,7 @@ class TorchStepState:
     meta: AttentionMetadata
     decode_groups: list[DecodeGroup]
     gather_buffers: list[torch.Tensor]  # two flat buffers, reused by every group and layer
-    prefill_masks: list[torch.Tensor | None]  # per span: [n, ctx] bool, None = plain causal
-    prefill_block_ids: list[torch.Tensor]  # per span: [num_blocks]
+    prefill: SdpaPrefill
 
 
 class TorchAttentionBackend:
@@ -57,16 +56,7 @@ class TorchAttentionBackend:
 
     def prepare(self, meta: AttentionMetadata) -> TorchStepState:
         """Builds block-table views and masks once for the step."""
-        masks, block_ids = [], []
-        for span in meta.prefills:
-            block_ids.append(meta.block_tables[span.seq_index, : span.num_blocks])
-            plain = span.num_cached_tokens == 0 and (
-                meta.sliding_window is None or span.num_query_tokens <= meta.sliding_window
-            )
-            device = meta.slot_mapping.device
-            mask = _prefill_mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, device)
-            masks.append(None if plain else mask)
-        return TorchStepState(meta, self._decode_groups(meta), [], masks, block_ids)
+        return TorchStepState(meta, self._decode_groups(meta), [], SdpaPrefill.prepare(meta))
 
     def _decode_groups(self, meta: AttentionMetadata) -> list[DecodeGroup]:
         num_decode = meta.num_decode_seqs
@@ -102,9 +92,7 @@ class TorchAttentionBackend:
         for group in state.decode_groups:
             rows = slice(group.start, group.end)
             out[rows] = _decode(q[rows], k_cache, v_cache, group, state, scale)
-        for span, mask, block_ids in zip(state.meta.prefills, state.prefill_masks, state.prefill_block_ids):
-            rows = slice(span.query_start, span.query_start + span.num_query_tokens)
-            out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, span.context_len, mask, block_ids, scale)
+        state.prefill.run(q, k, v, k_cache, v_cache, scale, out)
         return out.view(num_tokens, num_heads * head_dim)
 
 
@@ -150,26 +138,6 @@ def _gather(k_cache, v_cache, group: DecodeGroup, state: TorchStepState):
     return gathered
 
 
-def _prefill(q, k, v, k_cache, v_cache, context_len, mask, block_ids, scale) -> torch.Tensor:
-    """Causal attention of one chunk over its cached prefix and itself."""
-    num_query, num_heads, head_dim = q.shape
-    if mask is None:
-        keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, Dh]
-    else:
-        keys = k_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)  # [KVH, ctx, Dh]
-        values = v_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        keys.unsqueeze(0),
-        values.unsqueeze(0),
-        attn_mask=mask,
-        is_causal=mask is None,
-        scale=scale,
-        enable_gqa=True,
-    )  # [1, H, n, Dh]
-    return out[0].transpose(0, 1)
-
-
 def _decode_mask(context_lens, length, sliding_window, dtype) -> torch.Tensor:
     """Additive mask [1, D, 1, L]: 0 where a key position is visible, -inf elsewhere."""
     key_pos = torch.arange(length, device=context_lens.device)
@@ -179,13 +147,3 @@ def _decode_mask(context_lens, length, sliding_window, dtype) -> torch.Tensor:
     mask = torch.zeros(visible.shape, dtype=dtype, device=context_lens.device)
     mask.masked_fill_(~visible, float("-inf"))
     return mask[None, :, None, :]
-
-
-def _prefill_mask(num_cached, num_query, sliding_window, device) -> torch.Tensor:
-    """Boolean mask [n, ctx]: query i (position num_cached + i) sees key j."""
-    query_pos = torch.arange(num_cached, num_cached + num_query, device=device)[:, None]
-    key_pos = torch.arange(num_cached + num_query, device=device)[None, :]
-    visible = key_pos <= query_pos
-    if sliding_window is not None:
-        visible &= key_pos > query_pos - sliding_window
-    return visible

@@ -1,5 +1,33 @@
-"""Model implementations: the Llama family (Llama, Mistral, Qwen2, Qwen3)."""
+"""Model families, by Hugging Face architecture (see ``registry``).
 
-from executor_svc.models.llama import LlamaModel
+A new family is one module (like ``llama``) plus its entries in ``FAMILIES``.
+"""
 
-__all__ = ["LlamaModel"]
+from executor_svc.models import llama
+from executor_svc.models.registry import (
+    DecoderModel,
+    GgufSpec,
+    ModelFamily,
+    family_for_config,
+    family_for_gguf,
+    get_model_family,
+    register_model,
+    supported_architectures,
+)
+
+# Registered in this order; supported_architectures() lists them so.
+FAMILIES: tuple[ModelFamily, ...] = llama.FAMILIES
+for _family in FAMILIES:
+    register_model(_family)
+
+__all__ = [
+    "FAMILIES",
+    "DecoderModel",
+    "GgufSpec",
+    "ModelFamily",
+    "family_for_config",
+    "family_for_gguf",
+    "get_model_family",
+    "register_model",
+    "supported_architectures",
+]

@@ -1,20 +1,60 @@
-"""The decoder's linear layers and elementwise ops: C++ kernels on the CPU, plain torch elsewhere.
+"""The decoder's linear layers and elementwise ops behind one contract (``LayerOps``), by name.
 
-``layer_ops(device)`` picks the C++ ops (executor_svc/native/cpu_ops.cpp, and
-cpu_gemm.cpp for fp32 linear layers) on the CPU when they are already built,
-else the torch versions; both have the same interface so the model code does
-not branch.
+``torch``: plain torch, any device. ``cpp``: our fused C++ kernels on the CPU
+(executor_svc/native/cpu_ops.cpp, and cpu_gemm.cpp for the linear layers),
+with the torch ops for what they do not cover. ``auto`` takes the C++ ops on a
+CPU where they are already built, else torch; the model code does not branch.
+A new implementation is one class plus one ``LAYER_OPS.register`` entry.
 """
 
 from __future__ import annotations
 
-import warnings
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from executor_svc.implementations import Implementation, ImplementationRegistry
 from executor_svc.models.rope import RotaryEmbedding, apply_rotary
 from executor_svc.native import build
+
+
+class LayerOps(Protocol):
+    """What a decoder layer computes with; weights go through ``pack`` once, at load."""
+
+    name: str
+
+    def pack(self, weight: torch.Tensor) -> Any:
+        """A weight [out, in] in the form ``linear`` takes (maybe opaque)."""
+        ...
+
+    def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [N, in] @ weight.T (+ bias) -> [N, out]."""
+        ...
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm over the last dim of x [N, H]."""
+        ...
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """residual += x in place; returns RMSNorm(residual)."""
+        ...
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[N, 2I] (gate then up) -> silu(gate) * up [N, I]."""
+        ...
+
+    def rotary_for(self, rope: RotaryEmbedding, positions: torch.Tensor) -> Any:
+        """Per-step rotary state for ``rotate`` (looked up once, used by every layer)."""
+        ...
+
+    def rotate(self, x: torch.Tensor, rotary: Any) -> torch.Tensor:
+        """x [T, N, Dh] rotated (a new tensor or x itself)."""
+        ...
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Row-wise argmax [B, V] -> [B] int64 (first index of the max; NaN counts as max)."""
+        ...
 
 
 class TorchLayerOps:
@@ -58,15 +98,16 @@ class TorchLayerOps:
         return logits.argmax(dim=-1)
 
 
-class CppLayerOps(TorchLayerOps):
-    """The fused C++ CPU kernels; rotates in place."""
+class CppLayerOps:
+    """The fused C++ CPU kernels; rotates in place. Delegates to the torch ops where they do not apply."""
 
     name = "cpp"
 
     def __init__(self, pack_weights: bool | None = None):
-        self.kernel = build.OPS.load()
+        self.kernel, gemm = load_kernels()
+        self.torch_ops = TorchLayerOps()  # unpacked linear layers, argmax of other dtypes or layouts
         self.pack_weights = _can_pack() if pack_weights is None else pack_weights
-        self.gemm = _gemm() if self.pack_weights else None
+        self.gemm = gemm if self.pack_weights else None
 
     def pack(self, weight):
         """Weights reordered once for the matmul that reads them.
@@ -100,7 +141,7 @@ class CppLayerOps(TorchLayerOps):
             flat = x.reshape(-1, x.shape[-1])
             gemm = self.gemm.linear_f32 if weight.panels.dtype == torch.float32 else self.gemm.linear_bf16
             return gemm(flat, weight.panels, weight.out_features, bias).view(*x.shape[:-1], weight.out_features)
-        return F.linear(x, weight, bias)
+        return self.torch_ops.linear(x, weight, bias)
 
     def rms_norm(self, x, weight, eps):
         return self.kernel.rms_norm(x, weight, eps)
@@ -126,7 +167,7 @@ class CppLayerOps(TorchLayerOps):
             and logits.shape[1]
         ):
             return self.kernel.argmax_rows(logits)
-        return logits.argmax(dim=-1)
+        return self.torch_ops.argmax(logits)
 
 
 class PackedWeight:
@@ -145,12 +186,21 @@ class PanelWeight:
         self.out_features = out_features
 
 
-def _gemm():
-    """The GEMM extension when it is built with its AVX-512 kernel, else None (sgemm / oneDNN are used)."""
+def load_kernels() -> tuple[Any, Any | None]:
+    """The fused-ops extension, and the GEMM extension when it is built with its AVX-512 kernel (else None:
+    sgemm / oneDNN are used)."""
+    kernel = build.OPS.load()
     if not build.GEMM.is_built():
-        return None
+        return kernel, None
     gemm = build.GEMM.load()
-    return gemm if gemm.vectorized() else None
+    return kernel, (gemm if gemm.vectorized() else None)
+
+
+def unavailable(device: torch.device, dtype: torch.dtype, may_build: bool) -> str | None:
+    """Why the C++ ops cannot run here, or None; without may_build only an already built extension counts."""
+    if device.type == "cpu" and (build.OPS.is_built() or (may_build and build.can_build())):
+        return None
+    return "needs the CPU device and a C++ compiler with ninja"
 
 
 def _can_pack() -> bool:
@@ -161,12 +211,16 @@ def _can_pack() -> bool:
     )
 
 
-def layer_ops(device: torch.device) -> TorchLayerOps:
-    """The C++ ops on a CPU where they are built from the current source, else torch."""
-    if device.type != "cpu" or not build.OPS.is_built():
-        return TorchLayerOps()
-    try:
-        return CppLayerOps()
-    except Exception as exc:  # a broken build must not stop the executor
-        warnings.warn(f"C++ layer ops unusable ({exc}); using torch", stacklevel=2)
-        return TorchLayerOps()
+LAYER_OPS: ImplementationRegistry[LayerOps] = ImplementationRegistry("layer ops")
+LAYER_OPS.register(Implementation("cpp", lambda device, dtype: CppLayerOps(), unavailable, auto_priority=10))
+LAYER_OPS.register(Implementation("torch", lambda device, dtype: TorchLayerOps(), auto_priority=0))
+
+
+def get_layer_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> LayerOps:
+    """The layer ops called ``name``; ``auto``: the C++ ops on a CPU where they are built from the current
+    source, else torch.
+
+    Raises:
+        ValueError: an unknown name, or ops this machine cannot run.
+    """
+    return LAYER_OPS.create(name, device, dtype)

@@ -1,19 +1,23 @@
-"""The Llama family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) in plain torch.
+"""The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3): config hooks, tensor names and shapes, the model.
 
-Input is the step's flattened tokens (no batch dimension, no padding). Weights
-are plain tensors with q/k/v and gate/up fused at load, so a layer is a handful
-of large matmuls plus a few elementwise ops.
+The model's input is the step's flattened tokens (no batch dimension, no
+padding). Weights are plain tensors with q/k/v and gate/up fused at load, so a
+layer is a handful of large matmuls plus a few elementwise ops. The family's
+registry entries are at the end of this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from executor_svc.model_config import ModelConfig
-from executor_svc.models.layer_ops import TorchLayerOps, layer_ops
+from executor_svc.model_config import LayerConfig, ModelConfig, base_fields
+from executor_svc.models.layer_ops import LayerOps
+from executor_svc.models.registry import GgufSpec, MetadataGetter, ModelFamily
 from executor_svc.models.rope import RotaryEmbedding
 
 
@@ -42,7 +46,7 @@ class LlamaModel:
         dtype: torch.dtype,
         device: torch.device,
         max_len: int,
-        ops: TorchLayerOps | None = None,
+        ops: LayerOps,
     ):
         self.config = config
         self.dtype = dtype
@@ -50,7 +54,7 @@ class LlamaModel:
         self.embed = tensors["model.embed_tokens.weight"].to(device=device, dtype=dtype)
         self.final_norm = tensors["model.norm.weight"].to(device=device, dtype=dtype)
         lm_head = tensors.get("lm_head.weight")
-        self.ops = ops or layer_ops(device)
+        self.ops = ops
         self.lm_head = self.ops.pack(self.embed if lm_head is None else lm_head.to(device=device, dtype=dtype))
         self.layers = [self._layer(tensors, i) for i in range(config.num_layers)]
         self.rope = RotaryEmbedding(config, max_len, dtype, device)
@@ -83,14 +87,14 @@ class LlamaModel:
             down=pack(get("mlp.down_proj.weight")),
         )
 
-    def forward(self, input_ids, positions, kv_cache, backend, attn_state) -> torch.Tensor:
+    def forward(self, input_ids, positions, kv_cache, backend, attn_states: Sequence[Any]) -> torch.Tensor:
         """Runs every layer over the flattened tokens.
 
         Args:
             input_ids: [T] token ids of all scheduled tokens, all sequences.
             positions: [T] position of each token in its sequence.
             kv_cache: executor_svc.kv_cache.KVCache, written at the step's slots.
-            backend: attention backend; attn_state is its per-step state.
+            backend: attention backend; attn_states[i] is its per-step state for layer i.
 
         Returns:
             Hidden states [T, hidden] before the final norm.
@@ -101,7 +105,7 @@ class LlamaModel:
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_cache.layer(index)
-            attn_out = self._attention(normed, layer, rotary, k_cache, v_cache, backend, attn_state)
+            attn_out = self._attention(normed, layer, rotary, k_cache, v_cache, backend, attn_states[index])
             normed = ops.add_rms_norm(ops.linear(attn_out, layer.o_proj), hidden, layer.post_norm, eps)
             mlp_out = ops.linear(ops.silu_and_mul(ops.linear(normed, layer.gate_up)), layer.down)
             if index + 1 < len(layers):
@@ -130,3 +134,147 @@ class LlamaModel:
         """Final norm and LM head on the rows to sample only: [N, hidden] -> [N, V]."""
         normed = self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.config.rms_norm_eps)
         return self.ops.linear(normed, self.lm_head)
+
+
+# -- the family's config hooks --------------------------------------------------
+
+
+def _parse(
+    config: dict[str, Any], architecture: str, *, attention_bias: bool, qk_norm: bool, window: int | None
+) -> ModelConfig:
+    """A ModelConfig with the family's switches; every layer slides over ``window`` (None: none does)."""
+    hidden_act = config.get("hidden_act", "silu")
+    if hidden_act != "silu":
+        raise ValueError(f"unsupported hidden_act {hidden_act!r} (only silu)")
+    fields = base_fields(config, architecture)
+    layers = (LayerConfig(sliding_window=window),) * fields["num_layers"]
+    return ModelConfig(**fields, attention_bias=attention_bias, qk_norm=qk_norm, layers=layers)
+
+
+def parse_llama(config: dict[str, Any], architecture: str) -> ModelConfig:
+    """Llama 2/3 and Mistral: optional attention bias, a sliding window when the config gives one."""
+    attention_bias = bool(config.get("attention_bias", False))
+    window = int(config["sliding_window"]) if config.get("sliding_window") else None
+    return _parse(config, architecture, attention_bias=attention_bias, qk_norm=False, window=window)
+
+
+def parse_qwen2(config: dict[str, Any], architecture: str) -> ModelConfig:
+    """Qwen2 always has q/k/v bias (o_proj has none)."""
+    return _parse(config, architecture, attention_bias=True, qk_norm=False, window=_qwen_window(config))
+
+
+def parse_qwen3(config: dict[str, Any], architecture: str) -> ModelConfig:
+    """Qwen3: RMSNorm over head_dim of q and k."""
+    attention_bias = bool(config.get("attention_bias", False))
+    return _parse(config, architecture, attention_bias=attention_bias, qk_norm=True, window=_qwen_window(config))
+
+
+def _qwen_window(config: dict[str, Any]) -> int | None:
+    """Qwen checkpoints carry a window but use it only with use_sliding_window, on layers >= max_window_layers."""
+    window = config.get("sliding_window")
+    if not window or not config.get("use_sliding_window", False):
+        return None
+    first_sliding = int(config.get("max_window_layers") or 0)
+    if first_sliding >= int(config["num_hidden_layers"]):
+        return None
+    if first_sliding > 0:  # all layers or none, as the Qwen family has always been served here
+        raise ValueError("per-layer sliding windows (max_window_layers) are not supported")
+    return int(window)
+
+
+# -- tensor names and shapes ----------------------------------------------------
+
+
+def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name LlamaModel reads, with its shape."""
+    hidden, head_dim, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    q_size, kv_size = config.num_heads * head_dim, config.num_kv_heads * head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (q_size, hidden),
+                p + "self_attn.k_proj.weight": (kv_size, hidden),
+                p + "self_attn.v_proj.weight": (kv_size, hidden),
+                p + "self_attn.o_proj.weight": (hidden, q_size),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
+        if config.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q_size,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv_size,)
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
+    return shapes
+
+
+# llama.cpp's tensor names: inside blk.N -> inside model.layers.N, and outside the blocks.
+GGUF_BLOCK_TENSORS: dict[str, str] = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+GGUF_GLOBAL_TENSORS: dict[str, str] = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _qwen3_gguf_config(get: MetadataGetter, config: dict[str, Any]) -> None:
+    """transformers' Qwen3Config defaults head_dim to 128, not hidden_size / heads: always write it."""
+    config.setdefault("head_dim", config["hidden_size"] // config["num_attention_heads"])
+
+
+# -- registry entries -----------------------------------------------------------
+
+# llama.cpp writes Llama 2/3 and Mistral 7B alike as "llama", with the q/k rows permuted.
+LLAMA = ModelFamily(
+    "LlamaForCausalLM",
+    "llama",
+    parse_llama,
+    tensor_shapes,
+    LlamaModel,
+    GgufSpec("llama", True, GGUF_BLOCK_TENSORS, GGUF_GLOBAL_TENSORS),
+)
+MISTRAL = ModelFamily("MistralForCausalLM", "mistral", parse_llama, tensor_shapes, LlamaModel)
+QWEN2 = ModelFamily(
+    "Qwen2ForCausalLM",
+    "qwen2",
+    parse_qwen2,
+    tensor_shapes,
+    LlamaModel,
+    GgufSpec("qwen2", False, GGUF_BLOCK_TENSORS, GGUF_GLOBAL_TENSORS),
+)
+QWEN3 = ModelFamily(
+    "Qwen3ForCausalLM",
+    "qwen3",
+    parse_qwen3,
+    tensor_shapes,
+    LlamaModel,
+    GgufSpec("qwen3", False, GGUF_BLOCK_TENSORS, GGUF_GLOBAL_TENSORS, _qwen3_gguf_config),
+)
+FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps, layer_ops
+from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps, get_layer_ops
 from tests.executor.conftest import native_module
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -109,9 +109,9 @@ def test_bad_inputs_are_refused(ops):
 def test_layer_ops_picks_torch_off_the_cpu_or_unbuilt(monkeypatch):
     from executor_svc.native import build
 
-    assert layer_ops(torch.device("meta")).name == "torch"
+    assert get_layer_ops("auto", torch.device("meta")).name == "torch"
     monkeypatch.setattr(build.Extension, "is_built", lambda self: False)
-    assert layer_ops(torch.device("cpu")).name == "torch"
+    assert get_layer_ops("auto", torch.device("cpu")).name == "torch"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -7,7 +7,6 @@ import torch
 
 from executor_svc import types as t
 from executor_svc.model_runner import ModelRunner
-from executor_svc.models.layer_ops import TorchLayerOps
 from tests.executor.conftest import ARCHS, GREEDY, BlockAllocator, blocks_needed, install_recorder, load_hf
 
 BLOCK_SIZE = 4
@@ -31,14 +30,13 @@ def _hf_last_logits(hf, token_ids) -> torch.Tensor:
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
-def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, request, monkeypatch):
+def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, request):
     """Prefill chunks, decodes and a cached-prefix sequence in one step match HF within 1e-4 (torch or C++ code)."""
     if backend == "cpp":
         request.getfixturevalue("cpp_kernel")
-    else:  # the torch path end to end: layer ops and linear layers too
-        monkeypatch.setattr("executor_svc.models.llama.layer_ops", lambda device: TorchLayerOps())
     hf = load_hf(checkpoints[arch])
-    runner = _runner(checkpoints[arch], attention_backend=backend)
+    # torch: the torch path end to end, layer ops and linear layers too.
+    runner = _runner(checkpoints[arch], attention_backend=backend, layer_ops=backend)
     assert runner.backend.name == backend
     assert runner.model.ops.name == backend
     recorder = install_recorder(runner)

@@ -66,12 +66,10 @@ def test_defaults_and_family_switches():
     qwen2 = ModelConfig.from_dict(
         {**BASE, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096, "use_sliding_window": False}
     )
-    assert qwen2.attention_bias and qwen2.sliding_window is None and not qwen2.qk_norm
+    assert qwen2.attention_bias and qwen2.sliding_windows == (None, None) and not qwen2.qk_norm
     assert ModelConfig.from_dict({**BASE, "architectures": ["Qwen3ForCausalLM"]}).qk_norm
-    assert (
-        ModelConfig.from_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 8}).sliding_window
-        == 8
-    )
+    mistral = ModelConfig.from_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 8})
+    assert mistral.sliding_windows == (8, 8)
 
 
 def _corrupt(folder, edit):

@@ -1,0 +1,83 @@
+"""The attention backend contract and the registry of backends, by name.
+
+A backend is one module with a class following ``AttentionBackend`` plus one
+``BACKENDS.register`` entry below, saying where it can run and where ``auto``
+ranks it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Protocol
+
+import torch
+
+from executor_svc.attention import cpp_backend
+from executor_svc.attention.metadata import AttentionMetadata
+from executor_svc.attention.torch_backend import TorchAttentionBackend
+from executor_svc.implementations import Implementation, ImplementationRegistry
+
+
+class AttentionBackend(Protocol):
+    """Paged attention over the step's flattened tokens."""
+
+    name: str
+
+    def prepare(self, meta: AttentionMetadata) -> Any:
+        """Per-step state (block tables, masks) built once and passed to every layer's ``forward``."""
+        ...
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H, Dh]
+        k: torch.Tensor,  # [T, KVH, Dh]
+        v: torch.Tensor,  # [T, KVH, Dh]
+        k_cache: torch.Tensor,  # [KVH, NB, BS, Dh], one layer's
+        v_cache: torch.Tensor,
+        state: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        """Writes the step's K/V into the cache at ``meta.slot_mapping``, then attends; returns [T, H * Dh]."""
+        ...
+
+
+def triton_available() -> bool:
+    """True when the triton package is importable (it is not needed on CPU)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def _triton_unavailable(device: torch.device, dtype: torch.dtype, may_build: bool) -> str | None:
+    if device.type == "cuda" and triton_available():
+        return None
+    return "needs a CUDA device and the triton package"
+
+
+def _triton(device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    from executor_svc.attention.triton_backend import TritonAttentionBackend  # imports triton
+
+    return TritonAttentionBackend(dtype)
+
+
+BACKENDS: ImplementationRegistry[AttentionBackend] = ImplementationRegistry("attention backend")
+# auto: the Triton kernel on CUDA; on the CPU the C++ kernels when already built; else torch.
+BACKENDS.register(Implementation("triton", _triton, _triton_unavailable, auto_priority=30))
+BACKENDS.register(
+    Implementation(
+        "cpp", lambda device, dtype: cpp_backend.CppAttentionBackend(dtype), cpp_backend.unavailable, auto_priority=20
+    )
+)
+BACKENDS.register(Implementation("torch", lambda device, dtype: TorchAttentionBackend(dtype), auto_priority=0))
+
+
+def get_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    """The attention backend called ``name`` (or ``auto``'s choice) for a device and model dtype.
+
+    Raises:
+        ValueError: an unknown name, or a backend this machine cannot run.
+    """
+    return BACKENDS.create(name, device, dtype)
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every name get_backend takes."""
+    return BACKENDS.names()

@@ -1,0 +1,85 @@
+"""Prefill chunks with torch's scaled_dot_product_attention: the one fallback the CPU backends share.
+
+One SDPA call per chunk. A chunk with no cached prefix (and no sliding window
+narrower than itself) attends to its own fresh K/V with ``is_causal`` (no
+gather, no mask); otherwise its context is gathered from the paged cache and
+a boolean mask says which key each query sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
+
+
+@dataclasses.dataclass
+class SdpaPrefill:
+    """The step's prefill chunks and what SDPA needs for each, built once per step."""
+
+    spans: tuple[PrefillSpan, ...]
+    masks: list[torch.Tensor | None]  # per span: [n, ctx] bool, None = plain causal over the chunk itself
+    block_ids: list[torch.Tensor]  # per span: [num_blocks]
+
+    @classmethod
+    def prepare(cls, meta: AttentionMetadata) -> SdpaPrefill:
+        """Block-table views and masks of every prefill span."""
+        masks: list[torch.Tensor | None] = []
+        block_ids = []
+        device = meta.slot_mapping.device
+        for span in meta.prefills:
+            block_ids.append(meta.block_tables[span.seq_index, : span.num_blocks])
+            plain = span.num_cached_tokens == 0 and (
+                meta.sliding_window is None or span.num_query_tokens <= meta.sliding_window
+            )
+            masks.append(
+                None if plain else _mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, device)
+            )
+        return cls(meta.prefills, masks, block_ids)
+
+    def run(
+        self,
+        q: torch.Tensor,  # [T, H, Dh]
+        k: torch.Tensor,  # [T, KVH, Dh], this step's keys (already in the cache too)
+        v: torch.Tensor,  # [T, KVH, Dh]
+        k_cache: torch.Tensor,  # [KVH, NB, BS, Dh]
+        v_cache: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,  # [T, H, Dh], the prefill rows are written
+    ) -> None:
+        """Attends every prefill chunk over its cached prefix and itself."""
+        for span, mask, block_ids in zip(self.spans, self.masks, self.block_ids):
+            rows = slice(span.query_start, span.query_start + span.num_query_tokens)
+            out[rows] = _attend(q[rows], k[rows], v[rows], k_cache, v_cache, span.context_len, mask, block_ids, scale)
+
+
+def _attend(q, k, v, k_cache, v_cache, context_len, mask, block_ids, scale) -> torch.Tensor:
+    """Causal attention of one chunk q [n, H, Dh] over its context; returns [n, H, Dh]."""
+    if mask is None:
+        keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, Dh]
+    else:
+        keys = k_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)  # [KVH, ctx, Dh]
+        values = v_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )  # [1, H, n, Dh]
+    return out[0].transpose(0, 1)
+
+
+def _mask(num_cached: int, num_query: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:
+    """Boolean mask [n, ctx]: query i (position num_cached + i) sees key j."""
+    query_pos = torch.arange(num_cached, num_cached + num_query, device=device)[:, None]
+    key_pos = torch.arange(num_cached + num_query, device=device)[None, :]
+    visible = key_pos <= query_pos
+    if sliding_window is not None:
+        visible &= key_pos > query_pos - sliding_window
+    return visible

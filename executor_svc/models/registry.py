@@ -1,0 +1,166 @@
+"""The model registry: Hugging Face architecture name -> how to read, check, load and run it.
+
+A model family is one module (its config hook, its tensor names and shapes,
+its model class, how llama.cpp names its tensors) plus one entry in
+``executor_svc.models.FAMILIES``. A family whose config has fields of its own
+returns a subclass of ``ModelConfig`` from its ``parse_config``; what varies
+per layer (a sliding window on some layers only) goes in ``ModelConfig.layers``.
+
+Lookups happen while a model loads, never in a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from executor_svc.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from executor_svc.kv_cache import KVCache
+    from executor_svc.models.layer_ops import LayerOps
+
+
+class DecoderModel(Protocol):
+    """What the runner needs of a loaded model."""
+
+    # The layer ops the model was built with (the sampler uses their argmax).
+    ops: LayerOps
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        backend: Any,
+        attn_states: Sequence[Any],
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step's flattened tokens; attn_states[i] is layer i's backend state."""
+        ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V] of the rows to sample [N, hidden]."""
+        ...
+
+
+class ModelBuilder(Protocol):
+    """Builds a model from checked tensors (names and shapes as ``tensor_shapes`` said)."""
+
+    def __call__(
+        self,
+        config: ModelConfig,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        max_len: int,
+        ops: LayerOps,
+    ) -> DecoderModel: ...
+
+
+# get(key, default) reads the GGUF metadata key "<general.architecture>.<key>".
+MetadataGetter = Callable[[str, Any], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class GgufSpec:
+    """How llama.cpp writes a family into a GGUF file."""
+
+    arch: str  # general.architecture
+    # llama.cpp's converter interleaves the rotary halves of each q/k head's rows.
+    permuted_qk: bool
+    # GGUF tensor name inside blk.N -> Hugging Face name inside model.layers.N.
+    block_tensors: Mapping[str, str]
+    # GGUF name -> Hugging Face name of the tensors outside the blocks.
+    global_tensors: Mapping[str, str]
+    # Adds the family's own config.json keys from "<arch>.*" metadata, in place.
+    config_hook: Callable[[MetadataGetter, dict[str, Any]], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+    """One architecture: its config parsing, tensor names and shapes, model, GGUF naming."""
+
+    architecture: str  # the class name in config.json "architectures", e.g. "LlamaForCausalLM"
+    model_type: str  # config.json "model_type", for configs that name no architecture
+    # (config.json dict, architecture) -> ModelConfig (or the family's subclass of it).
+    parse_config: Callable[[dict[str, Any], str], ModelConfig]
+    # Every tensor the model reads, by Hugging Face name, with its shape.
+    tensor_shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]]
+    build: ModelBuilder
+    gguf: GgufSpec | None = None  # None: not loaded from GGUF under a name of its own
+
+
+_FAMILIES: dict[str, ModelFamily] = {}
+
+
+def register_model(family: ModelFamily) -> None:
+    """Adds a family.
+
+    Raises:
+        ValueError: the architecture is registered already.
+    """
+    if family.architecture in _FAMILIES:
+        raise ValueError(f"architecture {family.architecture!r} is registered already")
+    _FAMILIES[family.architecture] = family
+
+
+def unregister_model(architecture: str) -> None:
+    """Removes a family (tests that register their own)."""
+    _FAMILIES.pop(architecture, None)
+
+
+def supported_architectures() -> tuple[str, ...]:
+    """The registered architectures, in registration order."""
+    return tuple(_FAMILIES)
+
+
+def get_model_family(architecture: str) -> ModelFamily:
+    """The family registered for an architecture.
+
+    Raises:
+        ValueError: not registered (the message lists what is).
+    """
+    family = _FAMILIES.get(architecture)
+    if family is None:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: {', '.join(_FAMILIES)}")
+    return family
+
+
+def family_for_config(config: dict[str, Any]) -> ModelFamily:
+    """The family of a config.json dict: its first registered architecture, else its model_type's.
+
+    Raises:
+        ValueError: no architecture named, or none registered.
+    """
+    names = list(config.get("architectures") or [])
+    if not names:
+        names = [f.architecture for f in _FAMILIES.values() if f.model_type == config.get("model_type")][:1]
+    if not names:
+        raise ValueError("config.json names no architecture (no 'architectures' or known 'model_type')")
+    for name in names:
+        if name in _FAMILIES:
+            return _FAMILIES[name]
+    return get_model_family(names[0])  # raises, naming it
+
+
+def family_for_gguf(arch: str) -> ModelFamily | None:
+    """The family llama.cpp writes with general.architecture = arch, or None."""
+    return next((f for f in _FAMILIES.values() if f.gguf is not None and f.gguf.arch == arch), None)
+
+
+def gguf_architectures() -> tuple[str, ...]:
+    """Every general.architecture some family loads from."""
+    return tuple(f.gguf.arch for f in _FAMILIES.values() if f.gguf is not None)
+
+
+def parse_model_config(config: dict[str, Any]) -> ModelConfig:
+    """Parses a config.json dict with its family's hook.
+
+    Raises:
+        ValueError: unsupported architecture, or a value its family refuses.
+    """
+    family = family_for_config(config)
+    return family.parse_config(config, family.architecture)
