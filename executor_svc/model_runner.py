@@ -81,8 +81,15 @@ class ModelRunner:
         # Layers sharing a sliding window share one attention state per step.
         self._windows = tuple(dict.fromkeys(self.config.sliding_windows))  # the distinct ones, in layer order
         self._layer_window_index = [self._windows.index(w) for w in self.config.sliding_windows]
-        self.info = RunnerInfo(
-            model_name=checkpoint.name,
+        self.info = self._describe(checkpoint.name, checkpoint.extra_eos_token_ids)
+        self._seqs: dict[int, SequenceState] = {}
+        # (sample function, request class); tests wrap it to record logits.
+        self._sample_fn = (sample, SampleRequest)
+
+    def _describe(self, model_name: str, extra_eos_token_ids: tuple[int, ...]) -> RunnerInfo:
+        """What Describe reports, once the model and the KV cache are in place."""
+        return RunnerInfo(
+            model_name=model_name,
             architecture=self.config.architecture,
             dtype=dtype_name(self.dtype),
             kv_cache_dtype=dtype_name(self.kv_dtype),
@@ -91,12 +98,9 @@ class ModelRunner:
             num_kv_blocks=self.kv_cache.num_blocks,
             max_model_len=self.max_model_len,
             vocab_size=self.config.vocab_size,
-            eos_token_ids=tuple(dict.fromkeys(self.config.eos_token_ids + checkpoint.extra_eos_token_ids)),
+            eos_token_ids=tuple(dict.fromkeys(self.config.eos_token_ids + extra_eos_token_ids)),
             bos_token_id=self.config.bos_token_id,
         )
-        self._seqs: dict[int, SequenceState] = {}
-        # (sample function, request class); tests wrap it to record logits.
-        self._sample_fn = (sample, SampleRequest)
 
     def _build_model(self, tensors: dict[str, torch.Tensor], ops: LayerOps) -> DecoderModel:
         """The architecture's model, built by its registry entry."""
