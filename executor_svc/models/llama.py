@@ -251,30 +251,17 @@ def _qwen3_gguf_config(get: MetadataGetter, config: dict[str, Any]) -> None:
 
 # -- registry entries -----------------------------------------------------------
 
+
+def _gguf(arch: str, permuted_qk: bool, config_hook=None) -> GgufSpec:
+    """The family's GGUF naming under general.architecture ``arch``."""
+    return GgufSpec(arch, permuted_qk, GGUF_BLOCK_TENSORS, GGUF_GLOBAL_TENSORS, config_hook)
+
+
 # llama.cpp writes Llama 2/3 and Mistral 7B alike as "llama", with the q/k rows permuted.
-LLAMA = ModelFamily(
-    "LlamaForCausalLM",
-    "llama",
-    parse_llama,
-    tensor_shapes,
-    LlamaModel,
-    GgufSpec("llama", True, GGUF_BLOCK_TENSORS, GGUF_GLOBAL_TENSORS),
-)
+LLAMA = ModelFamily("LlamaForCausalLM", "llama", parse_llama, tensor_shapes, LlamaModel, _gguf("llama", True))
 MISTRAL = ModelFamily("MistralForCausalLM", "mistral", parse_llama, tensor_shapes, LlamaModel)
-QWEN2 = ModelFamily(
-    "Qwen2ForCausalLM",
-    "qwen2",
-    parse_qwen2,
-    tensor_shapes,
-    LlamaModel,
-    GgufSpec("qwen2", False, GGUF_BLOCK_TENSORS, GGUF_GLOBAL_TENSORS),
-)
+QWEN2 = ModelFamily("Qwen2ForCausalLM", "qwen2", parse_qwen2, tensor_shapes, LlamaModel, _gguf("qwen2", False))
 QWEN3 = ModelFamily(
-    "Qwen3ForCausalLM",
-    "qwen3",
-    parse_qwen3,
-    tensor_shapes,
-    LlamaModel,
-    GgufSpec("qwen3", False, GGUF_BLOCK_TENSORS, GGUF_GLOBAL_TENSORS, _qwen3_gguf_config),
+    "Qwen3ForCausalLM", "qwen3", parse_qwen3, tensor_shapes, LlamaModel, _gguf("qwen3", False, _qwen3_gguf_config)
 )
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3)
