@@ -17,7 +17,6 @@ import torch
 from executor_svc.attention import cpu_kernel
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.torch_backend import TorchAttentionBackend, TorchStepState, _prefill
-from executor_svc.native import build
 
 
 @dataclasses.dataclass
@@ -91,11 +90,9 @@ class CppAttentionBackend(TorchAttentionBackend):
 
 
 def _amx_prefill():
-    """The AMX prefill kernel when it is built and this process may use AMX, else None."""
-    if not build.PREFILL.is_built():
-        return None
-    kernel = build.PREFILL.load()
-    return kernel if kernel.prefill_ready() else None
+    """The kernels' AMX prefill when the loaded variant has it and this process may use AMX, else None."""
+    kernel = cpu_kernel.load()
+    return kernel if kernel.amx_ready() else None
 
 
 def _prefill_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from executor_svc.models.rope import RotaryEmbedding, apply_rotary
-from executor_svc.native import build
+from executor_svc.native import loader
 
 
 class TorchLayerOps:
@@ -64,7 +64,7 @@ class CppLayerOps(TorchLayerOps):
     name = "cpp"
 
     def __init__(self, pack_weights: bool | None = None):
-        self.kernel = build.OPS.load()
+        self.kernel = loader.ops()
         self.pack_weights = _can_pack() if pack_weights is None else pack_weights
         self.gemm = _gemm() if self.pack_weights else None
 
@@ -146,11 +146,9 @@ class PanelWeight:
 
 
 def _gemm():
-    """The GEMM extension when it is built with its AVX-512 kernel, else None (sgemm / oneDNN are used)."""
-    if not build.GEMM.is_built():
-        return None
-    gemm = build.GEMM.load()
-    return gemm if gemm.vectorized() else None
+    """The kernels' ops when the loaded variant has the AVX-512 panel GEMM, else None (sgemm / oneDNN are used)."""
+    kernels = loader.kernels()
+    return kernels.ops if kernels is not None and "avx512" in kernels.features else None
 
 
 def _can_pack() -> bool:
@@ -162,8 +160,8 @@ def _can_pack() -> bool:
 
 
 def layer_ops(device: torch.device) -> TorchLayerOps:
-    """The C++ ops on a CPU where they are built from the current source, else torch."""
-    if device.type != "cpu" or not build.OPS.is_built():
+    """The C++ ops on a CPU where the installed kernels load, else torch."""
+    if device.type != "cpu" or loader.kernels() is None:
         return TorchLayerOps()
     try:
         return CppLayerOps()
