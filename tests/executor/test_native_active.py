@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from prometheus_client import generate_latest
@@ -61,3 +64,19 @@ def test_kernel_info_metric_carries_the_paths():
     text = generate_latest(metrics.registry).decode()
     labels = ",".join(f'{key}="{value}"' for key, value in sorted(paths.items()))
     assert f"pagoda_executor_kernel_info{{{labels}}} 1.0" in text
+
+
+def test_serving_never_imports_the_jit_extension_builder(checkpoints, cpp_kernel):
+    """A runner on the C++ paths, built in a fresh process, leaves torch.utils.cpp_extension unimported."""
+    script = f"""
+import sys
+import executor_svc.main
+from executor_svc.model_runner import ModelRunner
+from executor_svc.native.active import active_kernels
+runner = ModelRunner({str(checkpoints["llama"])!r}, dtype="float32", device="cpu", kv_cache_memory_bytes=1 << 20)
+assert active_kernels(runner)["layer_ops"] == "cpp", active_kernels(runner)
+print("cpp_extension imported:", "torch.utils.cpp_extension" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "cpp_extension imported: False" in done.stdout

@@ -86,6 +86,9 @@ class BuildVariants(BuildExtension):
             self.build_temp = base
 
     def run(self) -> None:
+        package = Path(self.build_lib) / "pagoda_kernels"
+        for stale in package.glob("_C_*"):  # another variant set built in this tree earlier: not in this wheel
+            stale.unlink()
         super().run()
         entries = [
             {
@@ -96,9 +99,10 @@ class BuildVariants(BuildExtension):
             }
             for variant in VARIANTS
         ]
-        manifest = Path(self.build_lib) / "pagoda_kernels" / "manifest.json"
-        manifest.parent.mkdir(parents=True, exist_ok=True)
-        manifest.write_text(json.dumps({"torch": torch.__version__, "variants": entries}, indent=2) + "\n")
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "manifest.json").write_text(
+            json.dumps({"torch": torch.__version__, "variants": entries}, indent=2) + "\n"
+        )
 
 
 VARIANTS = requested_variants()
