@@ -93,7 +93,9 @@ def load(folder: Path | None = None, cpu_flags: Iterable[str] | None = None) -> 
     variant = variants.choose(found.variants, flags)
     if variant is None:
         names = ", ".join(v.name for v in found.variants) or "none"
-        raise KernelsUnavailable(f"no installed variant runs on this CPU (installed: {names})")
+        closest = min(found.variants, key=lambda v: len(v.requires - flags), default=None)
+        lacks = f"; for {closest.name} it lacks {' '.join(sorted(closest.requires - flags))}" if closest else ""
+        raise KernelsUnavailable(f"no installed variant runs on this CPU (installed: {names}{lacks})")
     library = found.folder / found.libraries[variant.name]
     try:
         torch.ops.load_library(str(library))
