@@ -70,7 +70,7 @@ async def serve(config: ExecutorConfig) -> None:
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
     model_name = config.model_name or runner.info.model_name
-    servicer.attach(runner, tokenizer, model_name)
+    await servicer.run_model(servicer.attach, runner, tokenizer, model_name)  # attach probes the kernels: torch work
     await grpc_server.set_serving(health, [SERVICE_NAME], True)
     kernels = loader.loaded()
     log.info(

@@ -57,7 +57,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, functools.partial(fn, *args))
 
     def attach(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str) -> None:
-        """Start serving `runner` (weights loaded, warm-up done)."""
+        """Start serving `runner` (weights loaded, warm-up done); call on the model thread (it probes the kernels)."""
         info = runner.info
         self.kernels = active_kernels(runner)
         if self._metrics is not None:

@@ -36,7 +36,7 @@ def active_kernels(runner) -> dict[str, str]:
 
 def gemm_path(ops, dtype: torch.dtype, device: torch.device) -> str:
     """How ``ops`` multiplies by a weight of ``dtype``: what its ``pack`` makes of one."""
-    packed = ops.pack(torch.zeros(32, 64, dtype=dtype, device=device))  # [out, in]
+    packed = ops.pack(torch.zeros(16, 64, dtype=dtype, device=device))  # [out, in]: one panel in every layout
     if isinstance(packed, PanelWeight):
         return "amx-panel" if packed.panels.dtype == torch.bfloat16 else "avx512-panel"
     if isinstance(packed, PackedWeight):
