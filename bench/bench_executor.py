@@ -181,7 +181,7 @@ def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
         f"bf16 {peaks['gemm_bfloat16_tflops']:.2f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s"
     )
     backends = ["torch"]
-    if device.type == "cpu" and (cpu_kernel.is_built() or cpu_kernel.can_build()):
+    if device.type == "cpu" and cpu_kernel.is_built():
         backends.append("cpp")
     if device.type == "cuda" and triton_available():
         backends.append("triton")

@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from executor_svc.native import build
+from executor_svc.native import loader
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 LM_HEAD = (49152, 576)
@@ -62,9 +62,10 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
-    gemm = build.GEMM.load()
-    if not gemm.vectorized():
-        raise SystemExit("the GEMM extension was built without AVX-512")
+    kernels = loader.kernels()
+    if kernels is None or "avx512" not in kernels.features:
+        raise SystemExit("the installed C++ kernels have no AVX-512 panel GEMM (make install builds them)")
+    gemm = kernels.ops
     gen = torch.Generator().manual_seed(0)
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
         paths = _paths(gemm, dtype)

@@ -2,7 +2,7 @@
 
 Each entry knows whether it can run on a device and dtype. Asked by name, an
 entry that cannot run here is refused with its reason; ``auto`` takes the
-highest-priority entry that can run without building anything now, and falls
+highest-priority entry that can run here (nothing is ever compiled), and falls
 back to the next one when constructing it fails (a broken native build must
 not stop the executor). Selection happens once, when the model loads.
 """
@@ -18,12 +18,11 @@ import torch
 
 T = TypeVar("T")
 
-# (device, dtype, may_build) -> why the entry cannot run there, or None when it can.
-# may_build: the entry was named explicitly, so it may compile its native code now.
-Availability = Callable[[torch.device, torch.dtype, bool], str | None]
+# (device, dtype) -> why the entry cannot run there, or None when it can.
+Availability = Callable[[torch.device, torch.dtype], str | None]
 
 
-def always_available(device: torch.device, dtype: torch.dtype, may_build: bool) -> str | None:
+def always_available(device: torch.device, dtype: torch.dtype) -> str | None:
     """The availability of pure torch code: anywhere."""
     return None
 
@@ -76,7 +75,7 @@ class ImplementationRegistry(Generic[T]):
         entry = self._entries.get(name)
         if entry is None:
             raise ValueError(f"unknown {self.kind} {name!r}; use one of {', '.join(self.names())}")
-        reason = entry.unavailable(device, dtype, True)
+        reason = entry.unavailable(device, dtype)
         if reason is not None:
             raise ValueError(f"{self.kind} {name!r} {reason}")
         return entry.create(device, dtype)
@@ -87,7 +86,7 @@ class ImplementationRegistry(Generic[T]):
             key=lambda e: -(e.auto_priority or 0),
         )
         for entry in ranked:
-            if entry.unavailable(device, dtype, False) is not None:
+            if entry.unavailable(device, dtype) is not None:
                 continue
             try:
                 return entry.create(device, dtype)

@@ -15,6 +15,7 @@ from executor_svc.config import ExecutorConfig, load_config
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.model_cache import resolve_model
 from executor_svc.model_runner import ModelRunner
+from executor_svc.native import loader
 from executor_svc.server import ExecutorServicer
 from executor_svc.tokenizer_files import load_tokenizer_files
 from pagoda.runtime import grpc_server
@@ -64,9 +65,16 @@ async def serve(config: ExecutorConfig) -> None:
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
     model_name = config.model_name or runner.info.model_name
-    servicer.attach(runner, tokenizer, model_name)
+    await servicer.run_model(servicer.attach, runner, tokenizer, model_name)  # attach probes the kernels: torch work
     await grpc_server.set_serving(health, [SERVICE_NAME], True)
-    log.info("executor_ready", model=model_name, **{k: v for k, v in vars(runner.info).items() if k != "eos_token_ids"})
+    kernels = loader.loaded()
+    log.info(
+        "executor_ready",
+        model=model_name,
+        **{k: v for k, v in vars(runner.info).items() if k != "eos_token_ids"},
+        kernels=servicer.kernels,
+        kernel_library=str(kernels.library) if kernels is not None else "",
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from executor_svc.types import StepOutput
 
@@ -36,6 +38,10 @@ class ExecutorMetrics:
         self.seq_errors = Counter("pagoda_executor_sequence_errors", "Sequences that failed alone", registry=r)
         self.num_sequences = Gauge("pagoda_executor_num_sequences", "Sequences held", registry=r)
         self.kv_blocks = Gauge("pagoda_executor_kv_blocks", "KV cache blocks allocated", registry=r)
+        # Exposed as pagoda_executor_kernel_info{attention=...,gemm=...,...} 1
+        self.kernel_info = Info(
+            "pagoda_executor_kernel", "Kernel paths the executor runs (executor_svc.native.active)", registry=r
+        )
 
     def observe_step(self, out: StepOutput, step_ns: int, idle_ns: int, num_sequences: int) -> None:
         """Record one step."""
@@ -48,6 +54,10 @@ class ExecutorMetrics:
         self.tokens.inc(out.num_scheduled_tokens)
         self.seq_errors.inc(len(out.errors))
         self.num_sequences.set(num_sequences)
+
+    def set_kernels(self, kernels: Mapping[str, str]) -> None:
+        """Record the active kernel paths (once the model is loaded)."""
+        self.kernel_info.info(dict(kernels))
 
     def serve(self, host: str, port: int) -> None:
         """Expose /metrics on host:port (a daemon thread)."""

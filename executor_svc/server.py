@@ -23,6 +23,7 @@ import structlog
 from executor_svc import pb_convert
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.model_runner import ModelRunner
+from executor_svc.native.active import active_kernels
 from executor_svc.tokenizer_files import TokenizerFiles
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
@@ -45,6 +46,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._stream_generation = 0
         self._active_streams = 0
         self._info = executor_pb2.ExecutorInfo()
+        # The kernel paths the attached runner runs (executor_svc.native.active), empty until then.
+        self.kernels: dict[str, str] = {}
         # seq_id -> request_id of the sequences held, for log lines.
         self._request_ids: dict[int, str] = {}
         self._model_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
@@ -54,8 +57,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, functools.partial(fn, *args))
 
     def attach(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str) -> None:
-        """Start serving `runner` (weights loaded, warm-up done)."""
+        """Start serving `runner` (weights loaded, warm-up done); call on the model thread (it probes the kernels)."""
         info = runner.info
+        self.kernels = active_kernels(runner)
+        if self._metrics is not None:
+            self._metrics.set_kernels(self.kernels)
         self._info = executor_pb2.ExecutorInfo(
             incarnation_id=self.incarnation_id,
             model_name=model_name,
@@ -72,6 +78,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             chat_template=tokenizer.chat_template or "",
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
+            kernels=self.kernels,
         )
         self.runner = runner
 

@@ -19,23 +19,28 @@ import torch
 from executor_svc.attention import cpu_kernel
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.sdpa_prefill import SdpaPrefill
-from executor_svc.native import build
 
 
 def load_kernels(dtype: torch.dtype) -> tuple[Any, Any | None]:
-    """The decode kernel, and for bf16 models the AMX prefill kernel when it is built and this process may use AMX."""
-    decode = cpu_kernel.load()
-    if dtype != torch.bfloat16 or not build.PREFILL.is_built():
-        return decode, None
-    prefill = build.PREFILL.load()
-    return decode, (prefill if prefill.prefill_ready() else None)
+    """The decode kernels, and for bf16 models the AMX prefill kernel when the loaded variant has it and this
+    process may use AMX (else None: SDPA).
+
+    Raises:
+        KernelsUnavailable: the kernels are not installed or do not load here (the message says why).
+    """
+    ops = cpu_kernel.load()
+    if dtype != torch.bfloat16 or not ops.amx_ready():
+        return ops, None
+    return ops, ops
 
 
-def unavailable(device: torch.device, dtype: torch.dtype, may_build: bool) -> str | None:
-    """Why this backend cannot run here, or None; without may_build only an already built kernel counts."""
-    if device.type == "cpu" and (cpu_kernel.is_built() or (may_build and cpu_kernel.can_build())):
-        return None
-    return "needs the CPU device and a C++ compiler with ninja"
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why this backend cannot run here, or None."""
+    if device.type != "cpu":
+        return "needs the CPU device"
+    if not cpu_kernel.is_built():
+        return "needs the pagoda-kernels library (make install builds it; the log says why it did not load)"
+    return None
 
 
 @dataclasses.dataclass

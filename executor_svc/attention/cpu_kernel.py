@@ -1,32 +1,24 @@
-"""The C++ paged decode kernel (cpu_kernel.cpp and its headers); built by executor_svc.native.build.
+"""The C++ paged attention kernels (decode, K/V store, AMX prefill) of the installed pagoda-kernels.
 
-``python -m executor_svc.attention.cpu_kernel`` builds it ahead of time.
+They are built ahead of time (``make install``; see executor_svc/native);
+nothing here compiles. ``load()`` returns ``torch.ops.pagoda``, whose
+``paged_decode``, ``store_kv`` and ``paged_prefill`` the C++ backend calls.
 """
 
 from __future__ import annotations
 
-import sys
-
-from executor_svc.native import build
-
-NAME = build.ATTENTION.name
-SOURCE = build.ATTENTION.sources[0]
-HEADERS = build.ATTENTION.headers
-can_build = build.can_build
-is_built = build.ATTENTION.is_built
-load = build.ATTENTION.load
-build_directory = build.ATTENTION.build_directory
+from executor_svc.native import loader
 
 
-def main() -> int:
-    """Builds the kernel ahead of time; exits 0 without a compiler (the torch backend is used)."""
-    if not (is_built() or can_build()):
-        print(f"{NAME}: no C++ compiler or ninja; attention uses the torch backend", file=sys.stderr)
-        return 0
-    load()
-    print(f"built {NAME} in {build_directory()}")
-    return 0
+def is_built() -> bool:
+    """True when the kernels are installed and load in this process (logs once why not)."""
+    return loader.kernels() is not None
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def load():
+    """``torch.ops.pagoda`` of the loaded kernels.
+
+    Raises:
+        RuntimeError: they are not installed or do not load here (the message says why).
+    """
+    return loader.ops()

@@ -46,7 +46,7 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _triton_unavailable(device: torch.device, dtype: torch.dtype, may_build: bool) -> str | None:
+def _triton_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type == "cuda" and triton_available():
         return None
     return "needs a CUDA device and the triton package"

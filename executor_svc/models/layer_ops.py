@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from executor_svc.implementations import Implementation, ImplementationRegistry
 from executor_svc.models.rope import RotaryEmbedding, apply_rotary
-from executor_svc.native import build
+from executor_svc.native import loader
 
 
 class LayerOps(Protocol):
@@ -187,20 +187,24 @@ class PanelWeight:
 
 
 def load_kernels() -> tuple[Any, Any | None]:
-    """The fused-ops extension, and the GEMM extension when it is built with its AVX-512 kernel (else None:
-    sgemm / oneDNN are used)."""
-    kernel = build.OPS.load()
-    if not build.GEMM.is_built():
-        return kernel, None
-    gemm = build.GEMM.load()
-    return kernel, (gemm if gemm.vectorized() else None)
+    """The installed kernels' ops, twice: as fused ops, and as the panel GEMM when the loaded variant has its
+    AVX-512 kernel (else None: sgemm / oneDNN are used).
+
+    Raises:
+        KernelsUnavailable: the kernels are not installed or do not load here (the message says why).
+    """
+    ops = loader.ops()
+    kernels = loader.kernels()
+    return ops, (ops if kernels is not None and "avx512" in kernels.features else None)
 
 
-def unavailable(device: torch.device, dtype: torch.dtype, may_build: bool) -> str | None:
-    """Why the C++ ops cannot run here, or None; without may_build only an already built extension counts."""
-    if device.type == "cpu" and (build.OPS.is_built() or (may_build and build.can_build())):
-        return None
-    return "needs the CPU device and a C++ compiler with ninja"
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the C++ ops cannot run here, or None."""
+    if device.type != "cpu":
+        return "needs the CPU device"
+    if loader.kernels() is None:
+        return "needs the pagoda-kernels library (make install builds it; the log says why it did not load)"
+    return None
 
 
 def _can_pack() -> bool:
@@ -217,8 +221,8 @@ LAYER_OPS.register(Implementation("torch", lambda device, dtype: TorchLayerOps()
 
 
 def get_layer_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> LayerOps:
-    """The layer ops called ``name``; ``auto``: the C++ ops on a CPU where they are built from the current
-    source, else torch.
+    """The layer ops called ``name``; ``auto``: the C++ ops on a CPU where the installed kernels load, else
+    torch.
 
     Raises:
         ValueError: an unknown name, or ops this machine cannot run.

@@ -122,22 +122,24 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def cpp_kernel():
-    """Builds the C++ kernel and layer ops once per machine (cached); skips without a compiler."""
-    from executor_svc.native import build
+    """``torch.ops.pagoda`` of the installed C++ kernels; skips only where there is no compiler to build them."""
+    import shutil
 
-    if not all(ext.is_built() for ext in build.EXTENSIONS) and not build.can_build():
-        pytest.skip("needs a C++ compiler and ninja")
-    build.OPS.load()
-    build.GEMM.load()
-    build.PREFILL.load()
-    return build.ATTENTION.load()
+    from executor_svc.native import loader
+
+    kernels = loader.kernels()
+    if kernels is None:
+        if not shutil.which("c++"):
+            pytest.skip("the C++ kernels are not installed and there is no compiler (make install builds them)")
+        pytest.fail("the C++ kernels did not load although a compiler is present: see the make install output")
+    return kernels.ops
 
 
-def native_module(name: str, ready: str, reason: str):
-    """An extension of executor_svc.native.build by attribute name, skipping the test when its `ready()` is false."""
-    from executor_svc.native import build
+def native_ops(feature: str, reason: str):
+    """The kernels' ops, skipping the test unless the loaded variant has `feature` (avx512, avx512_bf16, amx)."""
+    from executor_svc.native import loader
 
-    module = getattr(build, name).load()
-    if not getattr(module, ready)():
+    kernels = loader.kernels()
+    if kernels is None or feature not in kernels.features or (feature == "amx" and not kernels.ops.amx_ready()):
         pytest.skip(reason)
-    return module
+    return kernels.ops

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.executor.conftest import native_module
+from tests.executor.conftest import native_ops
 
 
 @pytest.fixture(scope="module")
 def prefill(cpp_kernel):
-    return native_module("PREFILL", "prefill_ready", "needs AMX (and a kernel that grants it)")
+    return native_ops("amx", "needs AMX (and a kernel that grants it)")
 
 
 def _case(gen, spans, num_heads, num_kv_heads, head_dim, block_size):

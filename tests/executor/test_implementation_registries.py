@@ -41,14 +41,12 @@ def test_unknown_names_fail_a_runner_before_the_weights_are_read(tmp_path):
         ModelRunner(str(tmp_path / "no-such-model"), device="cpu", attention_backend="flash")
 
 
-def test_auto_takes_the_cpp_code_only_when_already_built(cpp_kernel, monkeypatch):
+def test_auto_takes_the_cpp_code_only_when_the_kernels_load(cpp_kernel, monkeypatch):
     assert get_backend("auto", CPU, torch.float32).name == "cpp"
     assert get_layer_ops("auto", CPU).name == "cpp"
-    from executor_svc.attention import cpu_kernel
-    from executor_svc.native import build
+    from executor_svc.native import loader
 
-    monkeypatch.setattr(build.Extension, "is_built", lambda self: False)
-    monkeypatch.setattr(cpu_kernel, "is_built", lambda: False)
+    monkeypatch.setattr(loader, "kernels", lambda: None)
     assert get_backend("auto", CPU, torch.float32).name == "torch"
     assert get_layer_ops("auto", CPU).name == "torch"
     assert get_backend("auto", torch.device("meta"), torch.float32).name == "torch"
@@ -68,7 +66,7 @@ def test_auto_falls_back_when_an_implementation_fails_to_build(cpp_kernel, monke
 
 def test_a_registry_refuses_duplicates_and_auto_and_says_when_nothing_can_run():
     registry: ImplementationRegistry[str] = ImplementationRegistry("widget")
-    registry.register(Implementation("only", lambda device, dtype: "built", lambda d, t, b: "needs a GPU", 1))
+    registry.register(Implementation("only", lambda device, dtype: "built", lambda d, t: "needs a GPU", 1))
     with pytest.raises(ValueError, match="widget 'only' is registered already"):
         registry.register(Implementation("only", lambda device, dtype: "again"))
     with pytest.raises(ValueError, match="widget 'auto' is registered already"):

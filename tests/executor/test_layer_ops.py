@@ -7,7 +7,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps, get_layer_ops
-from tests.executor.conftest import native_module
+from tests.executor.conftest import native_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # bf16 is rounded at the same points as the HF code, so it matches bit for bit;
@@ -107,10 +107,10 @@ def test_bad_inputs_are_refused(ops):
 
 
 def test_layer_ops_picks_torch_off_the_cpu_or_unbuilt(monkeypatch):
-    from executor_svc.native import build
+    from executor_svc.native import loader
 
     assert get_layer_ops("auto", torch.device("meta")).name == "torch"
-    monkeypatch.setattr(build.Extension, "is_built", lambda self: False)
+    monkeypatch.setattr(loader, "kernels", lambda: None)
     assert get_layer_ops("auto", torch.device("cpu")).name == "torch"
 
 
@@ -154,7 +154,7 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
 
 @pytest.fixture(scope="module")
 def gemm(cpp_kernel):
-    return native_module("GEMM", "vectorized", "the panel GEMM needs AVX-512")
+    return native_ops("avx512", "the panel GEMM needs AVX-512")
 
 
 @pytest.mark.parametrize("rows", [1, 5, 6, 13, 48, 97, 300])

@@ -19,16 +19,26 @@ def _stages(name: str) -> list[str]:
     return re.split(r"(?m)^(?=FROM )", text)[1:]
 
 
+def _code(stage: str) -> list[str]:
+    """A stage's instructions without comments and blank lines."""
+    return [line for line in stage.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _stage(name: str, stage: str) -> str:
+    """The stage named ``stage`` (``FROM ... AS stage``)."""
+    return next(s for s in _stages(name) if s.splitlines()[0].endswith(f" AS {stage}"))
+
+
 def _arg_default(name: str, arg: str) -> str:
     return re.search(rf"(?m)^ARG {arg}=(\S+)$", (DOCKER / name).read_text()).group(1)
 
 
-@pytest.mark.parametrize("name", ["Dockerfile.scheduler", "Dockerfile.executor"])
-def test_final_stage_runs_as_non_root_and_installs_nothing(name):
+@pytest.mark.parametrize("name,venv_stage", [("Dockerfile.scheduler", "build"), ("Dockerfile.executor", "venv")])
+def test_final_stage_runs_as_non_root_and_installs_nothing(name, venv_stage):
     final = _stages(name)[-1]
     assert "USER 10001:10001" in final
     assert "pip install" not in final and "apt-get" not in final
-    assert "COPY --from=build /opt/venv /opt/venv" in final
+    assert f"COPY --from={venv_stage} /opt/venv /opt/venv" in final
     assert "COPY docker/health_probe.py /opt/pagoda/health_probe.py" in final
 
 
@@ -85,3 +95,41 @@ def test_manifests_match_the_images():
             assert c.workload["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
             if not c.is_init:
                 assert c.spec["command"] == [c.image_program]
+
+
+def test_cpu_executor_image_builds_every_portable_kernel_variant_with_a_compiler():
+    """A builder stage with g++ builds the pagoda-kernels wheel (all portable variants) against the venv's torch."""
+    wheel = _stage("Dockerfile.executor", "kernels-wheel")
+    assert wheel.splitlines()[0] == "FROM build AS kernels-wheel"
+    assert re.search(r"apt-get install -y --no-install-recommends g\+\+", wheel)
+    command = re.search(r"PAGODA_KERNEL_VARIANTS=(\S+) pip wheel (.+?) (\S+)\n", wheel.replace("\\\n", " "))
+    assert command is not None, wheel
+    variants_spec, options, source = command.groups()
+    assert variants_spec == "portable"
+    assert "--no-build-isolation" in options.split() and "--no-deps" in options.split()  # no second torch
+    assert (REPO / source / "setup.py").is_file() and (REPO / source / "pyproject.toml").is_file()
+    assert re.search(r"(?m)^COPY executor_svc \./executor_svc$", _stage("Dockerfile.executor", "build"))
+
+
+def test_only_the_cpu_venv_gets_the_kernels_and_the_runtime_copies_it():
+    cpu = _stage("Dockerfile.executor", "venv-cpu")
+    assert cpu.splitlines()[0] == "FROM build AS venv-cpu"
+    assert "COPY --from=kernels-wheel /wheels /tmp/wheels" in cpu
+    assert "pip install --no-deps /tmp/wheels/pagoda_kernels-*.whl" in cpu
+    code = {stage: _code(_stage("Dockerfile.executor", stage)) for stage in ("venv-cuda", "venv")}
+    assert code == {"venv-cuda": ["FROM build AS venv-cuda"], "venv": ["FROM venv-${VARIANT} AS venv"]}
+
+
+def test_cpu_image_build_fails_without_its_kernels():
+    """The final stage runs the kernel check for the CPU image; the command exists and requires every variant."""
+    from executor_svc.native import check, variants
+
+    final = _stages("Dockerfile.executor")[-1]
+    assert "ARG VARIANT" in final.splitlines()
+    run = re.search(r'(?m)^RUN if \[ "\$\{VARIANT\}" = cpu \]; then python -m (\S+) (.+); fi$', final)
+    assert run is not None, final
+    module, arguments = run.groups()
+    assert module == "executor_svc.native.check"
+    assert final.index("COPY --from=venv") < run.start()  # checks the venv the image ships
+    args = check.parse_args(arguments.split())
+    assert args.require == variants.PORTABLE_NAMES and args.folder is None

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -117,21 +118,42 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, at::Tensor& ou
   });
 }
 
+// One row: out = round(round(silu(gate)) * up).
+template <typename T>
+void silu_mul_row(const T* gate, const T* up, T* out, int64_t width) {
+  int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, BF16>) {
+    for (; i + 16 <= width; i += 16) silu_mul16(gate + i, up + i, out + i);
+  }
+#endif
+  for (; i < width; ++i) {
+    const float g = to_float(gate[i]);
+    out[i] = from_float<T>(round_to<T>(g / (1.f + std::exp(-g))) * to_float(up[i]));
+  }
+}
+
+// One head of one token rotated in place: halves x1, x2 [half] with its cos/sin rows.
+template <typename T>
+void rotate_row(T* x1, T* x2, const T* c, const T* s, int64_t half) {
+  int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, BF16>) {
+    for (; i + 16 <= half; i += 16) rotate16(x1 + i, x2 + i, c + i, s + i);
+  }
+#endif
+  for (; i < half; ++i) {
+    const float a = to_float(x1[i]), b = to_float(x2[i]), cf = to_float(c[i]), sf = to_float(s[i]);
+    x1[i] = from_float<T>(round_to<T>(a * cf) - round_to<T>(b * sf));
+    x2[i] = from_float<T>(round_to<T>(b * cf) + round_to<T>(a * sf));
+  }
+}
+
 void check_rows(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous(), "expected a contiguous [N, H] CPU tensor");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type() &&
                   weight.is_contiguous(),
               "weight must be [H] in the input's dtype");
-}
-
-template <typename Fn>
-void dispatch_float(at::ScalarType type, Fn&& fn) {
-  switch (type) {
-    case at::kFloat: return fn(float{});
-    case at::kBFloat16: return fn(BF16{});
-    case at::kHalf: return fn(Half{});
-    default: TORCH_CHECK(false, "unsupported dtype ", type);
-  }
 }
 
 }  // namespace
@@ -140,7 +162,7 @@ void dispatch_float(at::ScalarType type, Fn&& fn) {
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   check_rows(x, weight);
   auto out = at::empty_like(x);
-  dispatch_float(x.scalar_type(), [&](auto tag) { rms_norm_impl<decltype(tag)>(x, weight, out, eps, nullptr); });
+  PAGODA_DISPATCH_FLOATS(x.scalar_type(), "rms_norm", [&] { rms_norm_impl<scalar_t>(x, weight, out, eps, nullptr); });
   return out;
 }
 
@@ -150,7 +172,8 @@ at::Tensor add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, do
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type() && residual.is_contiguous(),
               "residual must match x");
   auto out = at::empty_like(x);
-  dispatch_float(x.scalar_type(), [&](auto tag) { rms_norm_impl<decltype(tag)>(x, weight, out, eps, &residual); });
+  PAGODA_DISPATCH_FLOATS(x.scalar_type(), "add_rms_norm",
+                         [&] { rms_norm_impl<scalar_t>(x, weight, out, eps, &residual); });
   return out;
 }
 
@@ -160,25 +183,14 @@ at::Tensor silu_and_mul(at::Tensor gate_up) {
               "expected a contiguous [N, 2I] CPU tensor");
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
   auto out = at::empty({rows, width}, gate_up.options());
-  dispatch_float(gate_up.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
+  PAGODA_DISPATCH_FLOATS(gate_up.scalar_type(), "silu_and_mul", [&] {
+    using T = scalar_t;
     const T* src = gate_up.data_ptr<T>();
     T* dst = out.data_ptr<T>();
     pagoda::parallel_for(rows, grain_rows(width), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* gate = src + r * 2 * width;
-        const T* up = gate + width;
-        T* row = dst + r * width;
-        int64_t i = 0;
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-        if constexpr (std::is_same_v<T, BF16>) {
-          for (; i + 16 <= width; i += 16) silu_mul16(gate + i, up + i, row + i);
-        }
-#endif
-        for (; i < width; ++i) {
-          const float g = to_float(gate[i]);
-          row[i] = from_float<T>(round_to<T>(g / (1.f + std::exp(-g))) * to_float(up[i]));
-        }
+        silu_mul_row(gate, gate + width, dst + r * width, width);
       }
     });
   });
@@ -202,8 +214,8 @@ void rotary_(at::Tensor x, at::Tensor positions, at::Tensor cos_table, at::Tenso
   const int64_t* pos = positions.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)
     TORCH_CHECK(pos[t] >= 0 && pos[t] < max_len, "position ", pos[t], " outside the rotary table");
-  dispatch_float(x.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
+  PAGODA_DISPATCH_FLOATS(x.scalar_type(), "rotary_", [&] {
+    using T = scalar_t;
     T* base = x.data_ptr<T>();
     const T* cos_base = cos_table.data_ptr<T>();
     const T* sin_base = sin_table.data_ptr<T>();
@@ -214,18 +226,7 @@ void rotary_(at::Tensor x, at::Tensor positions, at::Tensor cos_table, at::Tenso
         const T* s = sin_base + pos[t] * half;
         for (int64_t n = 0; n < heads; ++n) {
           T* x1 = base + t * stride_t + n * stride_n;
-          T* x2 = x1 + half;
-          int64_t i = 0;
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-          if constexpr (std::is_same_v<T, BF16>) {
-            for (; i + 16 <= half; i += 16) rotate16(x1 + i, x2 + i, c + i, s + i);
-          }
-#endif
-          for (; i < half; ++i) {
-            const float a = to_float(x1[i]), b = to_float(x2[i]), cf = to_float(c[i]), sf = to_float(s[i]);
-            x1[i] = from_float<T>(round_to<T>(a * cf) - round_to<T>(b * sf));
-            x2[i] = from_float<T>(round_to<T>(b * cf) + round_to<T>(a * sf));
-          }
+          rotate_row(x1, x1 + half, c, s, half);
         }
       }
     });
@@ -311,20 +312,19 @@ at::Tensor argmax_rows(at::Tensor logits) {
   const int64_t rows = logits.size(0), vocab = logits.size(1), stride = logits.stride(0);
   auto out = at::empty({rows}, logits.options().dtype(at::kLong));
   int64_t* dst = out.data_ptr<int64_t>();
-  auto run = [&](auto* base) {
+  AT_DISPATCH_V2(logits.scalar_type(), "argmax_rows", AT_WRAP([&] {
+    const scalar_t* base = logits.data_ptr<scalar_t>();
     pagoda::parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) dst[r] = argmax_row(base + r * stride, vocab);
     });
-  };
-  if (logits.scalar_type() == at::kFloat) run(logits.data_ptr<float>());
-  else run(logits.data_ptr<BF16>());
+  }), at::kFloat, at::kBFloat16);
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm);
-  m.def("add_rms_norm", &add_rms_norm);
-  m.def("silu_and_mul", &silu_and_mul);
-  m.def("rotary_", &rotary_);
-  m.def("argmax_rows", &argmax_rows);
+TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("rotary_", &rotary_);
+  m.impl("argmax_rows", &argmax_rows);
 }

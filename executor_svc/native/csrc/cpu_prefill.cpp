@@ -11,7 +11,7 @@
 // O rarely leaves the tiles. K and V are first repacked once per (span, kv
 // head) into the tile layouts: K transposed in 32-bit pairs of dims, V in
 // pairs of keys.
-#include "../native/amx.h"
+#include "amx.h"
 #include <cmath>
 #include <vector>
 
@@ -20,7 +20,7 @@ namespace {
 using BF16 = c10::BFloat16;
 constexpr int64_t kQ = 16;      // query positions per block (tile rows)
 constexpr int64_t kKeys = 32;   // keys per chunk (the bf16 depth of one tile product)
-constexpr float kNegBig = -1e30f;
+using pagoda::kNegBig;
 
 struct Span {
   int64_t query_start, num_query, num_cached, seq;
@@ -189,15 +189,6 @@ void query_block(const Span& span, const Shape& shape, int64_t h, int64_t head, 
 
 }  // namespace
 
-// Whether this build and process can run paged_prefill.
-bool prefill_ready() {
-#if defined(PAGODA_AMX)
-  return pagoda::request_amx();
-#else
-  return false;
-#endif
-}
-
 // q [T, H, D] bf16 (rows and heads may be strided; dims contiguous); caches
 // [KVH, NB, BS, D] bf16 with this step's K/V already stored; block_tables
 // [S, MB] int64; spans [P, 4] int64: query_start, num_query, num_cached,
@@ -297,7 +288,5 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
 #endif
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("prefill_ready", &prefill_ready);
-  m.def("paged_prefill", &paged_prefill);
-}
+// Runs where amx_ready() (library.cpp) is true.
+TORCH_LIBRARY_IMPL(pagoda, CPU, m) { m.impl("paged_prefill", &paged_prefill); }

@@ -218,19 +218,6 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
   });
 }
 
-template <typename Q>
-void dispatch_cache(const Job& job, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out) {
-  const Q* q_ptr = q.data_ptr<Q>();
-  Q* out_ptr = out.data_ptr<Q>();
-  const int64_t num_seqs = q.size(0);
-  switch (k.scalar_type()) {
-    case at::kFloat: return decode(job, q_ptr, k.data_ptr<float>(), v.data_ptr<float>(), out_ptr, num_seqs);
-    case at::kBFloat16: return decode(job, q_ptr, k.data_ptr<BF16>(), v.data_ptr<BF16>(), out_ptr, num_seqs);
-    case at::kHalf: return decode(job, q_ptr, k.data_ptr<c10::Half>(), v.data_ptr<c10::Half>(), out_ptr, num_seqs);
-    default: TORCH_CHECK(false, "unsupported KV cache dtype ", k.scalar_type());
-  }
-}
-
 }  // namespace
 
 // q: [S, H, D]; caches: [KVH, NB, BS, D] contiguous; block_tables: [S, MB]
@@ -252,12 +239,13 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
           block_tables.size(1), block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
           static_cast<float>(scale), window, kNatural};
   auto out = at::empty_like(q);
-  switch (q.scalar_type()) {
-    case at::kFloat: dispatch_cache<float>(job, q, k_cache, v_cache, out); break;
-    case at::kBFloat16: dispatch_cache<BF16>(job, q, k_cache, v_cache, out); break;
-    case at::kHalf: dispatch_cache<c10::Half>(job, q, k_cache, v_cache, out); break;
-    default: TORCH_CHECK(false, "unsupported query dtype ", q.scalar_type());
-  }
+  PAGODA_DISPATCH_FLOATS(q.scalar_type(), "paged_decode (query)", [&] {
+    using Q = scalar_t;
+    PAGODA_DISPATCH_FLOATS(k_cache.scalar_type(), "paged_decode (KV cache)", [&] {
+      decode(job, q.data_ptr<Q>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), out.data_ptr<Q>(),
+             q.size(0));
+    });
+  });
   return out;
 }
 
@@ -283,26 +271,14 @@ void store_rows(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) 
   }
 }
 
-template <typename S>
-void store_dispatch(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
-  switch (cache.scalar_type()) {
-    case at::kFloat: return store_rows<S, float>(src, cache, slots);
-    case at::kBFloat16: return store_rows<S, BF16>(src, cache, slots);
-    case at::kHalf: return store_rows<S, c10::Half>(src, cache, slots);
-    default: TORCH_CHECK(false, "unsupported KV cache dtype ", cache.scalar_type());
-  }
-}
-
 void store_one(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
   TORCH_CHECK(src.dim() == 3 && src.stride(2) == 1, "K/V rows must be [T, KVH, D] with contiguous rows");
   TORCH_CHECK(cache.is_contiguous() && src.size(1) == cache.size(0) && src.size(2) == cache.size(3),
               "K/V rows do not match the cache");
-  switch (src.scalar_type()) {
-    case at::kFloat: return store_dispatch<float>(src, cache, slots);
-    case at::kBFloat16: return store_dispatch<BF16>(src, cache, slots);
-    case at::kHalf: return store_dispatch<c10::Half>(src, cache, slots);
-    default: TORCH_CHECK(false, "unsupported K/V dtype ", src.scalar_type());
-  }
+  PAGODA_DISPATCH_FLOATS(src.scalar_type(), "store_kv (K/V)", [&] {
+    using S = scalar_t;
+    PAGODA_DISPATCH_FLOATS(cache.scalar_type(), "store_kv (KV cache)", [&] { store_rows<S, scalar_t>(src, cache, slots); });
+  });
 }
 
 }  // namespace
@@ -317,7 +293,7 @@ void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache
   store_one(v, v_cache, slot_mapping.data_ptr<int64_t>());
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode);
-  m.def("store_kv", &store_kv);
+TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
+  m.impl("paged_decode", &paged_decode);
+  m.impl("store_kv", &store_kv);
 }

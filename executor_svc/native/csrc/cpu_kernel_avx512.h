@@ -4,9 +4,9 @@
 
 namespace {
 
+#if defined(__AVX512F__)
 using pagoda::exp16;
 
-#if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

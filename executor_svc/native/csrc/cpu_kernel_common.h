@@ -1,8 +1,6 @@
 // Shared pieces of the CPU paged decode kernel (cpu_kernel.cpp): types,
 // constants, the per-call job description and per-thread scratch.
 #pragma once
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -10,7 +8,7 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
-#include "../native/cpu_common.h"
+#include "cpu_common.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -21,7 +19,7 @@ using pagoda::parallel_for;
 using BF16 = c10::BFloat16;
 constexpr int64_t kTile = 16;         // positions per online-softmax step
 constexpr int64_t kPrefetchRows = 16;  // how far ahead of the tile rows are prefetched
-constexpr float kNegBig = -1e30f;     // "minus infinity" that stays finite under -ffast-math
+using pagoda::kNegBig;
 constexpr int64_t kMinSplit = 256;    // fewest positions worth a split of their own
 constexpr int64_t kMaxSplits = 16;
 

@@ -1,8 +1,11 @@
-// What both C++ extensions share: threads through torch's OpenMP pool, and
-// AVX-512 helpers. Included by native/cpu_ops.cpp and attention/cpu_kernel*.
+// What every kernel source shares: threads through torch's OpenMP pool, and
+// AVX-512 helpers. Only ATen and the op registration API are included (no
+// Python, no pybind11): the library is loaded by torch.ops.load_library.
 #pragma once
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <ATen/Dispatch_v2.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -11,6 +14,11 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+
+// Runs the body (a lambda using scalar_t) for fp32, bf16 or fp16; other
+// dtypes are refused with the op's name.
+#define PAGODA_DISPATCH_FLOATS(TYPE, NAME, ...) \
+  AT_DISPATCH_V2(TYPE, NAME, AT_WRAP(__VA_ARGS__), at::kFloat, at::kBFloat16, at::kHalf)
 
 #if defined(__GNUC__)
 #define PAGODA_INLINE inline __attribute__((always_inline))
@@ -26,6 +34,8 @@ extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_thread
 #endif
 
 namespace pagoda {
+
+constexpr float kNegBig = -1e30f;  // "minus infinity" that stays finite under -ffast-math
 
 // Widening to fp32 (bf16 by a shift: exact, and cheaper than c10's conversion).
 inline float to_float(float x) { return x; }

@@ -30,9 +30,9 @@ constexpr int64_t MR = 6;   // rows per micro-kernel call: 6 x 4 accumulators
 // panel is streamed from memory once; prefill splits into items of this size.
 constexpr int64_t ROWS_PER_ITEM = 96;
 
-void check_weight(const torch::Tensor& w) {
+void check_weight(const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2, "weight must be [out, in], got ", w.dim(), " dims");
-  TORCH_CHECK(w.scalar_type() == torch::kFloat32, "weight must be float32, got ", w.scalar_type());
+  TORCH_CHECK(w.scalar_type() == at::kFloat, "weight must be float32, got ", w.scalar_type());
   TORCH_CHECK(w.device().is_cpu(), "weight must be on the CPU");
 }
 
@@ -121,11 +121,11 @@ void panel_rows(const float* x, int64_t ldx, int64_t row_begin, int64_t row_end,
 }  // namespace
 
 // W [N, K] float32 -> panels [ceil(N / 64), K, 64] (zero-padded past N).
-torch::Tensor pack_f32(const torch::Tensor& weight) {
+at::Tensor pack_f32(const at::Tensor& weight) {
   check_weight(weight);
   const auto w = weight.contiguous();
   const int64_t n = w.size(0), k = w.size(1), panels = (n + NR - 1) / NR;
-  auto packed = torch::zeros({panels, k, NR}, w.options());
+  auto packed = at::zeros({panels, k, NR}, w.options());
   const float* src = w.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
   pagoda::parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
@@ -142,22 +142,22 @@ torch::Tensor pack_f32(const torch::Tensor& weight) {
 }
 
 // x [M, K] float32 (rows may be strided) @ W^T (+ bias [N]) -> [M, N].
-torch::Tensor linear_f32(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
-                         const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
+at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                         const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
               "x must be a 2-D float32 CPU tensor");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == NR && packed.scalar_type() == torch::kFloat32,
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == NR && packed.scalar_type() == at::kFloat,
               "packed weight must come from pack_f32");
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
   TORCH_CHECK(packed.size(1) == k, "x has ", k, " features, the weight expects ", packed.size(1));
   TORCH_CHECK(n > (panels - 1) * NR && n <= panels * NR, "out_features ", n, " does not match the packed weight");
   const auto xc = x.stride(1) == 1 ? x : x.contiguous();
-  torch::Tensor b;
+  at::Tensor b;
   if (bias.has_value()) {
     b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == torch::kFloat32 && b.numel() == n, "bias must be float32 [", n, "]");
+    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n, "bias must be float32 [", n, "]");
   }
-  auto y = torch::empty({m, n}, x.options());
+  auto y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   const float* xp = xc.data_ptr<float>();
   const float* wp = packed.data_ptr<float>();
@@ -261,13 +261,13 @@ PAGODA_INLINE void amx_block(const BF16* x, int64_t ldx, const BF16* p0, const B
 }  // namespace
 
 // W [N, K] bf16 -> [ceil(N / 16), Kp / 2, 16, 2] (zero-padded).
-torch::Tensor pack_bf16(const torch::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16 && weight.device().is_cpu(),
+at::Tensor pack_bf16(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
               "weight must be a 2-D bfloat16 CPU tensor");
   const auto w = weight.contiguous();
   const int64_t n = w.size(0), k = w.size(1), panels = (n + kAmxCols - 1) / kAmxCols;
   const int64_t kp = (k + kAmxDepth - 1) / kAmxDepth * kAmxDepth;
-  auto packed = torch::zeros({panels, kp / 2, kAmxCols, 2}, w.options());
+  auto packed = at::zeros({panels, kp / 2, kAmxCols, 2}, w.options());
   const BF16* src = w.data_ptr<BF16>();
   BF16* dst = packed.data_ptr<BF16>();
   pagoda::parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
@@ -282,31 +282,31 @@ torch::Tensor pack_bf16(const torch::Tensor& weight) {
 }
 
 // x [M, K] bf16 @ W^T (+ bias [N] bf16) -> [M, N] bf16, W from pack_bf16.
-torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed, int64_t n,
-                          const c10::optional<torch::Tensor>& bias) {
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                          const std::optional<at::Tensor>& bias) {
 #if defined(PAGODA_AMX)
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
               "x must be a 2-D bfloat16 CPU tensor");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kAmxCols && packed.size(3) == 2 &&
-                  packed.scalar_type() == torch::kBFloat16,
+                  packed.scalar_type() == at::kBFloat16,
               "packed weight must come from pack_bf16");
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), kp = packed.size(1) * 2;
   TORCH_CHECK(kp == (k + kAmxDepth - 1) / kAmxDepth * kAmxDepth, "x has ", k, " features, the weight does not");
   TORCH_CHECK(n > (panels - 1) * kAmxCols && n <= panels * kAmxCols, "out_features ", n,
               " does not match the packed weight");
-  torch::Tensor b;
+  at::Tensor b;
   if (bias.has_value()) {
     b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == torch::kBFloat16 && b.numel() == n, "bias must be bfloat16 [", n, "]");
+    TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias must be bfloat16 [", n, "]");
   }
   TORCH_CHECK(request_amx(), "the kernel does not allow AMX for this process");
-  auto y = torch::empty({m, n}, x.options());
+  auto y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   // x padded to whole tiles: rows to 16, columns to Kp (zeros contribute nothing).
   const int64_t mp = (m + kAmxRows - 1) / kAmxRows * kAmxRows;
-  torch::Tensor xp = x;
+  at::Tensor xp = x;
   if (mp != m || kp != k || x.stride(1) != 1 || x.stride(0) != k) {
-    xp = torch::zeros({mp, kp}, x.options());
+    xp = at::zeros({mp, kp}, x.options());
     xp.slice(0, 0, m).slice(1, 0, k).copy_(x);
   }
   const BF16* xd = xp.data_ptr<BF16>();
@@ -375,30 +375,12 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed, i
 #endif
 }
 
-// Whether this build and process can run linear_bf16.
-bool amx_ready() {
-#if defined(PAGODA_AMX)
-  return request_amx();
-#else
-  return false;
-#endif
-}
-
-// Whether this build has the AVX-512 kernel (else the scalar loop, which only
-// keeps the module importable: callers then use sgemm instead).
-bool vectorized() {
-#if defined(__AVX512F__)
-  return true;
-#else
-  return false;
-#endif
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("vectorized", &vectorized);
-  m.def("pack_f32", &pack_f32);
-  m.def("linear_f32", &linear_f32);
-  m.def("pack_bf16", &pack_bf16);
-  m.def("linear_bf16", &linear_bf16);
-  m.def("amx_ready", &amx_ready);
+// Without AVX-512 (cpu_features() lacks "avx512") linear_f32 runs a scalar
+// loop that only keeps the op defined: callers then use sgemm instead.
+// linear_bf16 needs amx_ready() (library.cpp).
+TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
+  m.impl("pack_f32", &pack_f32);
+  m.impl("linear_f32", &linear_f32);
+  m.impl("pack_bf16", &pack_bf16);
+  m.impl("linear_bf16", &linear_bf16);
 }

@@ -1,0 +1,57 @@
+"""Which kernels an executor runs, read off the objects it chose (not off flags).
+
+Reported by ``Describe`` (``ExecutorInfo.kernels``), the ready log line and
+the ``pagoda_executor_kernel_info`` metric:
+
+- ``attention``: the attention backend (cpp, torch, triton);
+- ``prefill``: what prompt chunks run (amx-flash, sdpa, triton);
+- ``gemm``: how linear layers multiply (amx-panel, avx512-panel, onednn, torch);
+- ``layer_ops``: the norms, rotary and SiLU (cpp, torch);
+- ``variant``: the C++ kernel build loaded (native, amx, ..., or none).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor_svc.attention import cpp_backend
+from executor_svc.models.layer_ops import PackedWeight, PanelWeight
+from executor_svc.native import loader
+
+KERNEL_KEYS = ("attention", "prefill", "gemm", "layer_ops", "variant")
+
+
+def active_kernels(runner) -> dict[str, str]:
+    """The paths a loaded ModelRunner runs (its backend, its model's layer ops, the loaded kernels)."""
+    ops = runner.model.ops
+    kernels = loader.loaded()
+    return {
+        "attention": runner.backend.name,
+        "prefill": prefill_path(runner),
+        "gemm": gemm_path(ops, runner.dtype, runner.device),
+        "layer_ops": ops.name,
+        "variant": kernels.variant if kernels is not None else "none",
+    }
+
+
+def gemm_path(ops, dtype: torch.dtype, device: torch.device) -> str:
+    """How ``ops`` multiplies by a weight of ``dtype``: what its ``pack`` makes of one."""
+    packed = ops.pack(torch.zeros(16, 64, dtype=dtype, device=device))  # [out, in]: one panel in every layout
+    if isinstance(packed, PanelWeight):
+        return "amx-panel" if packed.panels.dtype == torch.bfloat16 else "avx512-panel"
+    if isinstance(packed, PackedWeight):
+        return "onednn"
+    return "torch"
+
+
+def prefill_path(runner) -> str:
+    """What the runner's attention backend does with prompt chunks of this model."""
+    backend = runner.backend
+    if backend.name == "triton":
+        return "triton"
+    kernel = getattr(backend, "prefill_kernel", None)
+    k_cache, _ = runner.kv_cache.layer(0)
+    q = torch.empty(0, 1, runner.config.head_dim, dtype=runner.dtype, device="meta")  # [T, H, Dh]
+    if kernel is not None and runner.config.sliding_window is None and cpp_backend._prefill_fits(q, k_cache):
+        return "amx-flash"
+    return "sdpa"

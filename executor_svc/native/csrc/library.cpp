@@ -1,0 +1,61 @@
+// The `pagoda` operator library: every op's schema in one place (the contract
+// the Python side calls as torch.ops.pagoda.*), plus what this build can do.
+// The CPU implementations are registered next to their code
+// (TORCH_LIBRARY_IMPL in cpu_ops.cpp, cpu_gemm.cpp, cpu_kernel.cpp,
+// cpu_prefill.cpp). `(a!)` marks a tensor the op writes in place.
+#include "amx.h"
+
+#include <string>
+#include <vector>
+
+namespace {
+
+// The vector code paths compiled into this library (each variant's flags pick them).
+std::vector<std::string> cpu_features() {
+  std::vector<std::string> features;
+#if defined(__AVX512F__)
+  features.push_back("avx512");  // decode attention, argmax, the fp32 panel GEMM
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  features.push_back("avx512_bf16");  // bf16 rotary and SiLU-and-multiply
+#endif
+#if defined(PAGODA_AMX)
+  features.push_back("amx");  // the bf16 panel GEMM and the prefill kernel
+#endif
+  return features;
+}
+
+// Whether this build has the AMX kernels and Linux lets this process use AMX.
+bool amx_ready() {
+#if defined(PAGODA_AMX)
+  return pagoda::request_amx();
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pagoda, m) {
+  m.def("cpu_features() -> str[]", &cpu_features);
+  m.def("amx_ready() -> bool", &amx_ready);
+  // Layer ops (cpu_ops.cpp).
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("rotary_(Tensor(a!) x, Tensor positions, Tensor cos_table, Tensor sin_table) -> ()");
+  m.def("argmax_rows(Tensor logits) -> Tensor");
+  // Linear layers (cpu_gemm.cpp).
+  m.def("pack_f32(Tensor weight) -> Tensor");
+  m.def("linear_f32(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
+  m.def("pack_bf16(Tensor weight) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
+  // Paged attention (cpu_kernel.cpp: decode and the K/V store; cpu_prefill.cpp: AMX prefill).
+  m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale, "
+      "int window) -> Tensor");
+  m.def(
+      "paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor spans, float scale, "
+      "Tensor(a!) out) -> ()");
+}

@@ -1,0 +1,82 @@
+"""The kernel paths an executor reports are those of the objects it runs (runners on tiny checkpoints)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from prometheus_client import generate_latest
+
+from executor_svc.metrics import ExecutorMetrics
+from executor_svc.model_runner import ModelRunner
+from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps
+from executor_svc.native import active, loader
+from tests.executor.conftest import make_tiny_checkpoint
+
+
+def _runner(folder, dtype: str, attention: str = "auto") -> ModelRunner:
+    return ModelRunner(
+        str(folder), dtype=dtype, device="cpu", kv_cache_memory_bytes=1 << 20, attention_backend=attention
+    )
+
+
+def test_gemm_path_is_what_pack_makes_of_a_weight(cpp_kernel):
+    cpu = torch.device("cpu")
+    kernels = loader.kernels()
+    assert active.gemm_path(TorchLayerOps(), torch.float32, cpu) == "torch"
+    assert active.gemm_path(CppLayerOps(pack_weights=False), torch.bfloat16, cpu) == "torch"
+    packing = CppLayerOps(pack_weights=True)
+    assert active.gemm_path(packing, torch.float32, cpu) == (
+        "avx512-panel" if "avx512" in kernels.features else "torch"
+    )
+    bf16 = "amx-panel" if packing.gemm is not None and packing.gemm.amx_ready() else "onednn"
+    assert active.gemm_path(packing, torch.bfloat16, cpu) == bf16
+    assert active.gemm_path(packing, torch.float16, cpu) == "torch"
+
+
+def test_fp32_runner_reports_its_backend_layer_ops_and_variant(checkpoints, cpp_kernel):
+    kernels = active.active_kernels(_runner(checkpoints["llama"], "float32"))
+    assert kernels == {
+        "attention": "cpp",
+        "prefill": "sdpa",
+        "gemm": "avx512-panel" if "avx512" in loader.kernels().features else "torch",
+        "layer_ops": "cpp",
+        "variant": loader.kernels().variant,
+    }
+    assert tuple(kernels) == active.KERNEL_KEYS
+    assert active.active_kernels(_runner(checkpoints["llama"], "float32", "torch"))["attention"] == "torch"
+
+
+@pytest.mark.parametrize("arch,head_dim", [("llama", 64), ("mistral_window", 64), ("llama", 16)])
+def test_bf16_prefill_is_amx_flash_only_where_the_kernel_takes_the_model(tmp_path, cpp_kernel, arch, head_dim):
+    """The AMX kernel: bf16, head_dim 64 or 128, no sliding window, and a CPU that grants AMX."""
+    folder = make_tiny_checkpoint(tmp_path, arch, head_dim=head_dim, hidden_size=4 * head_dim)
+    amx = cpp_kernel.amx_ready() and arch == "llama" and head_dim == 64
+    assert active.prefill_path(_runner(folder, "bfloat16")) == ("amx-flash" if amx else "sdpa")
+
+
+def test_kernel_info_metric_carries_the_paths():
+    metrics = ExecutorMetrics()
+    paths = {"attention": "cpp", "prefill": "sdpa", "gemm": "onednn", "layer_ops": "cpp", "variant": "avx512"}
+    metrics.set_kernels(paths)
+    text = generate_latest(metrics.registry).decode()
+    labels = ",".join(f'{key}="{value}"' for key, value in sorted(paths.items()))
+    assert f"pagoda_executor_kernel_info{{{labels}}} 1.0" in text
+
+
+def test_serving_never_imports_the_jit_extension_builder(checkpoints, cpp_kernel):
+    """A runner on the C++ paths, built in a fresh process, leaves torch.utils.cpp_extension unimported."""
+    script = f"""
+import sys
+import executor_svc.main
+from executor_svc.model_runner import ModelRunner
+from executor_svc.native.active import active_kernels
+runner = ModelRunner({str(checkpoints["llama"])!r}, dtype="float32", device="cpu", kv_cache_memory_bytes=1 << 20)
+assert active_kernels(runner)["layer_ops"] == "cpp", active_kernels(runner)
+print("cpp_extension imported:", "torch.utils.cpp_extension" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "cpp_extension imported: False" in done.stdout
