@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from scheduler_svc.types import FinishReason, StepPlan, StepResult
+from pagoda.step import FinishReason, StepPlan, StepResult
 
 if TYPE_CHECKING:
     from scheduler_svc.output_processor import RequestState
@@ -138,7 +138,7 @@ class SchedulerMetrics:
 
 def kv_cache_usage(engine) -> float:
     """Used / total KV blocks over every live executor."""
-    live = [w.scheduler for w in engine.workers.values() if w.scheduler is not None]
+    live = [w.scheduler for w in engine.executors.values() if w.scheduler is not None]
     total = sum(s.config.num_blocks for s in live)
     used = sum(s.config.num_blocks - s.num_free_blocks for s in live)
     return used / total if total else 0.0

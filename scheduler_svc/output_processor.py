@@ -8,26 +8,33 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
+from pagoda.step import FinishReason
 from scheduler_svc.detokenizer import IncrementalDetokenizer
 from scheduler_svc.request import RequestOutput, RequestTimings, Usage
 from scheduler_svc.scheduler import SeqUpdate
-from scheduler_svc.sequence import Sequence
+from scheduler_svc.sequence import SchedulerSequence
 from scheduler_svc.stop_checker import StopChecker
 from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.types import FinishReason
+
+if TYPE_CHECKING:
+    from scheduler_svc.executor_handle import ExecutorHandle
 
 
 class RequestState:
     """Everything the engine tracks for one in-flight request."""
 
-    def __init__(self, seq: Sequence, tokenizer: Tokenizer, skip_special_tokens: bool, arrival_ns: int) -> None:
+    def __init__(
+        self, seq: SchedulerSequence, tokenizer: Tokenizer, skip_special_tokens: bool, arrival_ns: int
+    ) -> None:
         self.seq = seq
         self.arrival_ns = arrival_ns
         self.first_token_ns: int | None = None
         self.first_scheduled_ns: int | None = None
         self.outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.worker = None  # the ExecutorWorker holding the sequence
+        # The executor holding the sequence (None while it waits for one).
+        self.executor: ExecutorHandle | None = None
         self.finished = False
         self._detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_token_ids, skip_special_tokens)
         self._stop_checker = StopChecker(seq.stopping.stop, seq.stopping.include_stop_str_in_output)

@@ -12,6 +12,7 @@ import uuid
 import grpc
 import structlog
 
+from pagoda.step import FinishReason
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from scheduler_svc import client_pb_convert as convert
 from scheduler_svc.engine import Engine
@@ -23,7 +24,6 @@ from scheduler_svc.errors import (
     RequestError,
     Unavailable,
 )
-from scheduler_svc.types import FinishReason
 
 log = structlog.get_logger("scheduler")
 
@@ -128,18 +128,19 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
     """Queues, KV usage and executors, summed over executors."""
     executors = []
-    for worker in engine.workers.values():
-        s = worker.scheduler
+    for executor in engine.executors.values():
+        s, info = executor.scheduler, executor.info
         executors.append(
             generation_pb2.ExecutorStatus(
-                address=worker.address,
-                incarnation_id=worker.info.incarnation_id if worker.info else "",
-                state=worker.state.value,
+                address=executor.address,
+                incarnation_id=info.incarnation_id if info else "",
+                state=executor.state.value,
                 num_running=s.num_running if s else 0,
                 num_waiting=s.num_waiting if s else 0,
                 num_kv_blocks=s.config.num_blocks if s else 0,
                 num_free_kv_blocks=s.num_free_blocks if s else 0,
                 kv_cache_usage=s.kv_cache_usage if s else 0.0,
+                kernels=dict(info.kernels) if info else {},
             )
         )
     total = sum(e.num_kv_blocks for e in executors)

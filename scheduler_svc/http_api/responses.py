@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
+from pagoda.step import FinishReason, LogprobEntry
 from scheduler_svc.http_api.errors import server_error, unavailable
 from scheduler_svc.request import RequestOutput, Usage
 from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.types import FinishReason, LogprobEntry
 
 
 def check_output(out: RequestOutput) -> None:

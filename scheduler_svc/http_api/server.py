@@ -158,7 +158,7 @@ class HttpApi:
                 f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
                 served,
                 self.engine.tokenizer,
-                parsed.generation.sampling.logprobs,
+                parsed.generation.sampling.get("logprobs"),
             )
             return await self._run(request, parsed, formatter, chat)
         finally:

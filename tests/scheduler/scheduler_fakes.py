@@ -13,8 +13,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+from pagoda.step import FinishReason, SeqOutput, StepPlan, StepResult
 from scheduler_svc.scheduler import Scheduler, SeqUpdate
-from scheduler_svc.types import FinishReason, SeqOutput, StepPlan, StepResult
 
 VOCAB_SIZE = 50
 
