@@ -9,6 +9,7 @@ import json
 import aiohttp
 import pytest
 
+from pagoda import params
 from pagoda.step import FinishReason
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.engine import Engine
@@ -91,6 +92,21 @@ def test_chat_parameters_and_messages():
     assert parsed.param_aliases == {"logprobs": "top_logprobs", "max_tokens": "max_completion_tokens"}
     assert parse_chat({"messages": body["messages"], "logprobs": True}, "r").generation.sampling["logprobs"] == 0
     assert parse_chat({"messages": body["messages"]}, "r").generation.sampling.get("logprobs") is None
+
+
+@pytest.mark.parametrize("row", [r for r in params.fields() if r.spec.http], ids=lambda r: r.name)
+def test_every_plain_table_row_is_read_under_its_http_name(row):
+    """Rows with an `http` name need no code here: a value of their type lands in the engine request."""
+    spec = row.spec
+    value = {"float": 0.5, "int": 3, "bool": True, "str": "x"}[spec.value_kind]
+    body = {"prompt": "a", spec.http: [value, value] if spec.repeated else value}
+    given = getattr(parse_completion(body, "r").generation, row.group)
+    assert given[row.name] == ((value, value) if spec.repeated else value)
+    wrong = {"prompt": "a", spec.http: {"not": "a value"}}
+    err = _api_error(parse_completion, wrong, "r")
+    assert (err.status, err.param) == (400, spec.http)
+    if spec.http_unset is not None:
+        assert getattr(parse_completion({"prompt": "a"}, "r").generation, row.group)[row.name] == spec.http_unset
 
 
 @pytest.mark.parametrize(
