@@ -12,8 +12,9 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
+import grpc
 import structlog
 
 from pagoda.step import ExecutorInfo, FinishReason, StepPlan, StepResult
@@ -37,7 +38,10 @@ class Engine:
     """Requests in, token streams out, over any number of executors."""
 
     def __init__(
-        self, config: SchedulerServiceConfig, metrics: SchedulerMetrics | None = None, executor_credentials=None
+        self,
+        config: SchedulerServiceConfig,
+        metrics: SchedulerMetrics | None = None,
+        executor_credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or SchedulerMetrics()
@@ -53,7 +57,7 @@ class Engine:
         self._seq_ids = itertools.count(1)
         self._model_ready = asyncio.Event()
         self._credentials = executor_credentials
-        self._discovery_task: asyncio.Task | None = None
+        self._discovery_task: asyncio.Task[None] | None = None
         self._serving = False
 
     # ----- lifecycle -------------------------------------------------------
@@ -139,7 +143,7 @@ class Engine:
 
     # ----- requests --------------------------------------------------------
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[RequestOutput, None]:
         """Validate, admit and stream one request; cancelling the iterator aborts it."""
         validation.check_request_fields(request)
         if self.draining:
@@ -152,7 +156,7 @@ class Engine:
             "request_admitted",
             request_id=request.request_id,
             seq_id=state.seq.seq_id,
-            num_prompt_tokens=len(state.seq.prompt_token_ids),
+            num_prompt_tokens=state.seq.num_prompt_tokens,
             max_tokens=state.seq.stopping.max_tokens,
         )
         try:
@@ -217,11 +221,11 @@ class Engine:
             raise InvalidRequest("chat", str(exc)) from None
 
     def _check_fits(self, seq: SchedulerSequence) -> None:
-        live = [e for e in self.executors.values() if e.scheduler is not None]
-        if live and not any(e.scheduler.can_fit(len(seq.prompt_token_ids), seq.stopping.max_tokens) for e in live):
+        live = [e.scheduler for e in self.executors.values() if e.scheduler is not None]
+        if live and not any(s.can_fit(seq.num_prompt_tokens, seq.stopping.max_tokens) for s in live):
             raise InvalidRequest(
                 "stopping.max_tokens",
-                f"prompt ({len(seq.prompt_token_ids)} tokens) + max_tokens "
+                f"prompt ({seq.num_prompt_tokens} tokens) + max_tokens "
                 f"({seq.stopping.max_tokens}) needs more KV cache than an executor has",
             )
 

@@ -112,7 +112,7 @@ class ExecutorHandle:
         return (self.scheduler.num_running + self.scheduler.num_waiting, self.scheduler.kv_cache_usage)
 
     def _channel(self) -> grpc.aio.Channel:
-        options = [*KEEPALIVE_OPTIONS, *message_size_options(EXECUTOR_MESSAGE_BYTES)]
+        options: list[tuple[str, str | int]] = [*KEEPALIVE_OPTIONS, *message_size_options(EXECUTOR_MESSAGE_BYTES)]
         if self._credentials is not None:
             if self._tls_server_name:
                 options.append(("grpc.ssl_target_name_override", self._tls_server_name))
@@ -238,7 +238,7 @@ async def _read_results(call: ExecuteCall, queue: ResultQueue) -> None:
     try:
         while True:
             msg = await call.read()
-            if msg is grpc.aio.EOF:
+            if not isinstance(msg, executor_pb2.StepResult):  # grpc.aio.EOF
                 raise ConnectionError("executor closed the stream")
             queue.put_nowait(msg)
     finally:

@@ -156,6 +156,7 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+            assert block.prefix_id is not None  # set when the block was cached
             parent_key = block.prefix_id
         return hits
 

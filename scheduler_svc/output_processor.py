@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pagoda.step import FinishReason
+from pagoda.step import FinishReason, LogprobEntry
 from scheduler_svc.detokenizer import IncrementalDetokenizer
 from scheduler_svc.request import RequestOutput, RequestTimings, Usage
 from scheduler_svc.scheduler import SeqUpdate
@@ -73,18 +74,27 @@ class RequestState:
         if text or update.new_token_ids:
             self.outputs.put_nowait(self._output(text, update.new_token_ids, update.logprobs, None, None))
 
-    def _finish(self, text: str, update: SeqUpdate, reason: FinishReason | None, stop_reason) -> None:
+    def _finish(self, text: str, update: SeqUpdate, reason: FinishReason | None, stop_reason: str | int | None) -> None:
         self.finished = True
         self.outputs.put_nowait(
             self._output(text, update.new_token_ids, update.logprobs, reason or FinishReason.STOP, stop_reason)
         )
 
-    def _output(self, text, token_ids, logprobs, reason, stop_reason, error: str = "") -> RequestOutput:
+    def _output(
+        self,
+        text: str,
+        token_ids: Sequence[int],
+        logprobs: Sequence[LogprobEntry],
+        reason: FinishReason | None,
+        stop_reason: str | int | None,
+        error: str = "",
+    ) -> RequestOutput:
         prompt_ids = () if self._sent_prompt else tuple(self.seq.prompt_token_ids)
         self._sent_prompt = True
-        usage = timings = None
+        usage: Usage | None = None
+        timings: RequestTimings | None = None
         if reason is not None:
-            usage = Usage(len(self.seq.prompt_token_ids), len(self.seq.output_token_ids), self.seq.num_cached_tokens)
+            usage = Usage(self.seq.num_prompt_tokens, len(self.seq.output_token_ids), self.seq.num_cached_tokens)
             timings = self._timings()
         return RequestOutput(
             self.request_id,

@@ -12,16 +12,19 @@ import heapq
 
 from scheduler_svc.sequence import SchedulerSequence
 
+# (priority or arrival time, order, seq_id): both heaps order by the first two.
+HeapEntry = tuple[float, int, int]
+
 
 class WaitingQueue:
     """Sequences waiting for admission."""
 
-    def __init__(self, max_wait_s: float):
+    def __init__(self, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
         # (priority, order, seq_id)
-        self._by_priority: list[tuple[int, int, int]] = []
+        self._by_priority: list[HeapEntry] = []
         # (arrival_time_s, order, seq_id)
-        self._by_arrival: list[tuple[float, int, int]] = []
+        self._by_arrival: list[HeapEntry] = []
         # seq_id -> (order of its live heap entries, seq); others are stale.
         self._entries: dict[int, tuple[int, SchedulerSequence]] = {}
         self._next_order = 0
@@ -40,6 +43,7 @@ class WaitingQueue:
         else:
             order, self._next_order = self._next_order, self._next_order + 1
         self._entries[seq.seq_id] = (order, seq)
+        assert seq.arrival_time_s is not None  # Scheduler.add sets it
         heapq.heappush(self._by_priority, (seq.priority, order, seq.seq_id))
         heapq.heappush(self._by_arrival, (seq.arrival_time_s, order, seq.seq_id))
 
@@ -64,7 +68,7 @@ class WaitingQueue:
         live = sorted((seq.priority, order, seq.seq_id) for order, seq in self._entries.values())
         return [self._entries[seq_id][1] for _, _, seq_id in live]
 
-    def _drop_stale(self, heap: list) -> None:
+    def _drop_stale(self, heap: list[HeapEntry]) -> None:
         entries = self._entries
         while heap:
             entry = entries.get(heap[0][2])

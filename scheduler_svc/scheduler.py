@@ -51,7 +51,7 @@ class SchedulerConfig:
     # A request waiting longer than this is served first, whatever its priority.
     max_priority_wait_s: float = 30.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -287,12 +287,13 @@ class Scheduler:
                 if num_tokens <= 0:
                     continue
             if seq.num_computed_tokens + num_tokens <= len(seq.block_ids) * block_size:
-                new_block_ids = ()  # the common decode step: the last block has room
+                new_block_ids: tuple[int, ...] = ()  # the common decode step: the last block has room
             else:
-                new_block_ids = self._allocate_or_preempt(seq, num_tokens, step, wanted)
-                if new_block_ids is None:
+                allocated = self._allocate_or_preempt(seq, num_tokens, step, wanted)
+                if allocated is None:
                     break
-            step.scheduled_seqs.append(ScheduledSequence(seq.seq_id, num_tokens, tuple(new_block_ids)))
+                new_block_ids = tuple(allocated)
+            step.scheduled_seqs.append(ScheduledSequence(seq.seq_id, num_tokens, new_block_ids))
             step.commit(seq, num_tokens)
 
     def _num_wanted(self, seq: SchedulerSequence) -> int:

@@ -11,9 +11,10 @@ copied by field name, since the dataclasses and the messages share their names.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterable
 from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from pagoda.params import SamplingParams
 from pagoda.params_pb import params_from_pb, params_to_pb
@@ -31,8 +32,9 @@ from pagoda.step import (
 )
 from pagoda.v1 import common_pb2, executor_pb2
 
-# The dataclasses copied by field name.
+# The dataclasses copied by field name, and their messages.
 ByName = TypeVar("ByName", NewSequence, ExecutorInfo)
+M = TypeVar("M", bound=Message)
 
 
 def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
@@ -127,24 +129,23 @@ def _token_logprob_to_pb(t: TokenLogprob) -> common_pb2.TokenLogprob:
     return common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob)
 
 
-@functools.cache
-def _field_layout(cls: type[ByName]) -> tuple[tuple[str, bool], ...]:
-    """(name, is a tuple) of each field of a dataclass copied by name."""
-    return tuple((f.name, str(f.type).startswith("tuple[")) for f in dataclasses.fields(cls))
+# (name, is a tuple) of each field of the dataclasses copied by name.
+_FIELD_LAYOUTS: dict[type, tuple[tuple[str, bool], ...]] = {
+    cls: tuple((f.name, str(f.type).startswith("tuple[")) for f in dataclasses.fields(cls))
+    for cls in (NewSequence, ExecutorInfo)
+}
 
 
-def _to_pb(obj: ByName, msg_cls: type[Any], **converted: Any) -> Any:
+def _to_pb(obj: ByName, msg_cls: type[M], **converted: Any) -> M:
     """``msg_cls`` with every field of ``obj`` copied by name, except those ``converted`` gives."""
-    values = {
-        name: converted[name] if name in converted else getattr(obj, name) for name, _ in _field_layout(type(obj))
-    }
-    return msg_cls(**values)
+    layout = _FIELD_LAYOUTS[type(obj)]
+    return msg_cls(**{name: converted[name] if name in converted else getattr(obj, name) for name, _ in layout})
 
 
-def _from_pb(msg: Any, cls: type[ByName], **converted: Any) -> ByName:
+def _from_pb(msg: Message, cls: type[ByName], **converted: Any) -> ByName:
     """``cls`` with every field copied by name from ``msg`` (lists as tuples), except those ``converted`` gives."""
     values: dict[str, Any] = dict(converted)
-    for name, is_tuple in _field_layout(cls):
+    for name, is_tuple in _FIELD_LAYOUTS[cls]:
         if name not in converted:
             value = getattr(msg, name)
             values[name] = tuple(value) if is_tuple else value

@@ -229,7 +229,7 @@ def _stream_flags(f: _Fields) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def _completion_prompt(prompt) -> PromptInput:
+def _completion_prompt(prompt: Any) -> PromptInput:
     """A string, a token-id list, or a one-element list of either."""
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         if len(prompt) != 1:
@@ -244,13 +244,13 @@ def _completion_prompt(prompt) -> PromptInput:
     raise bad_request("prompt", "expected a string or an array of token ids")
 
 
-def _messages(messages) -> tuple[ChatMessage, ...]:
+def _messages(messages: Any) -> tuple[ChatMessage, ...]:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages", "expected a non-empty array of {role, content} objects")
     return tuple(_message(i, m) for i, m in enumerate(messages))
 
 
-def _message(index: int, message) -> ChatMessage:
+def _message(index: int, message: Any) -> ChatMessage:
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise bad_request(param, "expected an object with role and content")
@@ -266,7 +266,7 @@ def _message(index: int, message) -> ChatMessage:
     return ChatMessage(role=role, content=content)
 
 
-def _text_parts(param: str, parts: list) -> str:
+def _text_parts(param: str, parts: list[Any]) -> str:
     texts = []
     for part in parts:
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
