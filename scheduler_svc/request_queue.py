@@ -33,9 +33,6 @@ class WaitingQueue:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, seq: SchedulerSequence) -> bool:
-        return seq.seq_id in self._entries
-
     def push(self, seq: SchedulerSequence, front: bool = False) -> None:
         """Adds a sequence at the back of its priority, or at its head (front)."""
         if front:
