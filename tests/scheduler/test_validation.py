@@ -52,7 +52,7 @@ def test_given_values_pass_through_with_aliases_applied():
         ({"repetition_penalty": 0.0}, "sampling.repetition_penalty: must be > 0, got 0.0"),
         ({"seed": 2**63}, f"sampling.seed: must be in [0, 2^63), got {2**63}"),
         ({"logprobs": 21}, "sampling.logprobs: must be in [0, 20], got 21 (above the limit of 20)"),
-        ({"typical_p": 0.5}, "sampling.typical_p: no such parameter"),
+        ({"no_such_param": 0.5}, "sampling.no_such_param: no such parameter"),
     ],
 )
 def test_sampling_refusals_name_the_field(given, message):
