@@ -392,18 +392,17 @@ class Scheduler:
         self, seq: SchedulerSequence, token_id: int, logprobs: tuple[LogprobEntry, ...], entry: StepEntry, current: bool
     ) -> SeqUpdate:
         """Fills a pending token, caches what it made full, and checks stops."""
+        config = self.config
         seq.num_pending_tokens -= 1
         seq.append_token(token_id)
-        if current and min(entry.num_computed_after, len(seq.token_ids)) >= self._next_full_tokens(seq):
+        # Known and computed tokens reach the end of the next block to cache: it is full now.
+        next_full_tokens = (seq.num_registered_blocks + 1) * config.block_size
+        if current and min(entry.num_computed_after, len(seq.token_ids)) >= next_full_tokens:
             self._kv.cache_full_blocks(seq, entry.num_computed_after)
-        finished = seq.check_stop(token_id, self.config.eos_token_ids, self.config.max_model_len)
+        finished = seq.check_stop(token_id, config.eos_token_ids, config.max_model_len)
         if finished:
             self._release(seq)
         return SeqUpdate(seq, (token_id,), logprobs, finished)
-
-    def _next_full_tokens(self, seq: SchedulerSequence) -> int:
-        """Tokens known and computed at which the next block can be cached."""
-        return (seq.num_registered_blocks + 1) * self.config.block_size
 
     def _fail(self, seq_id: int, message: str) -> SeqUpdate:
         seq = self._seqs[seq_id]

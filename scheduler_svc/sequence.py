@@ -59,7 +59,9 @@ class SchedulerSequence:
         self.error_message: str = ""
         # Tokens whose KV is computed, or scheduled in a plan already sent.
         self.num_computed_tokens = 0
-        # Sampled in a planned step whose result has not arrived (0..2).
+        # Sampled in a planned step whose result has not arrived (0..2). Known
+        # plus pending tokens is the length the executor sees (the scheduler's
+        # hot loops add them inline).
         self.num_pending_tokens = 0
         # Prompt tokens served by the prefix cache at the first admission.
         self.num_cached_tokens = 0
@@ -85,11 +87,6 @@ class SchedulerSequence:
     def num_tokens(self) -> int:
         """Known tokens: prompt plus outputs received."""
         return len(self.token_ids)
-
-    @property
-    def num_total_tokens(self) -> int:
-        """Known plus pending tokens: the length the executor sees."""
-        return len(self.token_ids) + self.num_pending_tokens
 
     def append_token(self, token_id: int) -> None:
         """Adds one generated token (a pending one that arrived)."""

@@ -41,7 +41,7 @@ class StepBuilder:
         plan may be built before then, and must start where this one ends.
         """
         seq.num_computed_tokens += num_tokens
-        samples = seq.num_computed_tokens == seq.num_total_tokens
+        samples = seq.num_computed_tokens == len(seq.token_ids) + seq.num_pending_tokens
         if samples:
             seq.num_pending_tokens += 1
         self.entries[seq.seq_id] = StepEntry(seq, samples)

@@ -59,8 +59,10 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
         new_seqs=tuple(
             _from_pb(s, NewSequence, sampling=params_from_pb(s.sampling, SamplingParams)) for s in msg.new_seqs
         ),
+        # Most steps append no block to most sequences: skip the copy of an empty list.
         scheduled_seqs=tuple(
-            ScheduledSequence(s.seq_id, s.num_scheduled_tokens, tuple(s.new_block_ids)) for s in msg.scheduled_seqs
+            ScheduledSequence(s.seq_id, s.num_scheduled_tokens, tuple(s.new_block_ids) if s.new_block_ids else ())
+            for s in msg.scheduled_seqs
         ),
         dropped_seq_ids=tuple(msg.dropped_seq_ids),
     )
@@ -71,8 +73,11 @@ def result_to_pb(result: StepResult) -> executor_pb2.StepResult:
     return executor_pb2.StepResult(
         step_id=result.step_id,
         incarnation_id=result.incarnation_id,
+        # Logprobs are rare: skip the call for the outputs without them (every output, every step).
         outputs=[
-            executor_pb2.SequenceOutput(seq_id=o.seq_id, token_ids=o.token_ids, logprobs=logprobs_to_pb(o.logprobs))
+            executor_pb2.SequenceOutput(
+                seq_id=o.seq_id, token_ids=o.token_ids, logprobs=logprobs_to_pb(o.logprobs) if o.logprobs else ()
+            )
             for o in result.outputs
         ],
         errors=[executor_pb2.SequenceError(seq_id=e.seq_id, message=e.message) for e in result.errors],
@@ -88,7 +93,10 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
     return StepResult(
         step_id=msg.step_id,
         incarnation_id=msg.incarnation_id,
-        outputs=tuple(SeqOutput(o.seq_id, tuple(o.token_ids), logprobs_from_pb(o.logprobs)) for o in msg.outputs),
+        outputs=tuple(
+            SeqOutput(o.seq_id, tuple(o.token_ids), logprobs_from_pb(o.logprobs) if o.logprobs else ())
+            for o in msg.outputs
+        ),
         errors=tuple(SeqError(e.seq_id, e.message) for e in msg.errors),
         timings=StepTimings(t.prepare_ns, t.forward_ns, t.sample_ns, t.step_ns, t.idle_ns),
         num_scheduled_tokens=msg.num_scheduled_tokens,
