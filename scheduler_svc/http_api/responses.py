@@ -69,8 +69,12 @@ class Formatter:
         assert self._usage is not None, "usage_chunk before the final output"
         return {**self._envelope(self.chunk_object_name, []), "usage": usage_body(self._usage)}
 
-    def _final_body(self, choice: Json) -> Json:
-        """The whole non-streamed body: one choice, and the usage of the final output."""
+    def response(self, outputs: list[RequestOutput]) -> Json:
+        """The whole non-streamed body of a request's outputs: one choice, and the usage."""
+        for out in outputs:
+            self._note(out)
+        last = outputs[-1]
+        choice = {"index": 0, **self._answer(outputs), "finish_reason": _finish(last), "stop_reason": last.stop_reason}
         assert self._usage is not None, "a response before the final output"
         return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
 
@@ -82,7 +86,8 @@ class Formatter:
     def chunks(self, out: RequestOutput) -> list[Json]:
         raise NotImplementedError
 
-    def response(self, outputs: list[RequestOutput]) -> Json:
+    def _answer(self, outputs: list[RequestOutput]) -> Json:
+        """The choice's text (or message) and logprobs, over all outputs."""
         raise NotImplementedError
 
 
@@ -108,21 +113,11 @@ class CompletionFormatter(Formatter):
         }
         return [self._envelope(self.chunk_object_name, [choice])]
 
-    def response(self, outputs: list[RequestOutput]) -> Json:
-        for out in outputs:
-            self._note(out)
-        last = outputs[-1]
+    def _answer(self, outputs: list[RequestOutput]) -> Json:
         logprobs = None
         if self._logprobs is not None:
             logprobs = _merge_legacy([self._logprobs_body(out) for out in outputs])
-        choice = {
-            "index": 0,
-            "text": "".join(o.text for o in outputs),
-            "logprobs": logprobs,
-            "finish_reason": _finish(last),
-            "stop_reason": last.stop_reason,
-        }
-        return self._final_body(choice)
+        return {"text": "".join(o.text for o in outputs), "logprobs": logprobs}
 
     def _logprobs_body(self, out: RequestOutput) -> Json | None:
         if self._logprobs is None:
@@ -173,22 +168,12 @@ class ChatFormatter(Formatter):
         }
         return [self._envelope(self.chunk_object_name, [choice])]
 
-    def response(self, outputs: list[RequestOutput]) -> Json:
-        for out in outputs:
-            self._note(out)
-        last = outputs[-1]
+    def _answer(self, outputs: list[RequestOutput]) -> Json:
         logprobs = None
         if self._logprobs is not None:
             logprobs = {"content": [e for o in outputs for e in self._logprobs_content(o) or ()], "refusal": None}
         message = {"role": "assistant", "content": "".join(o.text for o in outputs), "refusal": None}
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": _finish(last),
-            "stop_reason": last.stop_reason,
-        }
-        return self._final_body(choice)
+        return {"message": message, "logprobs": logprobs}
 
     def _logprobs_content(self, out: RequestOutput) -> list[Json] | None:
         if self._logprobs is None:
