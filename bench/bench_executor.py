@@ -18,11 +18,12 @@ import time
 
 import torch
 
-from executor_svc import types as t
 from executor_svc.attention import cpu_kernel, get_backend, triton_available
 from executor_svc.model_runner import ModelRunner
+from pagoda import step as t
+from pagoda.params import SamplingParams
 
-GREEDY = t.SamplingParams(temperature=0.0)
+GREEDY = SamplingParams(temperature=0.0)
 
 
 def measure_peaks(device: torch.device) -> dict[str, float]:
@@ -93,14 +94,14 @@ def decode_step(runner: ModelRunner, batch: int, context: int, steps: int) -> tu
         )
         for i in range(batch)
     )
-    runner.execute(t.StepInput(0, new_seqs=new))
+    runner.execute(t.StepPlan(0, new_seqs=new))
     timer = runner.backend
     times, shares = [], []
     for step in range(steps):
         timer.seconds = 0.0
         start = time.perf_counter()
         out = runner.execute(
-            t.StepInput(step + 1, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(batch)))
+            t.StepPlan(step + 1, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(batch)))
         )
         elapsed = time.perf_counter() - start
         assert not out.errors, out.errors[0]
@@ -114,10 +115,10 @@ def prefill_tokens_per_s(runner: ModelRunner, context: int) -> float:
     runner.reset()
     blocks = tuple(range(-(-(context + 1) // runner.block_size)))
     new = t.NewSequence(0, "p", tuple(range(10, 10 + context)), context, GREEDY, blocks, 0, context)
-    runner.execute(t.StepInput(0, new_seqs=(new,)))  # warm
+    runner.execute(t.StepPlan(0, new_seqs=(new,)))  # warm
     runner.reset()
     start = time.perf_counter()
-    runner.execute(t.StepInput(1, new_seqs=(new,)))
+    runner.execute(t.StepPlan(1, new_seqs=(new,)))
     return context / (time.perf_counter() - start)
 
 

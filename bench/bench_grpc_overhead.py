@@ -21,11 +21,10 @@ from pagoda_client.bench_workload import random_workload
 
 def in_process(model: str, dtype: str, workload, kv_bytes: int, budget: int) -> tuple[float, int]:
     """(seconds, steps) to run the workload with Scheduler + ModelRunner, no gRPC."""
-    from executor_svc import types as et
     from executor_svc.model_runner import ModelRunner
-    from scheduler_svc import types as st
+    from pagoda.params import SamplingParams, StoppingCriteria
     from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-    from scheduler_svc.sequence import Sequence
+    from scheduler_svc.sequence import SchedulerSequence
 
     runner = ModelRunner(model, dtype=dtype, kv_cache_memory_bytes=kv_bytes)
     runner.warmup()
@@ -40,42 +39,21 @@ def in_process(model: str, dtype: str, workload, kv_bytes: int, budget: int) -> 
     )
     for r in workload:
         sched.add(
-            Sequence(
+            SchedulerSequence(
                 r.index + 1,
                 str(r.index),
                 list(r.prompt_token_ids),
-                st.SamplingParams(temperature=0.0),
-                st.StoppingCriteria(max_tokens=r.output_len, ignore_eos=True),
+                SamplingParams(temperature=0.0),
+                StoppingCriteria(max_tokens=r.output_len, ignore_eos=True),
             )
         )
     start = time.perf_counter()
     steps = 0
     while sched.has_unfinished():
         plan = sched.schedule()
-        out = runner.execute(_to_executor(plan, et))
-        sched.update(
-            st.StepResult(plan.step_id, "local", tuple(st.SeqOutput(o.seq_id, o.token_ids) for o in out.outputs))
-        )
+        sched.update(runner.execute(plan))  # both sides speak pagoda.step
         steps += 1
     return time.perf_counter() - start, steps
-
-
-def _to_executor(plan, et):
-    new = tuple(
-        et.NewSequence(
-            s.seq_id,
-            s.request_id,
-            s.token_ids,
-            s.num_prompt_tokens,
-            et.SamplingParams(temperature=s.sampling.temperature, seed=s.sampling.seed),
-            s.block_ids,
-            s.num_computed_tokens,
-            s.num_scheduled_tokens,
-        )
-        for s in plan.new_seqs
-    )
-    cont = tuple(et.ScheduledSequence(s.seq_id, s.num_scheduled_tokens, s.new_block_ids) for s in plan.scheduled_seqs)
-    return et.StepInput(plan.step_id, new, cont, plan.dropped_seq_ids)
 
 
 async def _through_grpc(target: str, workload) -> float:

@@ -24,9 +24,10 @@ import random
 import statistics
 import time
 
+from pagoda.params import SamplingParams, StoppingCriteria
+from pagoda.step import SeqOutput, StepPlan, StepResult
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import Sequence
-from scheduler_svc.types import SamplingParams, SeqOutput, StepPlan, StepResult, StoppingCriteria
+from scheduler_svc.sequence import SchedulerSequence
 
 BLOCK_SIZE = 16
 TOKEN = 7  # every sampled token; never EOS
@@ -49,7 +50,7 @@ def build(num_seqs: int, context: int, num_steps: int, seed: int = 0) -> Schedul
     rng = random.Random(seed)
     for seq_id in range(num_seqs):
         prompt = [rng.randrange(32000) for _ in range(context)]
-        scheduler.add(Sequence(seq_id, f"r{seq_id}", prompt, SamplingParams(), StoppingCriteria(max_tokens)))
+        scheduler.add(SchedulerSequence(seq_id, f"r{seq_id}", prompt, SamplingParams(), StoppingCriteria(max_tokens)))
     plan = scheduler.schedule()
     scheduler.update(fake_result(plan))
     assert scheduler.num_running == num_seqs and scheduler.num_waiting == 0

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from executor_svc.types import StepOutput
+from pagoda.step import StepResult
 
 _MS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -43,10 +43,10 @@ class ExecutorMetrics:
             "pagoda_executor_kernel", "Kernel paths the executor runs (executor_svc.native.active)", registry=r
         )
 
-    def observe_step(self, out: StepOutput, step_ns: int, idle_ns: int, num_sequences: int) -> None:
+    def observe_step(self, out: StepResult, step_ns: int, idle_ns: int, num_sequences: int) -> None:
         """Record one step."""
-        self.forward_s.observe(out.forward_ns / 1e9)
-        self.sample_s.observe(out.sample_ns / 1e9)
+        self.forward_s.observe(out.timings.forward_ns / 1e9)
+        self.sample_s.observe(out.timings.sample_ns / 1e9)
         self.step_s.observe(step_ns / 1e9)
         self.idle_s.observe(idle_ns / 1e9)
         self.tokens_per_step.observe(out.num_scheduled_tokens)

@@ -13,7 +13,6 @@ import time
 import structlog
 import torch
 
-from executor_svc import types as t
 from executor_svc.attention import get_backend
 from executor_svc.device import dtype_name, resolve_device, resolve_dtype
 from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
@@ -23,6 +22,8 @@ from executor_svc.models.layer_ops import LayerOps, get_layer_ops
 from executor_svc.sampler import SampleRequest, sample
 from executor_svc.step_batch import SequenceState, StepBatch, build_step_batch
 from executor_svc.weights import load_checkpoint, validate_tensors
+from pagoda.params import SamplingParams
+from pagoda.step import NewSequence, ScheduledSequence, SeqError, SeqOutput, StepPlan, StepResult, StepTimings
 
 log = structlog.get_logger(__name__)
 
@@ -127,17 +128,16 @@ class ModelRunner:
         """Drops every sequence (a new scheduler stream starts from scratch)."""
         self._seqs.clear()
 
-    def execute(self, step: t.StepInput) -> t.StepOutput:
+    def execute(self, step: StepPlan) -> StepResult:
         """Runs one step plan: one forward over all scheduled tokens, then sampling."""
         start_ns = time.perf_counter_ns()
         for seq_id in step.dropped_seq_ids:
             self._seqs.pop(seq_id, None)
-        errors: list[t.SeqError] = []
+        errors: list[SeqError] = []
         scheduled = self._apply_plan(step, errors)
         if not scheduled:
-            return t.StepOutput(
-                step_id=step.step_id, errors=tuple(errors), prepare_ns=time.perf_counter_ns() - start_ns
-            )
+            timings = StepTimings(prepare_ns=time.perf_counter_ns() - start_ns)
+            return StepResult(step_id=step.step_id, errors=tuple(errors), timings=timings)
         try:
             with torch.inference_mode():
                 return self._run(step.step_id, scheduled, errors, start_ns)
@@ -145,8 +145,8 @@ class ModelRunner:
             log.exception("step_failed", step_id=step.step_id)
             for state, _ in scheduled:
                 self._seqs.pop(state.seq_id, None)
-                errors.append(t.SeqError(state.seq_id, f"step failed: {type(exc).__name__}: {exc}"))
-            return t.StepOutput(step_id=step.step_id, errors=tuple(errors))
+                errors.append(SeqError(state.seq_id, f"step failed: {type(exc).__name__}: {exc}"))
+            return StepResult(step_id=step.step_id, errors=tuple(errors))
 
     def warmup(self) -> None:
         """One small prefill + decode through every layer; KV contents are restored."""
@@ -157,7 +157,7 @@ class ModelRunner:
         block_ids = tuple(range(num_blocks))
         saved = self.kv_cache.storage[:, :, :, :num_blocks].clone()
         state = SequenceState(
-            -1, "warmup", list(range(num_tokens)), num_tokens, t.SamplingParams(temperature=0.0), list(block_ids), 0
+            -1, "warmup", list(range(num_tokens)), num_tokens, SamplingParams(temperature=0.0), list(block_ids), 0
         )
         with torch.inference_mode():
             for num_scheduled in (num_tokens, 1):
@@ -170,7 +170,7 @@ class ModelRunner:
 
     # -- plan handling ------------------------------------------------------
 
-    def _apply_plan(self, step: t.StepInput, errors: list[t.SeqError]) -> list[tuple[SequenceState, int]]:
+    def _apply_plan(self, step: StepPlan, errors: list[SeqError]) -> list[tuple[SequenceState, int]]:
         """Registers new sequences, extends block tables, validates; returns (state, n) to run."""
         scheduled: list[tuple[SequenceState, int]] = []
         seen: set[int] = set()
@@ -185,11 +185,11 @@ class ModelRunner:
                     scheduled.append((state, num_scheduled))
             except PlanError as exc:
                 self._seqs.pop(seq_id, None)
-                errors.append(t.SeqError(seq_id, str(exc)))
+                errors.append(SeqError(seq_id, str(exc)))
         return scheduled
 
-    def _admit(self, entry: t.NewSequence | t.ScheduledSequence) -> tuple[SequenceState, int]:
-        if isinstance(entry, t.NewSequence):
+    def _admit(self, entry: NewSequence | ScheduledSequence) -> tuple[SequenceState, int]:
+        if isinstance(entry, NewSequence):
             self._check_block_ids(entry.block_ids)
             self._check_token_ids(entry.token_ids)
             if not 0 <= entry.num_computed_tokens <= len(entry.token_ids):
@@ -239,7 +239,7 @@ class ModelRunner:
 
     # -- the step -----------------------------------------------------------
 
-    def _run(self, step_id, scheduled, errors, start_ns) -> t.StepOutput:
+    def _run(self, step_id, scheduled, errors, start_ns) -> StepResult:
         batch = build_step_batch(scheduled, self.block_size, self.device)
         prepared_ns = time.perf_counter_ns()
         hidden = self._forward(batch)
@@ -251,14 +251,13 @@ class ModelRunner:
             state.num_computed_tokens += num_scheduled
         outputs = self._sample(batch.sample_states, logits)
         end_ns = time.perf_counter_ns()
-        return t.StepOutput(
+        timings = StepTimings(prepared_ns - start_ns, forward_done_ns - prepared_ns, end_ns - forward_done_ns)
+        return StepResult(
             step_id=step_id,
             outputs=tuple(outputs),
             errors=tuple(errors),
+            timings=timings,
             num_scheduled_tokens=batch.num_tokens,
-            prepare_ns=prepared_ns - start_ns,
-            forward_ns=forward_done_ns - prepared_ns,
-            sample_ns=end_ns - forward_done_ns,
         )
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
@@ -270,7 +269,7 @@ class ModelRunner:
         layer_states = [states[i] for i in self._layer_window_index]  # [num_layers]
         return self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, layer_states)
 
-    def _sample(self, states: list[SequenceState], logits: torch.Tensor) -> list[t.SeqOutput]:
+    def _sample(self, states: list[SequenceState], logits: torch.Tensor) -> list[SeqOutput]:
         if not states:
             return []
         sample_fn, request_cls = self._sample_fn
@@ -279,5 +278,5 @@ class ModelRunner:
         for state, sampled in zip(states, sample_fn(logits, requests, self.model.ops.argmax)):
             state.token_ids.append(sampled.token_id)
             logprobs = () if sampled.logprob is None else (sampled.logprob,)
-            outputs.append(t.SeqOutput(state.seq_id, (sampled.token_id,), logprobs))
+            outputs.append(SeqOutput(state.seq_id, (sampled.token_id,), logprobs))
         return outputs

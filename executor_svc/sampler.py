@@ -57,7 +57,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from executor_svc import sampling_ops
-from executor_svc.types import LogprobEntry, SamplingParams, TokenLogprob
+from pagoda.params import SamplingParams
+from pagoda.step import LogprobEntry, TokenLogprob
 
 # Temperatures below this are greedy (dividing by them would overflow).
 GREEDY_TEMPERATURE = 1e-5

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import time
 import uuid
@@ -20,11 +21,12 @@ import uuid
 import grpc
 import structlog
 
-from executor_svc import pb_convert
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.model_runner import ModelRunner
 from executor_svc.native.active import active_kernels
 from executor_svc.tokenizer_files import TokenizerFiles
+from pagoda.step import ExecutorInfo, StepResult
+from pagoda.step_pb import info_to_pb, plan_from_pb, result_to_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("executor")
@@ -45,7 +47,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._lock = asyncio.Lock()
         self._stream_generation = 0
         self._active_streams = 0
-        self._info = executor_pb2.ExecutorInfo()
+        self._info: ExecutorInfo | None = None
         # The kernel paths the attached runner runs (executor_svc.native.active), empty until then.
         self.kernels: dict[str, str] = {}
         # seq_id -> request_id of the sequences held, for log lines.
@@ -62,7 +64,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self.kernels = active_kernels(runner)
         if self._metrics is not None:
             self._metrics.set_kernels(self.kernels)
-        self._info = executor_pb2.ExecutorInfo(
+        self._info = ExecutorInfo(
             incarnation_id=self.incarnation_id,
             model_name=model_name,
             architecture=info.architecture,
@@ -73,12 +75,12 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             num_kv_blocks=info.num_kv_blocks,
             max_model_len=info.max_model_len,
             vocab_size=info.vocab_size,
-            eos_token_ids=list(tokenizer.eos_token_ids or info.eos_token_ids),
+            eos_token_ids=tuple(tokenizer.eos_token_ids or info.eos_token_ids),
             tokenizer_json=tokenizer.tokenizer_json,
             chat_template=tokenizer.chat_template or "",
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
-            kernels=self.kernels,
+            kernels=tuple(sorted(self.kernels.items())),
         )
         self.runner = runner
 
@@ -89,10 +91,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 
     async def Describe(self, request, context) -> executor_pb2.ExecutorInfo:
         await self._check_ready(context)
-        info = executor_pb2.ExecutorInfo()
-        info.CopyFrom(self._info)
-        info.draining = self.draining
-        return info
+        assert self._info is not None  # set with the runner
+        return info_to_pb(dataclasses.replace(self._info, draining=self.draining))
 
     async def Execute(self, request_iterator, context):
         await self._check_ready(context)
@@ -122,7 +122,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is still loading its model")
 
     async def _run_step(self, plan: executor_pb2.StepPlan, idle_ns: int, started_ns: int) -> executor_pb2.StepResult:
-        step = pb_convert.step_from_pb(plan)
+        step = plan_from_pb(plan)
         for seq_id in step.dropped_seq_ids:
             self._request_ids.pop(seq_id, None)
         for seq in step.new_seqs:
@@ -146,4 +146,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         step_ns = time.perf_counter_ns() - started_ns
         if self._metrics is not None:
             self._metrics.observe_step(out, step_ns, idle_ns, self.runner.num_sequences())
-        return pb_convert.result_to_pb(out, self.incarnation_id, step_ns, idle_ns, self.draining)
+        return result_to_pb(self._stamp(out, step_ns, idle_ns))
+
+    def _stamp(self, out: StepResult, step_ns: int, idle_ns: int) -> StepResult:
+        """The runner's result with what only the server knows: who it is, whether it drains, its timings."""
+        timings = dataclasses.replace(out.timings, step_ns=step_ns, idle_ns=idle_ns)
+        return dataclasses.replace(out, incarnation_id=self.incarnation_id, timings=timings, draining=self.draining)

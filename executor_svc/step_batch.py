@@ -10,8 +10,8 @@ import dataclasses
 
 import torch
 
-from executor_svc import types as t
 from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
+from pagoda.params import SamplingParams
 
 
 @dataclasses.dataclass
@@ -22,7 +22,7 @@ class SequenceState:
     request_id: str
     token_ids: list[int]  # prompt, then generated (sampled tokens appended here)
     num_prompt_tokens: int
-    sampling: t.SamplingParams
+    sampling: SamplingParams
     block_table: list[int]
     num_computed_tokens: int  # tokens whose KV is in the cache
 

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import hmac
 import pathlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
-from pagoda.runtime.grpc_server import MalformedRequestInterceptor
+from pagoda.runtime.grpc_server import Context, MalformedRequestInterceptor
+
+if TYPE_CHECKING:
+    from pagoda.runtime.grpc_server import Handler
 
 log = structlog.get_logger("scheduler")
 
@@ -57,29 +62,34 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self._keys = keys
 
-        async def deny(request, context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key")
+        self._deny_unary: Handler = grpc.unary_unary_rpc_method_handler(_deny)
+        self._deny_stream: Handler = grpc.unary_stream_rpc_method_handler(_deny_stream)
 
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-
-        async def deny_stream(request, context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key")
-            yield  # pragma: no cover - makes this an async generator
-
-        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny_stream)
-
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
         method = handler_call_details.method
         if method.startswith(OPEN_METHOD_PREFIXES):
             return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        if key_is_valid(bearer_token(metadata.get("authorization")), self._keys):
+        authorization = dict(handler_call_details.invocation_metadata or ()).get("authorization")
+        if isinstance(authorization, str) and key_is_valid(bearer_token(authorization), self._keys):
             return await continuation(handler_call_details)
         log.warning("unauthenticated_call", method=method)
         handler = await continuation(handler_call_details)
         if handler is not None and handler.response_streaming:
             return self._deny_stream
         return self._deny_unary
+
+
+async def _deny(request: Any, context: Context) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key")
+
+
+async def _deny_stream(request: Any, context: Context) -> AsyncIterator[None]:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key")
+    yield  # pragma: no cover - makes this an async generator
 
 
 def build_interceptors(api_keys: str, api_keys_file: str) -> list[grpc.aio.ServerInterceptor]:

@@ -25,7 +25,7 @@ class KVBlock:
         "next_free",
     )
 
-    def __init__(self, block_id: int):
+    def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         # Key in the prefix-cache map; None while the block is not registered.
@@ -54,7 +54,7 @@ class KVBlock:
 class FreeBlockQueue:
     """Free blocks in eviction order: the head is evicted (reused) first."""
 
-    def __init__(self, blocks: Sequence[KVBlock] = ()):
+    def __init__(self, blocks: Sequence[KVBlock] = ()) -> None:
         self._head = KVBlock(-1)
         self._tail = KVBlock(-1)
         self._head.next_free = self._tail
@@ -68,14 +68,14 @@ class FreeBlockQueue:
 
     def __iter__(self) -> Iterator[KVBlock]:
         node = self._head.next_free
-        while node is not self._tail:
+        while node is not None and node is not self._tail:
             yield node
             node = node.next_free
 
     def popleft(self) -> KVBlock:
         """Removes and returns the block to evict next."""
         block = self._head.next_free
-        if block is self._tail:
+        if block is None or block is self._tail:
             raise IndexError("no free block")
         self.remove(block)
         return block
@@ -90,12 +90,15 @@ class FreeBlockQueue:
 
     def remove(self, block: KVBlock) -> None:
         """Unlinks a block from anywhere in the queue in O(1)."""
-        block.prev_free.next_free = block.next_free
-        block.next_free.prev_free = block.prev_free
+        before, after = block.prev_free, block.next_free
+        assert before is not None and after is not None, f"{block} is not in the free queue"
+        before.next_free = after
+        after.prev_free = before
         block.prev_free = block.next_free = None
         self._len -= 1
 
-    def _link(self, block: KVBlock, before: KVBlock, after: KVBlock) -> None:
+    def _link(self, block: KVBlock, before: KVBlock | None, after: KVBlock | None) -> None:
+        assert before is not None and after is not None  # the sentinels are always linked
         block.prev_free, block.next_free = before, after
         before.next_free = block
         after.prev_free = block
@@ -109,11 +112,7 @@ class BlockPool:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
-        # block_hash -> the one registered block with that hash.
-        self.cached: dict[int, KVBlock] = {}
-        self._next_prefix_id = 0
+        self.reset()
 
     @property
     def num_free_blocks(self) -> int:
@@ -191,4 +190,8 @@ class BlockPool:
 
     def reset(self) -> None:
         """Every block free and uncached, as at start."""
-        self.__init__(self.num_blocks)
+        self.blocks = [KVBlock(i) for i in range(self.num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        # block_hash -> the one registered block with that hash.
+        self.cached: dict[int, KVBlock] = {}
+        self._next_prefix_id = 0

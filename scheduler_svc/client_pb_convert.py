@@ -1,17 +1,17 @@
-"""Proto <-> engine dataclasses for the client API (the edge only)."""
+"""Proto <-> engine dataclasses for the client API (the edge only).
+
+Sampling and stopping parameters are read generically over the table
+(`pagoda.params_pb.given_from_pb`): only what the client set, by name.
+"""
 
 from __future__ import annotations
 
-from pagoda.v1 import common_pb2, generation_pb2
-from scheduler_svc.request import (
-    ChatMessage,
-    GenerationRequest,
-    PromptInput,
-    RequestOutput,
-    SamplingOptions,
-    StoppingOptions,
-)
-from scheduler_svc.types import FinishReason
+from pagoda.params import SamplingParams, StoppingCriteria
+from pagoda.params_pb import given_from_pb
+from pagoda.step import FinishReason
+from pagoda.step_pb import logprobs_to_pb
+from pagoda.v1 import generation_pb2
+from scheduler_svc.request import ChatMessage, GenerationRequest, PromptInput, RequestOutput
 
 _FINISH_TO_PB = {
     FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
@@ -21,16 +21,12 @@ _FINISH_TO_PB = {
 }
 
 
-def _opt(msg, name: str):
-    return getattr(msg, name) if msg.HasField(name) else None
-
-
-def prompt_from_pb(msg) -> PromptInput:
+def prompt_from_pb(msg: generation_pb2.GenerateRequest | generation_pb2.TokenizeRequest) -> PromptInput:
     """The oneof input of GenerateRequest / TokenizeRequest."""
     which = msg.WhichOneof("input")
     if which == "text":
         return PromptInput(text=msg.text)
-    if which == "token_ids":
+    if which == "token_ids" and isinstance(msg, generation_pb2.GenerateRequest):
         return PromptInput(token_ids=tuple(msg.token_ids.token_ids))
     if which == "chat":
         messages = tuple(ChatMessage(m.role, m.content) for m in msg.chat.messages)
@@ -40,34 +36,17 @@ def prompt_from_pb(msg) -> PromptInput:
 
 
 def request_from_pb(msg: generation_pb2.GenerateRequest, request_id: str, timeout_s: float | None) -> GenerationRequest:
-    """Convert a GenerateRequest; unset optional fields stay None."""
-    s, st = msg.sampling, msg.stopping
-    sampling = SamplingOptions(
-        *(
-            _opt(s, n)
-            for n in (
-                "temperature",
-                "top_p",
-                "top_k",
-                "min_p",
-                "repetition_penalty",
-                "presence_penalty",
-                "frequency_penalty",
-                "seed",
-                "logprobs",
-            )
-        )
-    )
-    stopping = StoppingOptions(
-        max_tokens=_opt(st, "max_tokens"),
-        stop=tuple(st.stop),
-        stop_token_ids=tuple(st.stop_token_ids),
-        ignore_eos=st.ignore_eos,
-        include_stop_str_in_output=st.include_stop_str_in_output,
-    )
+    """Convert a GenerateRequest; parameters the client left unset are absent."""
     skip = msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True
     return GenerationRequest(
-        request_id, prompt_from_pb(msg), sampling, stopping, msg.priority, msg.cache_salt, skip, timeout_s
+        request_id,
+        prompt_from_pb(msg),
+        sampling=given_from_pb(msg.sampling, SamplingParams),
+        stopping=given_from_pb(msg.stopping, StoppingCriteria),
+        priority=msg.priority,
+        cache_salt=msg.cache_salt,
+        skip_special_tokens=skip,
+        timeout_s=timeout_s,
     )
 
 
@@ -78,31 +57,13 @@ def output_to_pb(out: RequestOutput) -> generation_pb2.GenerateResponse:
         text=out.text,
         token_ids=out.token_ids,
         prompt_token_ids=out.prompt_token_ids,
-        logprobs=[
-            common_pb2.LogprobEntry(
-                sampled=common_pb2.TokenLogprob(token_id=e.sampled.token_id, logprob=e.sampled.logprob),
-                top=[common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob) for t in e.top],
-            )
-            for e in out.logprobs
-        ],
+        logprobs=logprobs_to_pb(out.logprobs),
     )
     if out.finish_reason is not None:
         msg.finish_reason = _FINISH_TO_PB[out.finish_reason]
         msg.stop_reason = "" if out.stop_reason is None else str(out.stop_reason)
     if out.usage is not None:
-        msg.usage.CopyFrom(
-            generation_pb2.Usage(
-                prompt_tokens=out.usage.prompt_tokens,
-                completion_tokens=out.usage.completion_tokens,
-                cached_tokens=out.usage.cached_tokens,
-            )
-        )
+        msg.usage.CopyFrom(generation_pb2.Usage(**vars(out.usage)))
     if out.timings is not None:
-        msg.timings.CopyFrom(
-            generation_pb2.Timings(
-                queue_ns=out.timings.queue_ns,
-                time_to_first_token_ns=out.timings.time_to_first_token_ns,
-                total_ns=out.timings.total_ns,
-            )
-        )
+        msg.timings.CopyFrom(generation_pb2.Timings(**vars(out.timings)))
     return msg

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from pagoda.runtime.flags import parse_config, parse_size
 
 
-def _f(default, text: str, **extra):
+def _f(default: Any, text: str, **extra: Any) -> Any:
+    """A config field with its help text (and extra metadata, e.g. ``parse``)."""
     return dataclasses.field(default=default, metadata={"help": text, **extra})
 
 

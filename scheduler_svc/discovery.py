@@ -39,7 +39,7 @@ async def resolve_targets(targets: list[str]) -> list[str]:
             log.warning("executor_address_unresolved", target=target, error=str(exc))
             continue
         for info in infos:
-            address = format_address(info[4][0], port)
+            address = format_address(str(info[4][0]), port)
             if address not in addresses:
                 addresses.append(address)
     return addresses

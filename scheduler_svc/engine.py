@@ -1,6 +1,6 @@
 """The engine: admits requests, places them on executors, streams outputs.
 
-It owns one ExecutorWorker (and so one scheduler core and block pool) per
+It owns one ExecutorHandle (and so one scheduler core and block pool) per
 executor address, the per-request state, and the recovery rule: sequences of a
 lost executor are placed again, with what they generated so far, on a live one.
 Both client edges (gRPC, HTTP) call `generate`.
@@ -12,23 +12,24 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
+import grpc
 import structlog
 
+from pagoda.step import ExecutorInfo, FinishReason, StepPlan, StepResult
 from scheduler_svc import validation
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.discovery import resolve_targets
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
-from scheduler_svc.executor_worker import ExecutorWorker, WorkerState
+from scheduler_svc.executor_handle import ExecutorHandle, ExecutorState
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.output_processor import RequestState
 from scheduler_svc.request import GenerationRequest, PromptInput, RequestOutput
-from scheduler_svc.router import choose_worker
+from scheduler_svc.router import choose_executor
 from scheduler_svc.scheduler import SchedulerConfig, SeqUpdate
-from scheduler_svc.sequence import Sequence
+from scheduler_svc.sequence import SchedulerSequence
 from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.types import ExecutorInfo, FinishReason, StepPlan, StepResult
 
 log = structlog.get_logger("scheduler")
 
@@ -37,36 +38,39 @@ class Engine:
     """Requests in, token streams out, over any number of executors."""
 
     def __init__(
-        self, config: SchedulerServiceConfig, metrics: SchedulerMetrics | None = None, executor_credentials=None
+        self,
+        config: SchedulerServiceConfig,
+        metrics: SchedulerMetrics | None = None,
+        executor_credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.bind_engine(self)
-        self.workers: dict[str, ExecutorWorker] = {}
+        self.executors: dict[str, ExecutorHandle] = {}
         self.model: ExecutorInfo | None = None
         self.tokenizer: Tokenizer | None = None
         self.limits: validation.Limits | None = None
         self.draining = False
         self.on_health_change: Callable[[bool], None] = lambda serving: None
         self._requests: dict[int, RequestState] = {}
-        self._orphans: collections.OrderedDict[int, Sequence] = collections.OrderedDict()
+        self._orphans: collections.OrderedDict[int, SchedulerSequence] = collections.OrderedDict()
         self._seq_ids = itertools.count(1)
         self._model_ready = asyncio.Event()
         self._credentials = executor_credentials
-        self._discovery_task: asyncio.Task | None = None
+        self._discovery_task: asyncio.Task[None] | None = None
         self._serving = False
 
     # ----- lifecycle -------------------------------------------------------
 
     async def start(self) -> None:
-        """Resolve executor addresses and start a worker for each."""
-        await self._refresh_workers()
+        """Resolve executor addresses and start a handle for each."""
+        await self._refresh_executors()
         self._discovery_task = asyncio.create_task(self._discovery_loop())
 
     async def stop(self) -> None:
         if self._discovery_task:
             self._discovery_task.cancel()
-        await asyncio.gather(*(w.stop() for w in self.workers.values()), return_exceptions=True)
+        await asyncio.gather(*(e.stop() for e in self.executors.values()), return_exceptions=True)
 
     async def drain(self, timeout_s: float) -> None:
         """Admit nothing new; wait for in-flight requests up to timeout_s."""
@@ -83,15 +87,15 @@ class Engine:
         while True:
             await asyncio.sleep(self.config.dns_refresh_s)
             try:
-                await self._refresh_workers()
+                await self._refresh_executors()
             except Exception:
                 log.exception("executor_discovery_failed")
 
-    async def _refresh_workers(self) -> None:
+    async def _refresh_executors(self) -> None:
         addresses = await resolve_targets(self.config.executor_targets)
         for address in addresses:
-            if address not in self.workers:
-                worker = ExecutorWorker(
+            if address not in self.executors:
+                executor = ExecutorHandle(
                     address,
                     self,
                     self._scheduler_config,
@@ -99,13 +103,13 @@ class Engine:
                     self._credentials,
                     self.config.executor_tls_server_name,
                 )
-                self.workers[address] = worker
-                worker.start()
+                self.executors[address] = executor
+                executor.start()
                 log.info("executor_discovered", executor=address)
-        for address, worker in list(self.workers.items()):
-            if address not in addresses and worker.state is WorkerState.DEAD:
-                del self.workers[address]
-                await worker.stop()
+        for address, executor in list(self.executors.items()):
+            if address not in addresses and executor.state is ExecutorState.DEAD:
+                del self.executors[address]
+                await executor.stop()
                 log.info("executor_removed", executor=address)
 
     def _scheduler_config(self, info: ExecutorInfo) -> SchedulerConfig:
@@ -128,7 +132,7 @@ class Engine:
     @property
     def is_serving(self) -> bool:
         """At least one executor accepts work and we are not draining."""
-        return not self.draining and any(w.accepts_new for w in self.workers.values())
+        return not self.draining and any(e.accepts_new for e in self.executors.values())
 
     def _update_health(self) -> None:
         serving = self.is_serving
@@ -139,7 +143,7 @@ class Engine:
 
     # ----- requests --------------------------------------------------------
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[RequestOutput, None]:
         """Validate, admit and stream one request; cancelling the iterator aborts it."""
         validation.check_request_fields(request)
         if self.draining:
@@ -152,7 +156,7 @@ class Engine:
             "request_admitted",
             request_id=request.request_id,
             seq_id=state.seq.seq_id,
-            num_prompt_tokens=len(state.seq.prompt_token_ids),
+            num_prompt_tokens=state.seq.num_prompt_tokens,
             max_tokens=state.seq.stopping.max_tokens,
         )
         try:
@@ -182,12 +186,12 @@ class Engine:
         assert self.limits is not None and self.tokenizer is not None
         token_ids = self._tokenize(request.prompt)
         validation.check_prompt_tokens(token_ids, self.limits)
-        sampling = validation.sampling_params(request, self.limits)
-        stopping = validation.stopping_criteria(request, len(token_ids), self.limits)
+        sampling = validation.sampling_params(request.sampling, self.limits)
+        stopping = validation.stopping_criteria(request.stopping, len(token_ids), self.limits)
         if self.num_waiting >= self.config.max_waiting_requests:
             self.metrics.rejected.inc()
             raise Overloaded(f"{self.num_waiting} requests are waiting (limit {self.config.max_waiting_requests})")
-        seq = Sequence(
+        seq = SchedulerSequence(
             seq_id=next(self._seq_ids),
             request_id=request.request_id,
             prompt_token_ids=list(token_ids),
@@ -216,40 +220,40 @@ class Engine:
         except ValueError as exc:
             raise InvalidRequest("chat", str(exc)) from None
 
-    def _check_fits(self, seq: Sequence) -> None:
-        live = [w for w in self.workers.values() if w.scheduler is not None]
-        if live and not any(w.scheduler.can_fit(len(seq.prompt_token_ids), seq.stopping.max_tokens) for w in live):
+    def _check_fits(self, seq: SchedulerSequence) -> None:
+        live = [e.scheduler for e in self.executors.values() if e.scheduler is not None]
+        if live and not any(s.can_fit(seq.num_prompt_tokens, seq.stopping.max_tokens) for s in live):
             raise InvalidRequest(
                 "stopping.max_tokens",
-                f"prompt ({len(seq.prompt_token_ids)} tokens) + max_tokens "
+                f"prompt ({seq.num_prompt_tokens} tokens) + max_tokens "
                 f"({seq.stopping.max_tokens}) needs more KV cache than an executor has",
             )
 
     def _place(self, state: RequestState) -> None:
         """Queue the sequence on the best executor, or keep it until one is ready."""
         try:
-            worker, hit = choose_worker(list(self.workers.values()), state.seq.token_ids, state.seq.cache_salt)
+            executor, hit = choose_executor(list(self.executors.values()), state.seq.token_ids, state.seq.cache_salt)
         except LookupError:
-            state.worker = None
+            state.executor = None
             self._orphans[state.seq.seq_id] = state.seq
             return
         self._orphans.pop(state.seq.seq_id, None)
         try:
-            worker.add(state.seq)
+            executor.add(state.seq)
         except ValueError as exc:  # executors with smaller pools than the one it was admitted for
-            state.worker = None
+            state.executor = None
             state.fail(FinishReason.ERROR, str(exc))
             return
-        state.worker = worker
-        log.debug("request_routed", request_id=state.request_id, executor=worker.address, prefix_hit_tokens=hit)
+        state.executor = executor
+        log.debug("request_routed", request_id=state.request_id, executor=executor.address, prefix_hit_tokens=hit)
 
     def abort(self, state: RequestState) -> None:
         """Stop computing for a request (cancelled, timed out, or shutting down)."""
         self._orphans.pop(state.seq.seq_id, None)
-        worker = state.worker
-        if worker is not None and worker.scheduler is not None:
-            worker.scheduler.abort(state.seq.seq_id)
-            worker.wake()
+        executor = state.executor
+        if executor is not None and executor.scheduler is not None:
+            executor.scheduler.abort(state.seq.seq_id)
+            executor.wake()
 
     def _release(self, state: RequestState) -> None:
         if not state.finished:
@@ -262,22 +266,22 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         """Requests not yet running anywhere (queued or without an executor)."""
-        queued = sum(w.scheduler.num_waiting for w in self.workers.values() if w.scheduler is not None)
+        queued = sum(e.scheduler.num_waiting for e in self.executors.values() if e.scheduler is not None)
         return queued + len(self._orphans)
 
     @property
     def num_running(self) -> int:
-        return sum(w.scheduler.num_running for w in self.workers.values() if w.scheduler is not None)
+        return sum(e.scheduler.num_running for e in self.executors.values() if e.scheduler is not None)
 
-    # ----- WorkerListener --------------------------------------------------
+    # ----- ExecutorListener --------------------------------------------------
 
-    def on_worker_ready(self, worker: ExecutorWorker, info: ExecutorInfo) -> bool:
+    def on_executor_ready(self, executor: ExecutorHandle, info: ExecutorInfo) -> bool:
         if self.model is None:
             self._set_model(info)
         elif (info.model_name, info.vocab_size) != (self.model.model_name, self.model.vocab_size):
             log.error(
                 "executor_model_mismatch",
-                executor=worker.address,
+                executor=executor.address,
                 model=info.model_name,
                 expected=self.model.model_name,
             )
@@ -308,25 +312,25 @@ class Engine:
         self._model_ready.set()
         log.info("model_known", model=info.model_name, max_model_len=max_len, vocab_size=info.vocab_size)
 
-    def on_step(self, worker: ExecutorWorker, plan: StepPlan, result: StepResult, duration_s: float) -> None:
+    def on_step(self, executor: ExecutorHandle, plan: StepPlan, result: StepResult, duration_s: float) -> None:
         now = time.monotonic_ns()
         for new in plan.new_seqs:
             state = self._requests.get(new.seq_id)
             if state is not None and state.first_scheduled_ns is None:
                 state.first_scheduled_ns = now
-        if worker.scheduler is not None:
-            self.metrics.on_step(plan, result, duration_s, worker.scheduler)
+        if executor.scheduler is not None:
+            self.metrics.on_step(plan, result, duration_s, executor.scheduler)
         if result.draining:
             self._update_health()
 
-    def on_updates(self, worker: ExecutorWorker, updates: list[SeqUpdate], result: StepResult) -> None:
+    def on_updates(self, executor: ExecutorHandle, updates: list[SeqUpdate], result: StepResult) -> None:
         for update in updates:
             state = self._requests.get(update.seq.seq_id)
             if state is None or state.finished:
                 continue
             stop = state.on_update(update)
-            if stop is not None and worker.scheduler is not None:
-                worker.scheduler.finish(update.seq.seq_id, FinishReason.STOP)
+            if stop is not None and executor.scheduler is not None:
+                executor.scheduler.finish(update.seq.seq_id, FinishReason.STOP)
             self.metrics.on_tokens(state, len(update.new_token_ids))
             if state.finished:
                 reason = FinishReason.STOP if stop is not None else update.seq.finish_reason or FinishReason.STOP
@@ -334,9 +338,9 @@ class Engine:
                     log.error("sequence_failed", request_id=state.request_id, error=update.seq.error_message)
                 self.metrics.on_finished(state, reason)
         if updates:
-            worker.wake()
+            executor.wake()
 
-    def on_worker_lost(self, worker: ExecutorWorker, seqs: list[Sequence]) -> None:
+    def on_executor_lost(self, executor: ExecutorHandle, seqs: list[SchedulerSequence]) -> None:
         moved = 0
         for seq in seqs:
             state = self._requests.get(seq.seq_id)
@@ -346,7 +350,7 @@ class Engine:
         if moved:
             log.warning(
                 "sequences_moved",
-                from_executor=worker.address,
+                from_executor=executor.address,
                 num_sequences=moved,
                 num_without_executor=len(self._orphans),
             )

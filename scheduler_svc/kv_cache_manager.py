@@ -9,11 +9,10 @@ the prefix cache (cache_full_blocks) so later sequences can share them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence
 
 from scheduler_svc.block_pool import BlockPool, KVBlock
-from scheduler_svc.sequence import Sequence
+from scheduler_svc.sequence import SchedulerSequence
 
 # (parent block hash or None, the block's token ids, cache salt) -> hash.
 BlockHasher = Callable[[int | None, tuple[int, ...], str], int]
@@ -61,7 +60,7 @@ class KVCacheManager:
         """Fraction of blocks held by sequences (0..1)."""
         return self.pool.num_used_blocks / self.pool.num_blocks
 
-    def get_computed_blocks(self, seq: Sequence) -> list[KVBlock]:
+    def get_computed_blocks(self, seq: SchedulerSequence) -> list[KVBlock]:
         """Leading cached blocks of a sequence with an empty block table.
 
         At most num_tokens - 1 tokens come from the cache: the last one must be
@@ -73,7 +72,7 @@ class KVCacheManager:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         return self._match(seq.token_ids, seq.cache_salt, max_blocks, seq.block_hashes)
 
-    def peek_prefix_hit_tokens(self, token_ids: Seq[int], cache_salt: str = "") -> int:
+    def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
         """Tokens of token_ids the cache could serve now (for routing); no side effects."""
         if not self.enable_prefix_caching or not token_ids:
             return 0
@@ -86,7 +85,7 @@ class KVCacheManager:
         self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(
-        self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[KVBlock] = ()
+        self, seq: SchedulerSequence, num_new_tokens: int, computed_blocks: Sequence[KVBlock] = ()
     ) -> list[int] | None:
         """Blocks for num_new_tokens more tokens of seq, or None if they do not fit.
 
@@ -112,7 +111,7 @@ class KVCacheManager:
         seq.block_ids.extend(new_ids)
         return new_ids
 
-    def cache_full_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
+    def cache_full_blocks(self, seq: SchedulerSequence, num_computed_tokens: int) -> None:
         """Offers the blocks made full and computed up to num_computed_tokens to the cache."""
         if not self.enable_prefix_caching:
             return
@@ -134,7 +133,7 @@ class KVCacheManager:
             parent_key = block.prefix_id
         seq.num_registered_blocks = num_full
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: SchedulerSequence) -> None:
         """Releases the sequence's blocks, last block first (so it is evicted first)."""
         blocks = self.pool.blocks
         self.pool.free([blocks[block_id] for block_id in reversed(seq.block_ids)])
@@ -145,7 +144,7 @@ class KVCacheManager:
         """Every block free and uncached (the executor behind this pool is gone)."""
         self.pool.reset()
 
-    def _match(self, token_ids: Seq[int], cache_salt: str, max_blocks: int, hashes: list[int]) -> list[KVBlock]:
+    def _match(self, token_ids: Sequence[int], cache_salt: str, max_blocks: int, hashes: list[int]) -> list[KVBlock]:
         """Walks the cache block by block, hashing lazily, until the first miss."""
         bs = self.block_size
         hits: list[KVBlock] = []
@@ -157,10 +156,11 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+            assert block.prefix_id is not None  # set when the block was cached
             parent_key = block.prefix_id
         return hits
 
-    def _extend_hashes(self, token_ids: Seq[int], cache_salt: str, num_blocks: int, hashes: list[int]) -> None:
+    def _extend_hashes(self, token_ids: Sequence[int], cache_salt: str, num_blocks: int, hashes: list[int]) -> None:
         """Appends the chained hashes of blocks len(hashes)..num_blocks-1."""
         bs = self.block_size
         for i in range(len(hashes), num_blocks):

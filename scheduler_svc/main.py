@@ -38,7 +38,14 @@ async def serve(config: SchedulerServiceConfig) -> None:
     await grpc_server.set_serving(health, [SERVICE_NAME], False)
     await grpc_server.set_live(health)
     loop = asyncio.get_running_loop()
-    engine.on_health_change = lambda serving: loop.create_task(grpc_server.set_serving(health, [SERVICE_NAME], serving))
+    health_updates: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
+
+    def on_health_change(serving: bool) -> None:
+        task = loop.create_task(grpc_server.set_serving(health, [SERVICE_NAME], serving))
+        health_updates.add(task)
+        task.add_done_callback(health_updates.discard)
+
+    engine.on_health_change = on_health_change
     credentials = grpc_server.server_credentials(config.tls_cert, config.tls_key)
     port = grpc_server.add_port(server, f"{config.host}:{config.port}", credentials)
     await server.start()

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from scheduler_svc.types import FinishReason, StepPlan, StepResult
+from pagoda.step import FinishReason, StepPlan, StepResult
 
 if TYPE_CHECKING:
+    from scheduler_svc.engine import Engine
     from scheduler_svc.output_processor import RequestState
+    from scheduler_svc.scheduler import Scheduler
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -78,7 +80,7 @@ class SchedulerMetrics:
         )
         self._last_token_ns: dict[int, int] = {}
         # Scheduler-owned counters already exported, per scheduler core.
-        self._exported: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, int, int]] = weakref.WeakKeyDictionary()
         # Plain totals for the GetStatus RPC.
         self.num_requests_total = 0
         self.num_preemptions_total = 0
@@ -86,9 +88,10 @@ class SchedulerMetrics:
         self.prefix_cache_hits_total = 0
 
     def on_admitted(self, num_prompt_tokens: int) -> None:
+        """Count an admitted request's prompt tokens."""
         self.prompt_tokens.inc(num_prompt_tokens)
 
-    def on_step(self, plan: StepPlan, result: StepResult, duration_s: float, scheduler) -> None:
+    def on_step(self, plan: StepPlan, result: StepResult, duration_s: float, scheduler: Scheduler) -> None:
         """Record a step, and export what the scheduler core counted since the last one."""
         counts = (scheduler.num_preemptions, scheduler.prefix_cache_queries, scheduler.prefix_cache_hits)
         last = self._exported.get(scheduler, (0, 0, 0))
@@ -118,6 +121,7 @@ class SchedulerMetrics:
         self._last_token_ns[state.seq.seq_id] = now
 
     def on_finished(self, state: RequestState, reason: FinishReason) -> None:
+        """Count a finished request by its reason, with its latencies."""
         now = time.monotonic_ns()
         self._last_token_ns.pop(state.seq.seq_id, None)
         self.request_success.labels(finished_reason=reason.value).inc()
@@ -126,19 +130,20 @@ class SchedulerMetrics:
         if state.first_scheduled_ns is not None:
             self.queue_time.observe((state.first_scheduled_ns - state.arrival_ns) / 1e9)
 
-    def bind_engine(self, engine) -> None:
+    def bind_engine(self, engine: Engine) -> None:
         """Gauges read the engine at scrape time (never stale)."""
         self.num_requests_running.set_function(lambda: engine.num_running)
         self.num_requests_waiting.set_function(lambda: engine.num_waiting)
         self.kv_cache_usage_perc.set_function(lambda: kv_cache_usage(engine))
 
     def serve(self, host: str, port: int) -> None:
+        """Expose /metrics on host:port (a daemon thread)."""
         start_http_server(port, addr=host, registry=self.registry)
 
 
-def kv_cache_usage(engine) -> float:
+def kv_cache_usage(engine: Engine) -> float:
     """Used / total KV blocks over every live executor."""
-    live = [w.scheduler for w in engine.workers.values() if w.scheduler is not None]
+    live = [e.scheduler for e in engine.executors.values() if e.scheduler is not None]
     total = sum(s.config.num_blocks for s in live)
     used = sum(s.config.num_blocks - s.num_free_blocks for s in live)
     return used / total if total else 0.0

@@ -8,26 +8,34 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from pagoda.step import FinishReason, LogprobEntry
 from scheduler_svc.detokenizer import IncrementalDetokenizer
 from scheduler_svc.request import RequestOutput, RequestTimings, Usage
 from scheduler_svc.scheduler import SeqUpdate
-from scheduler_svc.sequence import Sequence
+from scheduler_svc.sequence import SchedulerSequence
 from scheduler_svc.stop_checker import StopChecker
 from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.types import FinishReason
+
+if TYPE_CHECKING:
+    from scheduler_svc.executor_handle import ExecutorHandle
 
 
 class RequestState:
     """Everything the engine tracks for one in-flight request."""
 
-    def __init__(self, seq: Sequence, tokenizer: Tokenizer, skip_special_tokens: bool, arrival_ns: int) -> None:
+    def __init__(
+        self, seq: SchedulerSequence, tokenizer: Tokenizer, skip_special_tokens: bool, arrival_ns: int
+    ) -> None:
         self.seq = seq
         self.arrival_ns = arrival_ns
         self.first_token_ns: int | None = None
         self.first_scheduled_ns: int | None = None
         self.outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.worker = None  # the ExecutorWorker holding the sequence
+        # The executor holding the sequence (None while it waits for one).
+        self.executor: ExecutorHandle | None = None
         self.finished = False
         self._detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_token_ids, skip_special_tokens)
         self._stop_checker = StopChecker(seq.stopping.stop, seq.stopping.include_stop_str_in_output)
@@ -66,18 +74,27 @@ class RequestState:
         if text or update.new_token_ids:
             self.outputs.put_nowait(self._output(text, update.new_token_ids, update.logprobs, None, None))
 
-    def _finish(self, text: str, update: SeqUpdate, reason: FinishReason | None, stop_reason) -> None:
+    def _finish(self, text: str, update: SeqUpdate, reason: FinishReason | None, stop_reason: str | int | None) -> None:
         self.finished = True
         self.outputs.put_nowait(
             self._output(text, update.new_token_ids, update.logprobs, reason or FinishReason.STOP, stop_reason)
         )
 
-    def _output(self, text, token_ids, logprobs, reason, stop_reason, error: str = "") -> RequestOutput:
+    def _output(
+        self,
+        text: str,
+        token_ids: Sequence[int],
+        logprobs: Sequence[LogprobEntry],
+        reason: FinishReason | None,
+        stop_reason: str | int | None,
+        error: str = "",
+    ) -> RequestOutput:
         prompt_ids = () if self._sent_prompt else tuple(self.seq.prompt_token_ids)
         self._sent_prompt = True
-        usage = timings = None
+        usage: Usage | None = None
+        timings: RequestTimings | None = None
         if reason is not None:
-            usage = Usage(len(self.seq.prompt_token_ids), len(self.seq.output_token_ids), self.seq.num_cached_tokens)
+            usage = Usage(self.seq.num_prompt_tokens, len(self.seq.output_token_ids), self.seq.num_cached_tokens)
             timings = self._timings()
         return RequestOutput(
             self.request_id,

@@ -1,18 +1,27 @@
 """A client request as the engine sees it, and what the engine streams back.
 
-The gRPC edge (and the HTTP edge) fill `GenerationRequest`; unset optional
-fields are None and get defaults in `validation.py`.
+The gRPC edge (and the HTTP edge) fill `GenerationRequest`. Its sampling and
+stopping parameters are what the client gave, by table name (`pagoda.params`):
+a field the client left unset is absent, and `validation.py` applies the
+table's default and checks the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
-from scheduler_svc.types import FinishReason, LogprobEntry
+from pagoda.step import FinishReason, LogprobEntry
+
+# Parameter values a client set, by name (one group of pagoda.params' table).
+GivenParams = Mapping[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
 class ChatMessage:
+    """One message of a chat prompt."""
+
     role: str
     content: str
 
@@ -28,37 +37,14 @@ class PromptInput:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingOptions:
-    """Sampling fields as the client gave them (None: server default)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    logprobs: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StoppingOptions:
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     """One Generate call."""
 
     request_id: str
     prompt: PromptInput
-    sampling: SamplingOptions = SamplingOptions()
-    stopping: StoppingOptions = StoppingOptions()
+    # What the client gave of pagoda.params.SamplingParams / StoppingCriteria.
+    sampling: GivenParams = dataclasses.field(default_factory=dict)
+    stopping: GivenParams = dataclasses.field(default_factory=dict)
     priority: int = 0
     cache_salt: str = ""
     skip_special_tokens: bool = True
@@ -68,6 +54,8 @@ class GenerationRequest:
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
+    """Token counts of a finished request."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -75,6 +63,8 @@ class Usage:
 
 @dataclasses.dataclass(frozen=True)
 class RequestTimings:
+    """Where a finished request's time went, from its arrival."""
+
     queue_ns: int
     time_to_first_token_ns: int
     total_ns: int
@@ -100,4 +90,5 @@ class RequestOutput:
 
     @property
     def finished(self) -> bool:
+        """Whether this is the request's last output."""
         return self.finish_reason is not None

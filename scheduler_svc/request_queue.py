@@ -10,44 +10,45 @@ from __future__ import annotations
 
 import heapq
 
-from scheduler_svc.sequence import Sequence
+from scheduler_svc.sequence import SchedulerSequence
+
+# (priority or arrival time, order, seq_id): both heaps order by the first two.
+HeapEntry = tuple[float, int, int]
 
 
 class WaitingQueue:
     """Sequences waiting for admission."""
 
-    def __init__(self, max_wait_s: float):
+    def __init__(self, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
         # (priority, order, seq_id)
-        self._by_priority: list[tuple[int, int, int]] = []
+        self._by_priority: list[HeapEntry] = []
         # (arrival_time_s, order, seq_id)
-        self._by_arrival: list[tuple[float, int, int]] = []
+        self._by_arrival: list[HeapEntry] = []
         # seq_id -> (order of its live heap entries, seq); others are stale.
-        self._entries: dict[int, tuple[int, Sequence]] = {}
+        self._entries: dict[int, tuple[int, SchedulerSequence]] = {}
         self._next_order = 0
         self._next_front_order = -1
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, seq: Sequence) -> bool:
-        return seq.seq_id in self._entries
-
-    def push(self, seq: Sequence, front: bool = False) -> None:
+    def push(self, seq: SchedulerSequence, front: bool = False) -> None:
         """Adds a sequence at the back of its priority, or at its head (front)."""
         if front:
             order, self._next_front_order = self._next_front_order, self._next_front_order - 1
         else:
             order, self._next_order = self._next_order, self._next_order + 1
         self._entries[seq.seq_id] = (order, seq)
+        assert seq.arrival_time_s is not None  # Scheduler.add sets it
         heapq.heappush(self._by_priority, (seq.priority, order, seq.seq_id))
         heapq.heappush(self._by_arrival, (seq.arrival_time_s, order, seq.seq_id))
 
-    def remove(self, seq: Sequence) -> None:
+    def remove(self, seq: SchedulerSequence) -> None:
         """Takes a sequence out (admitted, finished or aborted); O(1)."""
         self._entries.pop(seq.seq_id, None)
 
-    def peek(self, now_s: float) -> tuple[Sequence, bool] | None:
+    def peek(self, now_s: float) -> tuple[SchedulerSequence, bool] | None:
         """The next sequence to admit and whether it is aged, or None if empty."""
         self._drop_stale(self._by_arrival)
         if self._by_arrival:
@@ -59,12 +60,12 @@ class WaitingQueue:
             return self._entries[self._by_priority[0][2]][1], False
         return None
 
-    def ordered(self) -> list[Sequence]:
+    def ordered(self) -> list[SchedulerSequence]:
         """All waiting sequences in priority order (ignoring aging)."""
         live = sorted((seq.priority, order, seq.seq_id) for order, seq in self._entries.values())
         return [self._entries[seq_id][1] for _, _, seq_id in live]
 
-    def _drop_stale(self, heap: list) -> None:
+    def _drop_stale(self, heap: list[HeapEntry]) -> None:
         entries = self._entries
         while heap:
             entry = entries.get(heap[0][2])

@@ -14,7 +14,7 @@ whose chunk reaches its length gets a pending token that update() fills in.
 The executor appends its own sampled tokens, so a sequence with a pending
 token can be scheduled again for one token.
 
-Pure Python: no torch, no numpy, no protos.
+Pure Python: no torch, no numpy, no protos (pagoda.step's dataclasses are plain).
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import time
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from pagoda.step import FinishReason, LogprobEntry, NewSequence, ScheduledSequence, StepPlan, StepResult
 from scheduler_svc.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens
 from scheduler_svc.request_queue import WaitingQueue
-from scheduler_svc.sequence import Sequence, SequenceStatus
+from scheduler_svc.sequence import SchedulerSequence, SequenceStatus
 from scheduler_svc.step_builder import StepBuilder, StepEntry
-from scheduler_svc.types import FinishReason, LogprobEntry, NewSeqPlan, ScheduledSeqPlan, StepPlan, StepResult
 
 # A sequence is planned at most this many tokens ahead of the results (the
 # engine keeps at most two plans in flight, so this only guards misuse).
@@ -52,7 +51,7 @@ class SchedulerConfig:
     # A request waiting longer than this is served first, whatever its priority.
     max_priority_wait_s: float = 30.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -61,7 +60,7 @@ class SchedulerConfig:
 class SeqUpdate(NamedTuple):
     """What one step result did to one sequence (a named tuple: cheap to make per token)."""
 
-    seq: Sequence
+    seq: SchedulerSequence
     # Tokens accepted this step (the stop token included); empty on error.
     new_token_ids: tuple[int, ...]
     logprobs: tuple[LogprobEntry, ...]
@@ -83,10 +82,10 @@ class Scheduler:
         self._kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching, block_hasher)
         self._waiting = WaitingQueue(config.max_priority_wait_s)
         # Sorted by seq.rank: iteration order, and preemption from the tail.
-        self._running: list[Sequence] = []
+        self._running: list[SchedulerSequence] = []
         self._running_dirty = False
         # Every unfinished sequence, by id.
-        self._seqs: dict[int, Sequence] = {}
+        self._seqs: dict[int, SchedulerSequence] = {}
         self._dropped: list[int] = []
         # step_id -> seq_id -> entry, for plans whose result has not arrived.
         self._inflight: dict[int, dict[int, StepEntry]] = {}
@@ -101,7 +100,7 @@ class Scheduler:
         return self._kv
 
     @property
-    def running(self) -> list[Sequence]:
+    def running(self) -> list[SchedulerSequence]:
         """Running sequences in rank order (do not modify)."""
         self._compact_running()
         return self._running
@@ -142,7 +141,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
 
-    def get(self, seq_id: int) -> Sequence | None:
+    def get(self, seq_id: int) -> SchedulerSequence | None:
         """The unfinished sequence with this id, or None."""
         return self._seqs.get(seq_id)
 
@@ -156,13 +155,13 @@ class Scheduler:
             and cdiv(num_tokens, self.config.block_size) <= self.config.num_blocks
         )
 
-    def peek_prefix_hit_tokens(self, token_ids: Seq[int], cache_salt: str = "") -> int:
+    def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
         """Prompt tokens the prefix cache would serve now (for the router); no side effects."""
         return self._kv.peek_prefix_hit_tokens(token_ids, cache_salt)
 
     # -- requests in and out ----------------------------------------------------
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: SchedulerSequence) -> None:
         """Queues a sequence: new, or taken from another scheduler (then at its priority's head).
 
         Raises:
@@ -194,7 +193,7 @@ class Scheduler:
         """A cancelled request: finished with ABORT. Unknown id: no-op."""
         self.finish(seq_id, FinishReason.ABORT)
 
-    def take_all(self) -> list[Sequence]:
+    def take_all(self) -> list[SchedulerSequence]:
         """Removes every unfinished sequence and resets to empty (the executor is gone).
 
         The sequences keep their prompt and outputs so far; pending tokens are
@@ -288,15 +287,16 @@ class Scheduler:
                 if num_tokens <= 0:
                     continue
             if seq.num_computed_tokens + num_tokens <= len(seq.block_ids) * block_size:
-                new_block_ids = ()  # the common decode step: the last block has room
+                new_block_ids: tuple[int, ...] = ()  # the common decode step: the last block has room
             else:
-                new_block_ids = self._allocate_or_preempt(seq, num_tokens, step, wanted)
-                if new_block_ids is None:
+                allocated = self._allocate_or_preempt(seq, num_tokens, step, wanted)
+                if allocated is None:
                     break
-            step.scheduled_seqs.append(ScheduledSeqPlan(seq.seq_id, num_tokens, tuple(new_block_ids)))
+                new_block_ids = tuple(allocated)
+            step.scheduled_seqs.append(ScheduledSequence(seq.seq_id, num_tokens, new_block_ids))
             step.commit(seq, num_tokens)
 
-    def _num_wanted(self, seq: Sequence) -> int:
+    def _num_wanted(self, seq: SchedulerSequence) -> int:
         """Tokens a running sequence has left to compute now (0: skip it this step).
 
         Skipped: two tokens ahead of the results already, or pending tokens
@@ -313,7 +313,7 @@ class Scheduler:
         return num_total - seq.num_computed_tokens
 
     def _allocate_or_preempt(
-        self, seq: Sequence, num_tokens: int, step: StepBuilder, wanted: list[int]
+        self, seq: SchedulerSequence, num_tokens: int, step: StepBuilder, wanted: list[int]
     ) -> list[int] | None:
         """Blocks for seq, preempting from the tail of running until they fit.
 
@@ -332,7 +332,7 @@ class Scheduler:
             if victim is seq:
                 return None
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: SchedulerSequence) -> None:
         """Frees the tail running sequence and puts it at the head of its priority."""
         assert self._running[-1] is seq
         self._running.pop()
@@ -350,10 +350,10 @@ class Scheduler:
         while step.budget > 0 and len(self._running) < self.config.max_num_seqs:
             head = self._waiting.peek(now_s)
             # A preempted sequence waits for its pending token before it resumes.
-            if head is None or head[0].num_pending_tokens or not self._admit(head[0], head[1], step, now_s):
+            if head is None or head[0].num_pending_tokens or not self._admit(head[0], head[1], step):
                 return
 
-    def _admit(self, seq: Sequence, aged: bool, step: StepBuilder, now_s: float) -> bool:
+    def _admit(self, seq: SchedulerSequence, aged: bool, step: StepBuilder) -> bool:
         """Starts (or resumes) a sequence from its cached prefix; False if blocks lack."""
         hits = self._kv.get_computed_blocks(seq)
         num_hit_tokens = len(hits) * self.config.block_size
@@ -364,7 +364,6 @@ class Scheduler:
         self._kv.record_prefix_query(seq.num_tokens, num_hit_tokens)
         if seq.num_admissions == 0:
             seq.num_cached_tokens = num_hit_tokens
-            seq.first_scheduled_time_s = now_s
         seq.num_admissions += 1
         seq.status = SequenceStatus.RUNNING
         seq.num_computed_tokens = num_hit_tokens
@@ -373,7 +372,7 @@ class Scheduler:
         self._next_admission += 1
         bisect.insort(self._running, seq, key=_rank)
         step.new_seqs.append(
-            NewSeqPlan(
+            NewSequence(
                 seq_id=seq.seq_id,
                 request_id=seq.request_id,
                 token_ids=tuple(seq.token_ids),
@@ -390,22 +389,20 @@ class Scheduler:
     # -- update internals ------------------------------------------------------------
 
     def _accept_token(
-        self, seq: Sequence, token_id: int, logprobs: tuple[LogprobEntry, ...], entry: StepEntry, current: bool
+        self, seq: SchedulerSequence, token_id: int, logprobs: tuple[LogprobEntry, ...], entry: StepEntry, current: bool
     ) -> SeqUpdate:
         """Fills a pending token, caches what it made full, and checks stops."""
+        config = self.config
         seq.num_pending_tokens -= 1
-        seq.output_token_ids.append(token_id)
-        seq.token_ids.append(token_id)
-        if current and min(entry.num_computed_after, len(seq.token_ids)) >= self._next_full_tokens(seq):
+        seq.append_token(token_id)
+        # Known and computed tokens reach the end of the next block to cache: it is full now.
+        next_full_tokens = (seq.num_registered_blocks + 1) * config.block_size
+        if current and min(entry.num_computed_after, len(seq.token_ids)) >= next_full_tokens:
             self._kv.cache_full_blocks(seq, entry.num_computed_after)
-        finished = seq.check_stop(token_id, self.config.eos_token_ids, self.config.max_model_len)
+        finished = seq.check_stop(token_id, config.eos_token_ids, config.max_model_len)
         if finished:
             self._release(seq)
         return SeqUpdate(seq, (token_id,), logprobs, finished)
-
-    def _next_full_tokens(self, seq: Sequence) -> int:
-        """Tokens known and computed at which the next block can be cached."""
-        return (seq.num_registered_blocks + 1) * self.config.block_size
 
     def _fail(self, seq_id: int, message: str) -> SeqUpdate:
         seq = self._seqs[seq_id]
@@ -413,7 +410,7 @@ class Scheduler:
         self.finish(seq_id, FinishReason.ERROR)
         return SeqUpdate(seq, (), (), True)
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: SchedulerSequence) -> None:
         """Finishes a sequence: frees its blocks (full ones stay cached), schedules its drop."""
         if seq.status is SequenceStatus.RUNNING:
             self._kv.free(seq)
@@ -432,5 +429,5 @@ class Scheduler:
             self._running_dirty = False
 
 
-def _rank(seq: Sequence) -> tuple[float, int]:
+def _rank(seq: SchedulerSequence) -> tuple[float, int]:
     return seq.rank

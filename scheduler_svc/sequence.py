@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 
-from scheduler_svc.types import FinishReason, SamplingParams, StoppingCriteria
+from pagoda.params import SamplingParams, StoppingCriteria
+from pagoda.step import FinishReason
 
 
 class SequenceStatus(enum.Enum):
@@ -15,8 +16,8 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class Sequence:
-    """One request as the scheduler tracks it.
+class SchedulerSequence:
+    """One request as the scheduler tracks it (the executor holds its own copy).
 
     Known tokens are the prompt plus the outputs received so far. Because plans
     overlap with results, a sequence may also have pending tokens: sampled by a
@@ -36,7 +37,7 @@ class Sequence:
         priority: int = 0,
         arrival_time_s: float | None = None,
         cache_salt: str = "",
-    ):
+    ) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids must not be empty")
         self.seq_id = seq_id
@@ -58,7 +59,9 @@ class Sequence:
         self.error_message: str = ""
         # Tokens whose KV is computed, or scheduled in a plan already sent.
         self.num_computed_tokens = 0
-        # Sampled in a planned step whose result has not arrived (0..2).
+        # Sampled in a planned step whose result has not arrived (0..2). Known
+        # plus pending tokens is the length the executor sees (the scheduler's
+        # hot loops add them inline).
         self.num_pending_tokens = 0
         # Prompt tokens served by the prefix cache at the first admission.
         self.num_cached_tokens = 0
@@ -67,7 +70,6 @@ class Sequence:
         self.block_hashes: list[int] = []
         # Leading blocks of block_ids already offered to the prefix cache.
         self.num_registered_blocks = 0
-        self.first_scheduled_time_s: float | None = None
         self.num_preemptions = 0
         self.num_admissions = 0
         # Whether the executor holds this sequence's state (sent in new_seqs).
@@ -78,25 +80,13 @@ class Sequence:
 
     @property
     def num_prompt_tokens(self) -> int:
+        """Tokens of the prompt."""
         return len(self.prompt_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
 
     @property
     def num_tokens(self) -> int:
         """Known tokens: prompt plus outputs received."""
         return len(self.token_ids)
-
-    @property
-    def num_total_tokens(self) -> int:
-        """Known plus pending tokens: the length the executor sees."""
-        return len(self.token_ids) + self.num_pending_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
 
     def append_token(self, token_id: int) -> None:
         """Adds one generated token (a pending one that arrived)."""
@@ -125,6 +115,6 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (
-            f"Sequence(id={self.seq_id}, {self.status.name}, tokens={self.num_tokens}"
+            f"SchedulerSequence(id={self.seq_id}, {self.status.name}, tokens={self.num_tokens}"
             f"+{self.num_pending_tokens}, computed={self.num_computed_tokens}, blocks={self.block_ids})"
         )

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 import structlog
 
+from pagoda.runtime.grpc_server import Context
+from pagoda.step import FinishReason
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from scheduler_svc import client_pb_convert as convert
 from scheduler_svc.engine import Engine
@@ -23,7 +26,7 @@ from scheduler_svc.errors import (
     RequestError,
     Unavailable,
 )
-from scheduler_svc.types import FinishReason
+from scheduler_svc.tokenizer import Tokenizer
 
 log = structlog.get_logger("scheduler")
 
@@ -37,10 +40,11 @@ STATUS_OF_ERROR = {
 
 
 def status_of(exc: RequestError) -> grpc.StatusCode:
+    """The gRPC status of an engine error."""
     return STATUS_OF_ERROR.get(type(exc), grpc.StatusCode.INTERNAL)
 
 
-def request_id_of(request_id: str, context: grpc.aio.ServicerContext) -> str:
+def request_id_of(request_id: str, context: Context) -> str:
     """The client's id (field, then metadata), else a new one."""
     if request_id:
         return request_id
@@ -56,7 +60,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    async def Generate(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+    async def Generate(
+        self, request: generation_pb2.GenerateRequest, context: Context
+    ) -> AsyncIterator[generation_pb2.GenerateResponse]:
         request_id = request_id_of(request.request_id, context)
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
@@ -76,7 +82,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         finally:
             structlog.contextvars.unbind_contextvars("request_id")
 
-    async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
+    async def GetModelInfo(
+        self, request: generation_pb2.GetModelInfoRequest, context: Context
+    ) -> generation_pb2.ModelInfo:
         model, limits = self.engine.model, self.engine.limits
         if model is None or limits is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
@@ -92,7 +100,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             max_new_tokens=limits.max_new_tokens,
         )
 
-    async def Tokenize(self, request, context) -> generation_pb2.TokenizeResponse:
+    async def Tokenize(
+        self, request: generation_pb2.TokenizeRequest, context: Context
+    ) -> generation_pb2.TokenizeResponse:
         tokenizer = await self._tokenizer(context)
         prompt = convert.prompt_from_pb(request)
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
@@ -108,7 +118,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return generation_pb2.TokenizeResponse(token_ids=ids)
 
-    async def Detokenize(self, request, context) -> generation_pb2.DetokenizeResponse:
+    async def Detokenize(
+        self, request: generation_pb2.DetokenizeRequest, context: Context
+    ) -> generation_pb2.DetokenizeResponse:
         tokenizer = await self._tokenizer(context)
         bad = next((t for t in request.token_ids if not 0 <= t < tokenizer.vocab_size), None)
         if bad is not None:
@@ -116,10 +128,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         return generation_pb2.DetokenizeResponse(text=tokenizer.decode(list(request.token_ids), skip))
 
-    async def GetStatus(self, request, context) -> generation_pb2.ServerStatus:
+    async def GetStatus(
+        self, request: generation_pb2.GetStatusRequest, context: Context
+    ) -> generation_pb2.ServerStatus:
         return status_to_pb(self.engine)
 
-    async def _tokenizer(self, context):
+    async def _tokenizer(self, context: Context) -> Tokenizer:
         if self.engine.tokenizer is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
         return self.engine.tokenizer
@@ -128,18 +142,19 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
     """Queues, KV usage and executors, summed over executors."""
     executors = []
-    for worker in engine.workers.values():
-        s = worker.scheduler
+    for executor in engine.executors.values():
+        s, info = executor.scheduler, executor.info
         executors.append(
             generation_pb2.ExecutorStatus(
-                address=worker.address,
-                incarnation_id=worker.info.incarnation_id if worker.info else "",
-                state=worker.state.value,
+                address=executor.address,
+                incarnation_id=info.incarnation_id if info else "",
+                state=executor.state.value,
                 num_running=s.num_running if s else 0,
                 num_waiting=s.num_waiting if s else 0,
                 num_kv_blocks=s.config.num_blocks if s else 0,
                 num_free_kv_blocks=s.num_free_blocks if s else 0,
                 kv_cache_usage=s.kv_cache_usage if s else 0.0,
+                kernels=dict(info.kernels) if info else {},
             )
         )
     total = sum(e.num_kv_blocks for e in executors)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler_svc.sequence import Sequence
-from scheduler_svc.types import NewSeqPlan, ScheduledSeqPlan
+from pagoda.step import NewSequence, ScheduledSequence
+from scheduler_svc.sequence import SchedulerSequence
 
 
 class StepEntry:
@@ -11,7 +11,7 @@ class StepEntry:
 
     __slots__ = ("seq", "num_admissions", "num_computed_after", "samples")
 
-    def __init__(self, seq: Sequence, samples: bool):
+    def __init__(self, seq: SchedulerSequence, samples: bool) -> None:
         self.seq = seq
         # Tells apart a later admission of the same sequence (after preemption).
         self.num_admissions = seq.num_admissions
@@ -24,17 +24,17 @@ class StepEntry:
 class StepBuilder:
     """Budget left and sequences planned so far in one step."""
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int) -> None:
         self.budget = budget
-        self.new_seqs: list[NewSeqPlan] = []
-        self.scheduled_seqs: list[ScheduledSeqPlan] = []
+        self.new_seqs: list[NewSequence] = []
+        self.scheduled_seqs: list[ScheduledSequence] = []
         self.entries: dict[int, StepEntry] = {}
         # Decode-ready running sequences not visited yet: prefill chunks leave
         # them one token each so a long prompt never stalls decoding.
         self.num_decodes_left = 0
         self.num_preempted = 0
 
-    def commit(self, seq: Sequence, num_tokens: int) -> None:
+    def commit(self, seq: SchedulerSequence, num_tokens: int) -> None:
         """Advances a planned sequence; reaching its length samples a pending token.
 
         num_computed_tokens moves now, not when the result arrives: the next

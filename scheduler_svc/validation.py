@@ -1,5 +1,11 @@
 """Turn a client's GenerationRequest into effective, checked parameters.
 
+Sampling and stopping parameters are filled and checked from the table
+(`pagoda.params`): an unset field takes its `unset` value (the seed draws a
+random one), aliases are mapped (top_k -1), and each value is checked against
+its range, whose named bounds come from `Limits`. What is not a range stays
+here by hand: max_tokens against the context, stop strings, stop token ids.
+
 Every check raises InvalidRequest naming the field, before anything is
 allocated, so a bad request changes nothing else.
 """
@@ -7,14 +13,14 @@ allocated, so a bad request changes nothing else.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
+from collections.abc import Sequence
+from typing import Any
 
+from pagoda.params import RANDOM_SEED, Group, SamplingParams, StoppingCriteria, rows
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest
-from scheduler_svc.request import GenerationRequest, PromptInput
-from scheduler_svc.types import SamplingParams, StoppingCriteria
+from scheduler_svc.request import GenerationRequest, GivenParams, PromptInput
 
-MAX_SEED = 2**63 - 1
 MAX_PRIORITY = 2**31 - 1
 MAX_ID_CHARS = 256
 MAX_SALT_CHARS = 256
@@ -22,7 +28,7 @@ MAX_SALT_CHARS = 256
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What the served model and the operator allow."""
+    """What the served model and the operator allow (the table's ``Bound.limit`` names these fields)."""
 
     max_model_len: int
     vocab_size: int
@@ -33,11 +39,19 @@ class Limits:
     max_stop_string_len: int = 256
     max_logprobs: int = 20
 
+    def value(self, name: str) -> float:
+        """The limit called ``name``.
 
-def _finite(field: str, value: float) -> float:
-    if not math.isfinite(value):
-        raise InvalidRequest(field, f"must be a finite number, got {value}")
-    return value
+        Raises:
+            KeyError: no such limit (a table row names a limit that does not exist).
+        """
+        if name not in _LIMIT_NAMES:
+            raise KeyError(f"no server limit named {name!r}")
+        value: int = getattr(self, name)
+        return value
+
+
+_LIMIT_NAMES = frozenset(f.name for f in dataclasses.fields(Limits))
 
 
 def check_prompt_input(prompt: PromptInput) -> None:
@@ -57,7 +71,7 @@ def check_prompt_input(prompt: PromptInput) -> None:
                 raise InvalidRequest(f"chat.messages[{i}].role", "role is empty")
 
 
-def check_prompt_tokens(token_ids: list[int] | tuple[int, ...], limits: Limits) -> None:
+def check_prompt_tokens(token_ids: Sequence[int], limits: Limits) -> None:
     """Length and vocabulary range of the tokenized prompt."""
     if not token_ids:
         raise InvalidRequest("input", "prompt is empty after tokenization")
@@ -72,67 +86,67 @@ def check_prompt_tokens(token_ids: list[int] | tuple[int, ...], limits: Limits) 
         raise InvalidRequest("token_ids", f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})")
 
 
-def sampling_params(request: GenerationRequest, limits: Limits) -> SamplingParams:
-    """Effective sampling parameters with defaults, range-checked."""
-    s = request.sampling
-    # Greedy unless asked (as TGI): reproducible answers from a bare request.
-    temperature = _finite("sampling.temperature", 0.0 if s.temperature is None else s.temperature)
-    if temperature < 0:
-        raise InvalidRequest("sampling.temperature", f"must be >= 0, got {temperature}")
-    top_p = _finite("sampling.top_p", 1.0 if s.top_p is None else s.top_p)
-    if not 0 < top_p <= 1:
-        raise InvalidRequest("sampling.top_p", f"must be in (0, 1], got {top_p}")
-    top_k = 0 if s.top_k is None or s.top_k == -1 else s.top_k
-    if top_k < 0:
-        raise InvalidRequest("sampling.top_k", f"must be -1, 0 (disabled) or positive, got {s.top_k}")
-    min_p = _finite("sampling.min_p", 0.0 if s.min_p is None else s.min_p)
-    if not 0 <= min_p <= 1:
-        raise InvalidRequest("sampling.min_p", f"must be in [0, 1], got {min_p}")
-    rep = _finite("sampling.repetition_penalty", 1.0 if s.repetition_penalty is None else s.repetition_penalty)
-    if rep <= 0:
-        raise InvalidRequest("sampling.repetition_penalty", f"must be > 0, got {rep}")
-    presence = _finite("sampling.presence_penalty", s.presence_penalty or 0.0)
-    frequency = _finite("sampling.frequency_penalty", s.frequency_penalty or 0.0)
-    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
-        if not -2 <= value <= 2:
-            raise InvalidRequest(f"sampling.{name}", f"must be in [-2, 2], got {value}")
-    seed = random.getrandbits(63) if s.seed is None else s.seed
-    if not 0 <= seed <= MAX_SEED:
-        raise InvalidRequest("sampling.seed", f"must be in [0, 2^63), got {seed}")
-    if s.logprobs is not None and not 0 <= s.logprobs <= limits.max_logprobs:
-        raise InvalidRequest("sampling.logprobs", f"must be in [0, {limits.max_logprobs}], got {s.logprobs}")
-    return SamplingParams(temperature, top_p, top_k, min_p, rep, presence, frequency, seed, s.logprobs)
+def sampling_params(given: GivenParams, limits: Limits) -> SamplingParams:
+    """Effective sampling parameters: the table's defaults for what is unset, every value range-checked."""
+    return SamplingParams(**_from_table("sampling", given, limits))
 
 
-def stopping_criteria(request: GenerationRequest, num_prompt_tokens: int, limits: Limits) -> StoppingCriteria:
+def stopping_criteria(given: GivenParams, num_prompt_tokens: int, limits: Limits) -> StoppingCriteria:
     """Effective stopping criteria; the request must fit the model's context."""
-    st = request.stopping
-    max_tokens = limits.default_max_tokens if st.max_tokens is None else st.max_tokens
-    if max_tokens <= 0:
-        raise InvalidRequest("stopping.max_tokens", f"must be positive, got {max_tokens}")
-    if max_tokens > limits.max_new_tokens:
-        raise InvalidRequest("stopping.max_tokens", f"{max_tokens} is above the limit of {limits.max_new_tokens}")
-    if st.max_tokens is None:
-        max_tokens = min(max_tokens, limits.max_model_len - num_prompt_tokens)
-    elif num_prompt_tokens + max_tokens > limits.max_model_len:
+    values = _from_table("stopping", given, limits)
+    values["max_tokens"] = _max_tokens(values["max_tokens"], num_prompt_tokens, limits)
+    _check_stop_strings(values["stop"], limits)
+    _check_stop_token_ids(values["stop_token_ids"], limits)
+    return StoppingCriteria(**values)
+
+
+def _from_table(group: Group, given: GivenParams, limits: Limits) -> dict[str, Any]:
+    """Every field of one group: the given value (alias mapped, range checked) or the unset one."""
+    table = rows(group)
+    unknown = set(given).difference(row.name for row in table)
+    if unknown:
+        raise InvalidRequest(f"{group}.{min(unknown)}", "no such parameter")
+    values: dict[str, Any] = {}
+    for row in table:
+        if row.name not in given:
+            values[row.name] = random.getrandbits(63) if row.unset == RANDOM_SEED else row.unset
+            continue
+        value = row.spec.resolve_alias(given[row.name])
+        problem = row.spec.check(row.name, value, limits.value)
+        if problem is not None:
+            raise InvalidRequest(f"{group}.{row.name}", problem)
+        values[row.name] = tuple(value) if row.spec.repeated else value
+    return values
+
+
+def _max_tokens(max_tokens: int | None, num_prompt_tokens: int, limits: Limits) -> int:
+    """Unset: the server's default, cut to the context left; given: it must fit the context."""
+    room = limits.max_model_len - num_prompt_tokens
+    if max_tokens is None:
+        return min(limits.default_max_tokens, limits.max_new_tokens, room)
+    if max_tokens > room:
         raise InvalidRequest(
             "stopping.max_tokens",
             f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
             f"exceeds the model's context of {limits.max_model_len} tokens",
         )
-    if len(st.stop) > limits.max_stop_strings:
+    return max_tokens
+
+
+def _check_stop_strings(stop: tuple[str, ...], limits: Limits) -> None:
+    if len(stop) > limits.max_stop_strings:
         raise InvalidRequest("stopping.stop", f"at most {limits.max_stop_strings} stop strings")
-    for i, text in enumerate(st.stop):
+    for i, text in enumerate(stop):
         if not text or len(text) > limits.max_stop_string_len:
             raise InvalidRequest(f"stopping.stop[{i}]", f"must have 1 to {limits.max_stop_string_len} characters")
-    if len(st.stop_token_ids) > limits.max_stop_strings:
+
+
+def _check_stop_token_ids(stop_token_ids: tuple[int, ...], limits: Limits) -> None:
+    if len(stop_token_ids) > limits.max_stop_strings:
         raise InvalidRequest("stopping.stop_token_ids", f"at most {limits.max_stop_strings} stop token ids")
-    for t in st.stop_token_ids:
+    for t in stop_token_ids:
         if not 0 <= t < limits.vocab_size:
             raise InvalidRequest("stopping.stop_token_ids", f"token id {t} is outside the vocabulary")
-    return StoppingCriteria(
-        max_tokens, tuple(st.stop), tuple(st.stop_token_ids), st.ignore_eos, st.include_stop_str_in_output
-    )
 
 
 def check_request_fields(request: GenerationRequest) -> None:

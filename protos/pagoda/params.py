@@ -18,11 +18,26 @@ the rest follows from the table. Pure Python: no torch, numpy or protobuf.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 Group = Literal["sampling", "stopping"]
+# The Python type of one value of a parameter, from its proto scalar type.
+Kind = Literal["float", "int", "bool", "str"]
+_KIND_OF_PROTO_SCALAR: dict[str, Kind] = {
+    "float": "float",
+    "double": "float",
+    "int32": "int",
+    "int64": "int",
+    "uint32": "int",
+    "uint64": "int",
+    "sint32": "int",
+    "sint64": "int",
+    "bool": "bool",
+    "string": "str",
+}
 
 # The seed default: the scheduler draws one, so every request is reproducible.
 RANDOM_SEED = "random"
@@ -71,6 +86,21 @@ class Param:
     cli: bool = True
     aliases: tuple[tuple[Any, Any], ...] = ()
 
+    @property
+    def has_presence(self) -> bool:
+        """Whether the proto tells "unset" from a value (``optional``); else unset is the zero value."""
+        return self.proto_type.startswith("optional ")
+
+    @property
+    def repeated(self) -> bool:
+        """Whether the field is a list (a tuple in the dataclasses)."""
+        return self.proto_type.startswith("repeated ")
+
+    @property
+    def value_kind(self) -> Kind:
+        """The Python type of one value: ``float``, ``int``, ``bool`` or ``str``."""
+        return _KIND_OF_PROTO_SCALAR[self.proto_type.rsplit(" ", 1)[-1]]
+
     def check(self, name: str, value: Any, limits: Callable[[str], float]) -> str | None:
         """Why ``value`` is out of range, or None when it is fine.
 
@@ -93,8 +123,23 @@ class Param:
                 else (value <= edge if bound.inclusive else value < edge)
             )
             if not ok:
-                return f"must be in {self.describe_range(limits)}, got {value}"
+                # A named limit is the operator's choice, not the parameter's meaning: say so.
+                beyond = f" ({'below' if is_low else 'above'} the limit of {_fmt(edge)})" if bound.limit else ""
+                return f"must be {self.requirement(limits)}, got {value}{beyond}"
         return None
+
+    def requirement(self, limits: Callable[[str], float]) -> str:
+        """What an accepted value is, e.g. ``in (0, 1]``, ``>= 0`` or ``>= 0 or -1`` (with aliases)."""
+        low, high = self.low, self.high
+        if low is not None and high is not None:
+            text = "in " + self.describe_range(limits)
+        elif low is not None:
+            text = (">= " if low.inclusive else "> ") + _fmt(limits(low.limit) if low.limit else low.value)
+        elif high is not None:
+            text = ("<= " if high.inclusive else "< ") + _fmt(limits(high.limit) if high.limit else high.value)
+        else:
+            text = "any value"
+        return text + "".join(f" or {given}" for given, _ in self.aliases)
 
     def describe_range(self, limits: Callable[[str], float]) -> str:
         """``[0, 1]``-style text of the accepted range."""
@@ -269,6 +314,8 @@ class StoppingCriteria:
     )
 
 
+# One of the two parameter dataclasses (both are built from their table rows).
+Params = SamplingParams | StoppingCriteria
 PARAM_CLASSES: dict[Group, type[SamplingParams] | type[StoppingCriteria]] = {
     "sampling": SamplingParams,
     "stopping": StoppingCriteria,
@@ -285,14 +332,35 @@ class ParamField:
     spec: Param
     default: Any
 
+    @property
+    def unset(self) -> Any:
+        """What the server applies when a client leaves the field unset.
+
+        ``spec.unset`` where the proto tracks presence; otherwise the proto
+        cannot tell unset from its zero value, which is the dataclass default.
+        """
+        return self.spec.unset if self.spec.has_presence else self.default
+
+
+def group_of(cls: type[Params]) -> Group:
+    """The group whose dataclass is ``cls``."""
+    return "sampling" if cls is SamplingParams else "stopping"
+
+
+@functools.cache
+def rows(group: Group) -> tuple[ParamField, ...]:
+    """The table rows of one group, in declaration order (computed once)."""
+    cls = PARAM_CLASSES[group]
+    return tuple(
+        ParamField(f.name, group, str(f.type), f.metadata["param"], f.default) for f in dataclasses.fields(cls)
+    )
+
 
 def fields(group: Group | None = None) -> Iterator[ParamField]:
     """Every table row (of one group, or all), in declaration order."""
-    for name, cls in PARAM_CLASSES.items():
-        if group is not None and name != group:
-            continue
-        for f in dataclasses.fields(cls):
-            yield ParamField(f.name, name, str(f.type), f.metadata["param"], f.default)
+    for name in PARAM_CLASSES:
+        if group is None or name == group:
+            yield from rows(name)
 
 
 def field(name: str) -> ParamField:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from aiohttp import web
 
@@ -49,7 +50,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         """The JSON error object."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 

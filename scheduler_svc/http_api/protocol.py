@@ -4,15 +4,23 @@ Types are checked here (a string where a number belongs, a list of several
 prompts, n > 1, features we do not serve); value ranges are checked once, by
 the engine's validation, whose errors the server maps back onto these names.
 Unknown fields are ignored, as clients send many optional ones.
+
+Plain parameters come from the table (`pagoda.params`): each row with an
+`http` name is read with the type of its proto field, and `http_unset` applies
+when the body leaves it out. What OpenAI shapes differently is mapped by hand
+below: logprobs / top_logprobs, max_completion_tokens, the completions default
+of max_tokens, stop as a string or a list, n, response_format, tools.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any, Literal
 
+from pagoda.params import Group, Kind, rows
 from scheduler_svc.http_api.errors import bad_request
-from scheduler_svc.request import ChatMessage, GenerationRequest, PromptInput, SamplingOptions, StoppingOptions
+from scheduler_svc.request import ChatMessage, GenerationRequest, PromptInput
 
 # OpenAI's documented default for /v1/completions (chat has none: up to the context).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -31,7 +39,7 @@ class ParsedRequest:
     user: str | None = None
 
 
-def read_json(raw: bytes) -> dict:
+def read_json(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object."""
     try:
         body = json.loads(raw)
@@ -42,35 +50,49 @@ def read_json(raw: bytes) -> dict:
     return body
 
 
+# A JSON value's expected type: a parameter's kind, or an object / an array.
+JsonKind = Kind | Literal["dict", "list"]
+
+
 class _Fields:
     """Typed access to a JSON object's fields; JSON null counts as absent."""
 
-    def __init__(self, body: dict) -> None:
+    def __init__(self, body: dict[str, Any]) -> None:
         self.body = body
 
-    def get(self, name: str, kind: str, default=None):
+    def get(self, name: str, kind: JsonKind, default: Any = None) -> Any:
+        """The field as ``kind`` ("int", "float", "bool", "str", "dict" or "list"), or ``default`` when absent."""
         value = self.body.get(name)
         if value is None:
             return default
-        ok = {
-            "int": isinstance(value, int) and not isinstance(value, bool),
-            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-            "bool": isinstance(value, bool),
-            "str": isinstance(value, str),
-            "dict": isinstance(value, dict),
-            "list": isinstance(value, list),
-        }[kind]
-        if not ok:
+        if not _is_kind(value, kind):
             raise bad_request(name, f"expected {_KIND_NAMES[kind]}, got {_json_type(value)}")
         return float(value) if kind == "float" else value
 
-    def int_list(self, name: str) -> tuple[int, ...]:
-        values = self.get(name, "list", [])
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise bad_request(name, "expected a list of integers")
-        return tuple(values)
+    def list_of(self, name: str, kind: Kind) -> tuple[Any, ...] | None:
+        """The field as a list of ``kind`` values, or None when absent."""
+        values = self.get(name, "list")
+        if values is None:
+            return None
+        if not all(_is_kind(v, kind) for v in values):
+            raise bad_request(name, f"expected a list of {_KIND_PLURALS[kind]}")
+        return tuple(float(v) for v in values) if kind == "float" else tuple(values)
 
 
+def _is_kind(value: Any, kind: JsonKind) -> bool:
+    if kind in ("int", "float") and isinstance(value, bool):
+        return False
+    return isinstance(value, _TYPES_OF_KIND[kind])
+
+
+_TYPES_OF_KIND: dict[str, type | tuple[type, ...]] = {
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+    "str": str,
+    "dict": dict,
+    "list": list,
+}
 _KIND_NAMES = {
     "int": "an integer",
     "float": "a number",
@@ -79,9 +101,10 @@ _KIND_NAMES = {
     "dict": "an object",
     "list": "an array",
 }
+_KIND_PLURALS = {"int": "integers", "float": "numbers", "bool": "booleans", "str": "strings"}
 
 
-def _json_type(value) -> str:
+def _json_type(value: Any) -> str:
     for kind, name in (
         (bool, "a boolean"),
         ((int, float), "a number"),
@@ -94,7 +117,26 @@ def _json_type(value) -> str:
     return type(value).__name__
 
 
-def parse_completion(body: dict, request_id: str) -> ParsedRequest:
+def table_params(f: _Fields, group: Group) -> dict[str, Any]:
+    """The parameters of one group that the body sets under their table ``http`` names.
+
+    A row without an ``http`` name is not read here; one the body leaves out
+    takes ``http_unset`` when the table gives one (OpenAI samples by default).
+    """
+    given: dict[str, Any] = {}
+    for row in rows(group):
+        spec = row.spec
+        if not spec.http:
+            continue
+        value = f.list_of(spec.http, spec.value_kind) if spec.repeated else f.get(spec.http, spec.value_kind)
+        if value is None:
+            value = spec.http_unset
+        if value is not None:
+            given[row.name] = value
+    return given
+
+
+def parse_completion(body: dict[str, Any], request_id: str) -> ParsedRequest:
     """A /v1/completions body."""
     f = _Fields(body)
     _refuse_unsupported(f)
@@ -104,9 +146,10 @@ def parse_completion(body: dict, request_id: str) -> ParsedRequest:
         raise bad_request("best_of", "only best_of=1 is supported")
     if f.get("suffix", "str"):
         raise bad_request("suffix", "suffix (insertion) is not supported")
-    logprobs = f.get("logprobs", "int")
-    sampling = _sampling(f, logprobs)
-    stopping = _stopping(f, f.get("max_tokens", "int", COMPLETIONS_DEFAULT_MAX_TOKENS))
+    sampling = table_params(f, "sampling")
+    _set_given(sampling, "logprobs", f.get("logprobs", "int"))
+    stopping = _stopping(f)
+    stopping.setdefault("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
     generation = GenerationRequest(
         request_id,
         _completion_prompt(body.get("prompt")),
@@ -118,7 +161,7 @@ def parse_completion(body: dict, request_id: str) -> ParsedRequest:
     return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, {}, f.get("user", "str"))
 
 
-def parse_chat(body: dict, request_id: str) -> ParsedRequest:
+def parse_chat(body: dict[str, Any], request_id: str) -> ParsedRequest:
     """A /v1/chat/completions body."""
     f = _Fields(body)
     _refuse_unsupported(f)
@@ -126,29 +169,31 @@ def parse_chat(body: dict, request_id: str) -> ParsedRequest:
         if f.get(name, "list"):
             raise bad_request(name, "tool and function calling are not supported")
     aliases = {}
-    logprobs = None
+    sampling = table_params(f, "sampling")
     if f.get("logprobs", "bool", False):
-        logprobs = f.get("top_logprobs", "int", 0)
+        sampling["logprobs"] = f.get("top_logprobs", "int", 0)
         aliases["logprobs"] = "top_logprobs"
     elif f.get("top_logprobs", "int") is not None:
         raise bad_request("top_logprobs", "top_logprobs needs logprobs set to true")
-    max_tokens = f.get("max_completion_tokens", "int")
-    if max_tokens is not None:
+    stopping = _stopping(f)
+    if _set_given(stopping, "max_tokens", f.get("max_completion_tokens", "int")):
         aliases["max_tokens"] = "max_completion_tokens"
-    else:
-        max_tokens = f.get("max_tokens", "int")
     prompt = PromptInput(
         messages=_messages(body.get("messages")), add_generation_prompt=f.get("add_generation_prompt", "bool", True)
     )
     generation = GenerationRequest(
-        request_id,
-        prompt,
-        _sampling(f, logprobs),
-        _stopping(f, max_tokens),
-        skip_special_tokens=f.get("skip_special_tokens", "bool", True),
+        request_id, prompt, sampling, stopping, skip_special_tokens=f.get("skip_special_tokens", "bool", True)
     )
     stream, include_usage = _stream_flags(f)
     return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, aliases, f.get("user", "str"))
+
+
+def _set_given(given: dict[str, Any], name: str, value: Any) -> bool:
+    """Sets ``given[name]`` when the body gave ``value`` (not None); says whether it did."""
+    if value is None:
+        return False
+    given[name] = value
+    return True
 
 
 def _refuse_unsupported(f: _Fields) -> None:
@@ -162,38 +207,17 @@ def _refuse_unsupported(f: _Fields) -> None:
         raise bad_request("response_format", "only the 'text' response format is supported")
 
 
-def _sampling(f: _Fields, logprobs: int | None) -> SamplingOptions:
-    return SamplingOptions(
-        # OpenAI's default temperature is 1.0 (sampling); 0 is greedy.
-        temperature=f.get("temperature", "float", 1.0),
-        top_p=f.get("top_p", "float"),
-        top_k=f.get("top_k", "int"),
-        min_p=f.get("min_p", "float"),
-        repetition_penalty=f.get("repetition_penalty", "float"),
-        presence_penalty=f.get("presence_penalty", "float"),
-        frequency_penalty=f.get("frequency_penalty", "float"),
-        seed=f.get("seed", "int"),
-        logprobs=logprobs,
-    )
-
-
-def _stopping(f: _Fields, max_tokens: int | None) -> StoppingOptions:
+def _stopping(f: _Fields) -> dict[str, Any]:
+    """The table's stopping parameters, plus stop as one string or a list of them."""
+    stopping = table_params(f, "stopping")
     stop = f.body.get("stop")
-    if stop is None:
-        stops: tuple[str, ...] = ()
-    elif isinstance(stop, str):
-        stops = (stop,)
+    if isinstance(stop, str):
+        stopping["stop"] = (stop,)
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stops = tuple(stop)
-    else:
+        stopping["stop"] = tuple(stop)
+    elif stop is not None:
         raise bad_request("stop", "expected a string or an array of strings")
-    return StoppingOptions(
-        max_tokens=max_tokens,
-        stop=stops,
-        stop_token_ids=f.int_list("stop_token_ids"),
-        ignore_eos=f.get("ignore_eos", "bool", False),
-        include_stop_str_in_output=f.get("include_stop_str_in_output", "bool", False),
-    )
+    return stopping
 
 
 def _stream_flags(f: _Fields) -> tuple[bool, bool]:
@@ -205,7 +229,7 @@ def _stream_flags(f: _Fields) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def _completion_prompt(prompt) -> PromptInput:
+def _completion_prompt(prompt: Any) -> PromptInput:
     """A string, a token-id list, or a one-element list of either."""
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         if len(prompt) != 1:
@@ -220,13 +244,13 @@ def _completion_prompt(prompt) -> PromptInput:
     raise bad_request("prompt", "expected a string or an array of token ids")
 
 
-def _messages(messages) -> tuple[ChatMessage, ...]:
+def _messages(messages: Any) -> tuple[ChatMessage, ...]:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages", "expected a non-empty array of {role, content} objects")
     return tuple(_message(i, m) for i, m in enumerate(messages))
 
 
-def _message(index: int, message) -> ChatMessage:
+def _message(index: int, message: Any) -> ChatMessage:
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise bad_request(param, "expected an object with role and content")
@@ -242,7 +266,7 @@ def _message(index: int, message) -> ChatMessage:
     return ChatMessage(role=role, content=content)
 
 
-def _text_parts(param: str, parts: list) -> str:
+def _text_parts(param: str, parts: list[Any]) -> str:
     texts = []
     for part in parts:
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):

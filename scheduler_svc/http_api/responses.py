@@ -8,11 +8,15 @@ for logprobs come from the tokenizer, one token decoded alone.
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from pagoda.step import FinishReason, LogprobEntry
 from scheduler_svc.http_api.errors import server_error, unavailable
 from scheduler_svc.request import RequestOutput, Usage
 from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.types import FinishReason, LogprobEntry
+
+# A JSON object of a response body.
+Json = dict[str, Any]
 
 
 def check_output(out: RequestOutput) -> None:
@@ -23,7 +27,7 @@ def check_output(out: RequestOutput) -> None:
         raise unavailable(f"request {out.request_id} was aborted: {out.error or 'server shutting down'}")
 
 
-def usage_body(usage: Usage) -> dict:
+def usage_body(usage: Usage) -> Json:
     """OpenAI's usage object (cached prompt tokens in prompt_tokens_details)."""
     return {
         "prompt_tokens": usage.prompt_tokens,
@@ -33,7 +37,7 @@ def usage_body(usage: Usage) -> dict:
     }
 
 
-class _Formatter:
+class Formatter:
     """What both endpoints share: id, model, timestamps, token strings."""
 
     object_name = ""
@@ -50,7 +54,7 @@ class _Formatter:
     def token_str(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def _envelope(self, object_name: str, choices: list[dict]) -> dict:
+    def _envelope(self, object_name: str, choices: list[Json]) -> Json:
         return {
             "id": self.response_id,
             "object": object_name,
@@ -60,33 +64,43 @@ class _Formatter:
             "choices": choices,
         }
 
-    def usage_chunk(self) -> dict:
+    def usage_chunk(self) -> Json:
         """The last chunk when stream_options.include_usage: no choices, only usage."""
         assert self._usage is not None, "usage_chunk before the final output"
         return {**self._envelope(self.chunk_object_name, []), "usage": usage_body(self._usage)}
+
+    def response(self, outputs: list[RequestOutput]) -> Json:
+        """The whole non-streamed body of a request's outputs: one choice, and the usage."""
+        for out in outputs:
+            self._note(out)
+        last = outputs[-1]
+        choice = {"index": 0, **self._answer(outputs), "finish_reason": _finish(last), "stop_reason": last.stop_reason}
+        assert self._usage is not None, "a response before the final output"
+        return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
 
     def _note(self, out: RequestOutput) -> None:
         check_output(out)
         if out.usage is not None:
             self._usage = out.usage
 
-    def chunks(self, out: RequestOutput) -> list[dict]:
+    def chunks(self, out: RequestOutput) -> list[Json]:
         raise NotImplementedError
 
-    def response(self, outputs: list[RequestOutput]) -> dict:
+    def _answer(self, outputs: list[RequestOutput]) -> Json:
+        """The choice's text (or message) and logprobs, over all outputs."""
         raise NotImplementedError
 
 
-class CompletionFormatter(_Formatter):
+class CompletionFormatter(Formatter):
     """/v1/completions: `text_completion` objects; logprobs in the legacy layout."""
 
     object_name = chunk_object_name = "text_completion"
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None) -> None:
+        super().__init__(response_id, model, tokenizer, logprobs)
         self._text_offset = 0
 
-    def chunks(self, out: RequestOutput) -> list[dict]:
+    def chunks(self, out: RequestOutput) -> list[Json]:
         self._note(out)
         if not (out.text or out.finished or (self._logprobs is not None and out.token_ids)):
             return []
@@ -99,26 +113,16 @@ class CompletionFormatter(_Formatter):
         }
         return [self._envelope(self.chunk_object_name, [choice])]
 
-    def response(self, outputs: list[RequestOutput]) -> dict:
-        for out in outputs:
-            self._note(out)
-        last = outputs[-1]
+    def _answer(self, outputs: list[RequestOutput]) -> Json:
         logprobs = None
         if self._logprobs is not None:
             logprobs = _merge_legacy([self._logprobs_body(out) for out in outputs])
-        choice = {
-            "index": 0,
-            "text": "".join(o.text for o in outputs),
-            "logprobs": logprobs,
-            "finish_reason": _finish(last),
-            "stop_reason": last.stop_reason,
-        }
-        return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
+        return {"text": "".join(o.text for o in outputs), "logprobs": logprobs}
 
-    def _logprobs_body(self, out: RequestOutput) -> dict | None:
+    def _logprobs_body(self, out: RequestOutput) -> Json | None:
         if self._logprobs is None:
             return None
-        body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        body: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, entry in zip(out.token_ids, out.logprobs):
             token = self.token_str(token_id)
             body["tokens"].append(token)
@@ -131,26 +135,26 @@ class CompletionFormatter(_Formatter):
         return body
 
 
-def _merge_legacy(bodies: list[dict | None]) -> dict:
-    merged = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+def _merge_legacy(bodies: list[Json | None]) -> Json:
+    merged: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for body in bodies:
         for key in merged:
             merged[key].extend(body[key] if body else [])
     return merged
 
 
-class ChatFormatter(_Formatter):
+class ChatFormatter(Formatter):
     """/v1/chat/completions: an assistant message, or deltas (role first, finish_reason last)."""
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def role_chunk(self) -> dict:
+    def role_chunk(self) -> Json:
         """The first chunk of a stream: the role, no content yet."""
         choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         return self._envelope(self.chunk_object_name, [choice])
 
-    def chunks(self, out: RequestOutput) -> list[dict]:
+    def chunks(self, out: RequestOutput) -> list[Json]:
         self._note(out)
         content = self._logprobs_content(out)
         if not (out.text or out.finished or content):
@@ -164,35 +168,25 @@ class ChatFormatter(_Formatter):
         }
         return [self._envelope(self.chunk_object_name, [choice])]
 
-    def response(self, outputs: list[RequestOutput]) -> dict:
-        for out in outputs:
-            self._note(out)
-        last = outputs[-1]
+    def _answer(self, outputs: list[RequestOutput]) -> Json:
         logprobs = None
         if self._logprobs is not None:
-            logprobs = {"content": [e for o in outputs for e in self._logprobs_content(o)], "refusal": None}
+            logprobs = {"content": [e for o in outputs for e in self._logprobs_content(o) or ()], "refusal": None}
         message = {"role": "assistant", "content": "".join(o.text for o in outputs), "refusal": None}
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": _finish(last),
-            "stop_reason": last.stop_reason,
-        }
-        return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
+        return {"message": message, "logprobs": logprobs}
 
-    def _logprobs_content(self, out: RequestOutput) -> list[dict] | None:
+    def _logprobs_content(self, out: RequestOutput) -> list[Json] | None:
         if self._logprobs is None:
             return None
         return [self._token_logprob(token_id, entry) for token_id, entry in zip(out.token_ids, out.logprobs)]
 
-    def _token_logprob(self, token_id: int, entry: LogprobEntry) -> dict:
+    def _token_logprob(self, token_id: int, entry: LogprobEntry) -> Json:
         return {
             **self._token(token_id, entry.sampled.logprob),
             "top_logprobs": [self._token(t.token_id, t.logprob) for t in entry.top],
         }
 
-    def _token(self, token_id: int, logprob: float) -> dict:
+    def _token(self, token_id: int, logprob: float) -> Json:
         token = self.token_str(token_id)
         return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 

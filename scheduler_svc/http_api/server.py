@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 from aiohttp import web
@@ -28,7 +30,15 @@ from scheduler_svc.http_api.errors import (
     unavailable,
 )
 from scheduler_svc.http_api.protocol import ParsedRequest, parse_chat, parse_completion, read_json
-from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter, check_output
+from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter, Formatter, Json, check_output
+from scheduler_svc.request import RequestOutput
+
+if TYPE_CHECKING:
+    from scheduler_svc.config import SchedulerServiceConfig
+    from scheduler_svc.engine import Engine
+    from scheduler_svc.metrics import SchedulerMetrics
+
+Outputs = AsyncGenerator[RequestOutput, None]
 
 log = structlog.get_logger("scheduler")
 
@@ -37,7 +47,7 @@ MAX_REQUEST_ID_CHARS = 256
 OPEN_PATHS = ("/health", "/metrics")
 
 
-def sse(data: dict | str) -> bytes:
+def sse(data: Json | str) -> bytes:
     """One server-sent event."""
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {text}\n\n".encode()
@@ -46,7 +56,7 @@ def sse(data: dict | str) -> bytes:
 class HttpApi:
     """The HTTP edge over the Engine; `start()` binds config.host:config.http_port."""
 
-    def __init__(self, engine, config, metrics) -> None:
+    def __init__(self, engine: Engine, config: SchedulerServiceConfig, metrics: SchedulerMetrics) -> None:
         self.engine = engine
         self.config = config
         self.metrics = metrics
@@ -83,7 +93,9 @@ class HttpApi:
     # ----- middleware ------------------------------------------------------
 
     @web.middleware
-    async def _middleware(self, request: web.Request, handler) -> web.StreamResponse:
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         try:
             if (
                 self._keys
@@ -121,6 +133,7 @@ class HttpApi:
     async def models(self, request: web.Request) -> web.Response:
         """The served model, in OpenAI's list shape."""
         model = self._served_model()
+        assert self.engine.limits is not None  # known with the model
         card = {
             "id": model,
             "object": "model",
@@ -139,7 +152,7 @@ class HttpApi:
     # ----- generation ------------------------------------------------------
 
     def _served_model(self) -> str:
-        if self.engine.model is None or self.engine.limits is None:
+        if self.engine.model is None or self.engine.limits is None or self.engine.tokenizer is None:
             raise unavailable("no executor has connected yet")
         return self.engine.model.model_name
 
@@ -154,17 +167,20 @@ class HttpApi:
         try:
             log.info("http_request", path=request.path, stream=parsed.stream, user=parsed.user)
             formatter_cls = ChatFormatter if chat else CompletionFormatter
+            assert self.engine.tokenizer is not None  # known with the model
             formatter = formatter_cls(
                 f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
                 served,
                 self.engine.tokenizer,
-                parsed.generation.sampling.logprobs,
+                parsed.generation.sampling.get("logprobs"),
             )
             return await self._run(request, parsed, formatter, chat)
         finally:
             structlog.contextvars.unbind_contextvars("request_id")
 
-    async def _run(self, request: web.Request, parsed: ParsedRequest, formatter, chat: bool) -> web.StreamResponse:
+    async def _run(
+        self, request: web.Request, parsed: ParsedRequest, formatter: Formatter, chat: bool
+    ) -> web.StreamResponse:
         outputs = self.engine.generate(parsed.generation)
         try:
             first = await anext(outputs)
@@ -181,7 +197,9 @@ class HttpApi:
         finally:
             await outputs.aclose()
 
-    async def _stream(self, request: web.Request, parsed: ParsedRequest, formatter, first, outputs):
+    async def _stream(
+        self, request: web.Request, parsed: ParsedRequest, formatter: Formatter, first: RequestOutput, outputs: Outputs
+    ) -> web.StreamResponse:
         check_output(first)  # a request that failed before any token gets a plain error reply
         response = web.StreamResponse(
             headers={
@@ -199,7 +217,14 @@ class HttpApi:
         await response.write_eof()
         return response
 
-    async def _write_events(self, response, parsed: ParsedRequest, formatter, first, outputs) -> None:
+    async def _write_events(
+        self,
+        response: web.StreamResponse,
+        parsed: ParsedRequest,
+        formatter: Formatter,
+        first: RequestOutput,
+        outputs: Outputs,
+    ) -> None:
         try:
             if isinstance(formatter, ChatFormatter):
                 await response.write(sse(formatter.role_chunk()))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor_svc import types as t
+from pagoda.params import SamplingParams
 
 TINY = dict(
     hidden_size=64,
@@ -110,7 +110,7 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-GREEDY = t.SamplingParams(temperature=0.0)
+GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from executor_svc import types as t
 from executor_svc.attention import get_backend
 from executor_svc.step_batch import SequenceState, build_step_batch
+from pagoda.params import SamplingParams
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 16
 
@@ -42,7 +42,7 @@ def _run_case(backend_name, device, block_size, seqs, window, dtype=torch.float3
     for i, (cached, n) in enumerate(seqs):
         nb = -(-(cached + n) // block_size)
         table, perm = perm[:nb], perm[nb:]
-        states.append((SequenceState(i, "", [0] * (cached + n), 0, t.SamplingParams(), table, cached), n))
+        states.append((SequenceState(i, "", [0] * (cached + n), 0, SamplingParams(), table, cached), n))
         k = torch.randn(cached + n, NUM_KV_HEADS, HEAD_DIM, generator=gen)
         v = torch.randn(cached + n, NUM_KV_HEADS, HEAD_DIM, generator=gen)
         for pos in range(cached):  # the cached prefix already lives in its blocks

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc import types as t
 from executor_svc.model_runner import ModelRunner
+from pagoda import step as t
 from tests.executor.conftest import ARCHS, GREEDY, BlockAllocator, blocks_needed, install_recorder, load_hf
 
 BLOCK_SIZE = 4
@@ -49,7 +49,7 @@ def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, reques
     blocks_a = alloc.take(blocks_needed(21, BLOCK_SIZE))
     # Step 1: A's first chunk (12 tokens), B and C whole prompts (they sample).
     out1 = runner.execute(
-        t.StepInput(
+        t.StepPlan(
             1,
             new_seqs=(
                 _new(1, prompt_a, blocks_a, 0, 12),
@@ -62,7 +62,7 @@ def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, reques
     # Step 2: A's second chunk reaches the prompt end; B, C decode; D reuses A's 4 full blocks.
     blocks_d = blocks_a[:4] + alloc.take(blocks_needed(22, BLOCK_SIZE) - 4)
     out2 = runner.execute(
-        t.StepInput(
+        t.StepPlan(
             2,
             new_seqs=(_new(4, prompt_d, blocks_d, 16, 5),),
             scheduled_seqs=(
@@ -102,7 +102,7 @@ def _generate(runner, prompts, num_new, chunk):
             else:
                 scheduled.append(t.ScheduledSequence(i, n, more))
             computed[i] += n
-        out = runner.execute(t.StepInput(step_id, new_seqs=tuple(new), scheduled_seqs=tuple(scheduled)))
+        out = runner.execute(t.StepPlan(step_id, new_seqs=tuple(new), scheduled_seqs=tuple(scheduled)))
         assert not out.errors
         for o in out.outputs:
             tokens[o.seq_id].extend(o.token_ids)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from executor_svc import types as t
 from executor_svc.model_config import ModelConfig
 from executor_svc.model_runner import ModelRunner
+from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder, load_hf, make_tiny_checkpoint
 
 BASE = dict(
@@ -96,12 +96,12 @@ def test_wrong_shape_is_named(tmp_path):
 def _greedy(runner, prompt, num_new):
     install_recorder(runner)
     runner.execute(
-        t.StepInput(
+        t.StepPlan(
             1, new_seqs=(t.NewSequence(1, "r", tuple(prompt), len(prompt), GREEDY, tuple(range(8)), 0, len(prompt)),)
         )
     )
     for step in range(num_new - 1):
-        runner.execute(t.StepInput(step + 2, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
+        runner.execute(t.StepPlan(step + 2, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
     return runner._seqs[1].token_ids[len(prompt) :]
 
 
@@ -133,8 +133,8 @@ def test_reduced_precision_logits_close_to_fp32(checkpoints, dtype, kv_dtype):
     assert runner.info.kv_cache_dtype == (dtype if kv_dtype == "auto" else kv_dtype)
     recorder = install_recorder(runner)
     prompt = [4, 8, 15, 16, 23, 42, 7]
-    runner.execute(t.StepInput(1, new_seqs=(t.NewSequence(1, "r", tuple(prompt), 7, GREEDY, (3, 1), 0, 7),)))
-    runner.execute(t.StepInput(2, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
+    runner.execute(t.StepPlan(1, new_seqs=(t.NewSequence(1, "r", tuple(prompt), 7, GREEDY, (3, 1), 0, 7),)))
+    runner.execute(t.StepPlan(2, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
     for token_ids, logits in recorder.records:
         with torch.no_grad():
             expected = hf(torch.tensor([token_ids])).logits[0, -1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc import types as t
 from executor_svc.model_runner import ModelRunner
+from pagoda import step as t
 from tests.executor.conftest import GREEDY, BlockAllocator, blocks_needed
 
 pytestmark = pytest.mark.slow
@@ -47,9 +47,9 @@ def test_smollm2_greedy_batch_matches_generate(smollm2_folder):
     outputs = {i: [] for i in range(len(prompts))}
     for step in range(32):
         plan = (
-            t.StepInput(step, new_seqs=new)
+            t.StepPlan(step, new_seqs=new)
             if step == 0
-            else t.StepInput(step, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in outputs))
+            else t.StepPlan(step, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in outputs))
         )
         out = runner.execute(plan)
         assert not out.errors
@@ -82,9 +82,9 @@ def test_smollm2_bf16_logits_track_fp32_transformers(smollm2_folder):
     )
     for step in range(6):
         plan = (
-            t.StepInput(step, new_seqs=new)
+            t.StepPlan(step, new_seqs=new)
             if step == 0
-            else t.StepInput(step, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(len(prompts))))
+            else t.StepPlan(step, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(len(prompts))))
         )
         assert not runner.execute(plan).errors
     assert len(recorder.records) == 6 * len(prompts)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc import types as t
 from executor_svc.kv_cache import KVCacheSpec
 from executor_svc.model_runner import ModelRunner
+from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder, load_hf
 
 BLOCK_SIZE = 4
@@ -47,7 +47,7 @@ def test_kv_written_exactly_at_slot_mapping(runner, checkpoints):
     """Layer 0 K/V of each token sit at block_table[pos // bs] * bs + pos % bs; other slots stay zero."""
     tokens = [5, 9, 17, 33, 40, 41, 77, 90, 3, 12]
     blocks = [31, 7, 19]
-    out = runner.execute(t.StepInput(1, new_seqs=(_new(1, tokens, blocks, len(tokens)),)))
+    out = runner.execute(t.StepPlan(1, new_seqs=(_new(1, tokens, blocks, len(tokens)),)))
     assert not out.errors and out.outputs[0].seq_id == 1
     hf = load_hf(checkpoints["llama"])
     with torch.no_grad():
@@ -66,21 +66,21 @@ def test_kv_written_exactly_at_slot_mapping(runner, checkpoints):
 
 
 def test_sampled_token_is_appended_and_decoded_next(runner):
-    runner.execute(t.StepInput(1, new_seqs=(_new(1, [5, 6, 7], [0], 3),)))
-    out = runner.execute(t.StepInput(2, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
+    runner.execute(t.StepPlan(1, new_seqs=(_new(1, [5, 6, 7], [0], 3),)))
+    out = runner.execute(t.StepPlan(2, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
     assert not out.errors and len(out.outputs) == 1
     state = runner._seqs[1]
     assert state.num_computed_tokens == 4 and len(state.token_ids) == 5
     # A fifth token needs a second block: without it the plan is refused.
-    bad = runner.execute(t.StepInput(3, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
+    bad = runner.execute(t.StepPlan(3, scheduled_seqs=(t.ScheduledSequence(1, 1),)))
     assert bad.errors[0].seq_id == 1 and "cannot hold 5 tokens" in bad.errors[0].message
     assert not runner.has_sequence(1)
 
 
 def test_plan_errors_hit_only_their_sequence(runner):
-    runner.execute(t.StepInput(1, new_seqs=(_new(1, [5, 6], [0], 2), _new(2, [8, 9], [1], 2))))
+    runner.execute(t.StepPlan(1, new_seqs=(_new(1, [5, 6], [0], 2), _new(2, [8, 9], [1], 2))))
     out = runner.execute(
-        t.StepInput(
+        t.StepPlan(
             2,
             new_seqs=(
                 _new(3, [1, 2, 3], [NUM_BLOCKS], 3),  # block id out of range
@@ -103,19 +103,19 @@ def test_plan_errors_hit_only_their_sequence(runner):
 
 
 def test_max_model_len_and_duplicates_are_refused(runner):
-    out = runner.execute(t.StepInput(1, new_seqs=(_new(1, list(range(70)), range(18), 65),)))
+    out = runner.execute(t.StepPlan(1, new_seqs=(_new(1, list(range(70)), range(18), 65),)))
     assert "max_model_len 64" in out.errors[0].message
     out = runner.execute(
-        t.StepInput(2, new_seqs=(_new(2, [1, 2], [0], 2),), scheduled_seqs=(t.ScheduledSequence(2, 1),))
+        t.StepPlan(2, new_seqs=(_new(2, [1, 2], [0], 2),), scheduled_seqs=(t.ScheduledSequence(2, 1),))
     )
     assert [e.seq_id for e in out.errors] == [2] and "twice" in out.errors[0].message
 
 
 def test_drop_and_replace(runner):
-    runner.execute(t.StepInput(1, new_seqs=(_new(1, [5, 6], [0], 2), _new(2, [7], [1], 1))))
+    runner.execute(t.StepPlan(1, new_seqs=(_new(1, [5, 6], [0], 2), _new(2, [7], [1], 1))))
     assert runner.num_sequences() == 2
     out = runner.execute(
-        t.StepInput(2, dropped_seq_ids=(2, 77), new_seqs=(_new(1, [5, 6, 9, 9], [3, 4], 1, num_computed=3),))
+        t.StepPlan(2, dropped_seq_ids=(2, 77), new_seqs=(_new(1, [5, 6, 9, 9], [3, 4], 1, num_computed=3),))
     )
     assert not out.errors and runner.num_sequences() == 1
     assert runner._seqs[1].block_table == [3, 4] and runner._seqs[1].num_computed_tokens == 4
@@ -124,7 +124,7 @@ def test_drop_and_replace(runner):
 
 
 def test_warmup_leaves_no_state(runner):
-    runner.execute(t.StepInput(1, new_seqs=(_new(1, [5, 6, 7], [0], 3),)))
+    runner.execute(t.StepPlan(1, new_seqs=(_new(1, [5, 6, 7], [0], 3),)))
     before = runner.kv_cache.storage.clone()
     runner.warmup()
     assert torch.equal(runner.kv_cache.storage, before)
@@ -132,5 +132,5 @@ def test_warmup_leaves_no_state(runner):
 
 
 def test_timings_filled(runner):
-    out = runner.execute(t.StepInput(1, new_seqs=(_new(1, [5, 6, 7], [0], 3),)))
-    assert out.prepare_ns > 0 and out.forward_ns > 0 and out.sample_ns > 0
+    out = runner.execute(t.StepPlan(1, new_seqs=(_new(1, [5, 6, 7], [0], 3),)))
+    assert out.timings.prepare_ns > 0 and out.timings.forward_ns > 0 and out.timings.sample_ns > 0

@@ -17,7 +17,7 @@ from executor_svc.sampler import (
     sample,
     validate_sampling_params,
 )
-from executor_svc.types import SamplingParams
+from pagoda.params import SamplingParams
 
 MASK64 = (1 << 64) - 1
 

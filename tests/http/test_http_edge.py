@@ -9,6 +9,8 @@ import json
 import aiohttp
 import pytest
 
+from pagoda import params
+from pagoda.step import FinishReason
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
@@ -18,7 +20,6 @@ from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter
 from scheduler_svc.http_api.server import HttpApi
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.request import ChatMessage, RequestOutput, Usage
-from scheduler_svc.types import FinishReason
 
 
 def _api_error(call, *args) -> ApiError:
@@ -29,8 +30,8 @@ def _api_error(call, *args) -> ApiError:
 
 def test_completion_defaults_follow_openai():
     parsed = parse_completion({"model": "m", "prompt": "hi"}, "r1")
-    assert parsed.generation.sampling.temperature == 1.0
-    assert parsed.generation.stopping.max_tokens == 16
+    assert parsed.generation.sampling["temperature"] == 1.0
+    assert parsed.generation.stopping["max_tokens"] == 16
     assert parsed.generation.prompt.text == "hi"
     assert (parsed.stream, parsed.include_usage, parsed.model) == (False, False, "m")
 
@@ -56,9 +57,15 @@ def test_completion_parameters_map_onto_the_engine_request():
     g = parse_completion(body, "r").generation
     assert g.prompt.token_ids == (5, 6, 7)
     s = g.sampling
-    assert (s.temperature, s.top_p, s.seed, s.presence_penalty, s.frequency_penalty) == (0.0, 0.5, 3, 0.1, -0.2)
-    assert (s.logprobs, s.top_k, s.min_p, s.repetition_penalty) == (2, 4, 0.05, 1.1)
-    assert (g.stopping.max_tokens, g.stopping.stop, g.stopping.ignore_eos) == (9, ("x",), True)
+    assert (s["temperature"], s["top_p"], s["seed"], s["presence_penalty"], s["frequency_penalty"]) == (
+        0.0,
+        0.5,
+        3,
+        0.1,
+        -0.2,
+    )
+    assert (s["logprobs"], s["top_k"], s["min_p"], s["repetition_penalty"]) == (2, 4, 0.05, 1.1)
+    assert (g.stopping["max_tokens"], g.stopping["stop"], g.stopping["ignore_eos"]) == (9, ("x",), True)
 
 
 def test_chat_parameters_and_messages():
@@ -81,10 +88,25 @@ def test_chat_parameters_and_messages():
         ChatMessage("user", "a\nb"),
         ChatMessage("assistant", ""),
     )
-    assert (g.stopping.max_tokens, g.stopping.stop, g.sampling.logprobs) == (7, ("u", "v"), 3)
+    assert (g.stopping["max_tokens"], g.stopping["stop"], g.sampling["logprobs"]) == (7, ("u", "v"), 3)
     assert parsed.param_aliases == {"logprobs": "top_logprobs", "max_tokens": "max_completion_tokens"}
-    assert parse_chat({"messages": body["messages"], "logprobs": True}, "r").generation.sampling.logprobs == 0
-    assert parse_chat({"messages": body["messages"]}, "r").generation.sampling.logprobs is None
+    assert parse_chat({"messages": body["messages"], "logprobs": True}, "r").generation.sampling["logprobs"] == 0
+    assert parse_chat({"messages": body["messages"]}, "r").generation.sampling.get("logprobs") is None
+
+
+@pytest.mark.parametrize("row", [r for r in params.fields() if r.spec.http], ids=lambda r: r.name)
+def test_every_plain_table_row_is_read_under_its_http_name(row):
+    """Rows with an `http` name need no code here: a value of their type lands in the engine request."""
+    spec = row.spec
+    value = {"float": 0.5, "int": 3, "bool": True, "str": "x"}[spec.value_kind]
+    body = {"prompt": "a", spec.http: [value, value] if spec.repeated else value}
+    given = getattr(parse_completion(body, "r").generation, row.group)
+    assert given[row.name] == ((value, value) if spec.repeated else value)
+    wrong = {"prompt": "a", spec.http: {"not": "a value"}}
+    err = _api_error(parse_completion, wrong, "r")
+    assert (err.status, err.param) == (400, spec.http)
+    if spec.http_unset is not None:
+        assert getattr(parse_completion({"prompt": "a"}, "r").generation, row.group)[row.name] == spec.http_unset
 
 
 @pytest.mark.parametrize(

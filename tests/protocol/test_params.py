@@ -46,7 +46,18 @@ def test_ranges(name, value, ok):
 def test_messages_name_the_range():
     assert check("top_p", 0.0) == "must be in (0, 1], got 0.0"
     assert check("seed", 2**63) == f"must be in [0, 2^63), got {2**63}"
-    assert check("logprobs", 99) == "must be in [0, 20], got 99"
+    # One-sided ranges read as a comparison; aliases are named as accepted values.
+    assert check("temperature", -1.0) == "must be >= 0, got -1.0"
+    assert check("repetition_penalty", 0.0) == "must be > 0, got 0.0"
+    assert check("top_k", -2) == "must be >= 0 or -1, got -2"
+    assert check("temperature", float("inf")) == "must be a finite number, got inf"
+
+
+def test_a_named_server_limit_is_called_a_limit():
+    """The operator sets it (--max-logprobs, --max-new-tokens): the client learns it is a limit, not a meaning."""
+    assert check("logprobs", 99) == "must be in [0, 20], got 99 (above the limit of 20)"
+    assert check("max_tokens", 4097) == "must be in [1, 4096], got 4097 (above the limit of 4096)"
+    assert check("max_tokens", 0) == "must be in [1, 4096], got 0"
 
 
 def test_rows_cover_both_dataclasses_with_unique_proto_numbers():

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.executor_pb_convert import plan_to_pb
+from pagoda.params import SamplingParams, StoppingCriteria
+from pagoda.step import SeqOutput, StepResult
+from pagoda.step_pb import plan_to_pb
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import Sequence
-from scheduler_svc.types import SamplingParams, SeqOutput, StepResult, StoppingCriteria
+from scheduler_svc.sequence import SchedulerSequence
 
 NUM_SEQS = 64
 
@@ -29,7 +30,7 @@ def _steady_decode_plan_sizes(context_len: int, num_steps: int = 40) -> list[int
     for i in range(NUM_SEQS):
         prompt = [(i * 7 + j) % 1000 + 3 for j in range(context_len)]
         sched.add(
-            Sequence(
+            SchedulerSequence(
                 i + 1,
                 f"r{i}",
                 prompt,

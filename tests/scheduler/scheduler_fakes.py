@@ -13,8 +13,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+from pagoda.step import FinishReason, SeqOutput, StepPlan, StepResult
 from scheduler_svc.scheduler import Scheduler, SeqUpdate
-from scheduler_svc.types import FinishReason, SeqOutput, StepPlan, StepResult
 
 VOCAB_SIZE = 50
 
@@ -180,7 +180,7 @@ def check_invariants(scheduler: Scheduler) -> None:
         assert len(seq.block_ids) == -(-seq.num_computed_tokens // bs), seq
         assert len(set(seq.block_ids)) == len(seq.block_ids)
         assert 0 <= seq.num_pending_tokens <= 2
-        assert seq.num_computed_tokens <= seq.num_total_tokens
+        assert seq.num_computed_tokens <= len(seq.token_ids) + seq.num_pending_tokens
         for index, block_id in enumerate(seq.block_ids):
             holders[block_id].append((seq.seq_id, index))
     for block in pool.blocks:

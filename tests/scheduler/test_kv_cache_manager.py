@@ -1,17 +1,19 @@
 """KVCacheManager: block tables, prefix hits (salt, collisions), LRU eviction, peeking."""
 
+from pagoda.params import SamplingParams, StoppingCriteria
 from scheduler_svc.kv_cache_manager import KVCacheManager
-from scheduler_svc.sequence import Sequence
-from scheduler_svc.types import SamplingParams, StoppingCriteria
+from scheduler_svc.sequence import SchedulerSequence
 
 BS = 4
 
 
-def make_seq(seq_id: int, tokens: list[int], salt: str = "") -> Sequence:
-    return Sequence(seq_id, f"r{seq_id}", tokens, SamplingParams(), StoppingCriteria(max_tokens=8), cache_salt=salt)
+def make_seq(seq_id: int, tokens: list[int], salt: str = "") -> SchedulerSequence:
+    return SchedulerSequence(
+        seq_id, f"r{seq_id}", tokens, SamplingParams(), StoppingCriteria(max_tokens=8), cache_salt=salt
+    )
 
 
-def admit(kv: KVCacheManager, seq: Sequence) -> list[int]:
+def admit(kv: KVCacheManager, seq: SchedulerSequence) -> list[int]:
     """What the scheduler does: cache hits, then blocks for the whole rest."""
     hits = kv.get_computed_blocks(seq)
     num_hit_tokens = len(hits) * BS

@@ -1,4 +1,4 @@
-"""scheduler_svc imports no torch and no numpy: every module, in a fresh interpreter."""
+"""scheduler_svc and pagoda import no torch and no numpy: every module, in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 
 CODE = """
 import importlib, json, pkgutil, sys
-import scheduler_svc
-names = sorted(m.name for m in pkgutil.walk_packages(scheduler_svc.__path__, "scheduler_svc."))
+import pagoda, scheduler_svc
+packages = (scheduler_svc, pagoda)
+names = sorted(m.name for p in packages for m in pkgutil.walk_packages(p.__path__, p.__name__ + "."))
 for name in names:
     importlib.import_module(name)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "numpy"))
@@ -22,7 +23,8 @@ CORE = (
     "scheduler_svc.request_queue",
     "scheduler_svc.scheduler",
     "scheduler_svc.sequence",
-    "scheduler_svc.types",
+    "pagoda.params",
+    "pagoda.step",
 )
 
 
@@ -34,10 +36,12 @@ def test_importing_every_scheduler_module_loads_neither_torch_nor_numpy():
 
 
 def test_the_scheduler_core_imports_no_grpc_and_no_protos():
+    """The core speaks pagoda.step and pagoda.params (plain dataclasses), never pagoda.v1's protos."""
     code = (
         "import json, sys\n"
         f"import {', '.join(CORE)}\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google', 'pagoda'))))\n"
+        "wire = sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google') or m.startswith('pagoda.v1'))\n"
+        "print(json.dumps({'wire': wire, 'step': 'pagoda.step' in sys.modules}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == []
+    assert json.loads(out.stdout) == {"wire": [], "step": True}

@@ -2,19 +2,10 @@
 
 from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, reference_output
 
+from pagoda.params import SamplingParams, StoppingCriteria
+from pagoda.step import FinishReason, NewSequence, ScheduledSequence, SeqError, SeqOutput, StepPlan, StepResult
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import Sequence, SequenceStatus
-from scheduler_svc.types import (
-    FinishReason,
-    NewSeqPlan,
-    SamplingParams,
-    ScheduledSeqPlan,
-    SeqError,
-    SeqOutput,
-    StepPlan,
-    StepResult,
-    StoppingCriteria,
-)
+from scheduler_svc.sequence import SchedulerSequence, SequenceStatus
 
 
 class Clock:
@@ -30,8 +21,8 @@ def make_sched(num_blocks=10, block_size=4, clock=None, **kwargs) -> Scheduler:
     return Scheduler(config, clock=clock or Clock())
 
 
-def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival_s=0.0, **stopping) -> Sequence:
-    return Sequence(
+def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival_s=0.0, **stopping) -> SchedulerSequence:
+    return SchedulerSequence(
         seq_id,
         f"req-{seq_id}",
         list(prompt),
@@ -56,17 +47,17 @@ def test_long_prompt_is_chunked_by_the_token_budget():
     s = make_sched(max_num_batched_tokens=8)
     s.add(make_seq(1, range(20), max_tokens=3))
     plan = s.schedule()
-    assert plan.new_seqs == (NewSeqPlan(1, "req-1", tuple(range(20)), 20, SamplingParams(), (0, 1), 0, 8),)
+    assert plan.new_seqs == (NewSequence(1, "req-1", tuple(range(20)), 20, SamplingParams(), (0, 1), 0, 8),)
     assert s.update(result(plan)) == []
     plan = s.schedule()
-    assert plan.scheduled_seqs == (ScheduledSeqPlan(1, 8, (2, 3)),)
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 8, (2, 3)),)
     s.update(result(plan))
     plan = s.schedule()
-    assert plan.scheduled_seqs == (ScheduledSeqPlan(1, 4, (4,)),)
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 4, (4,)),)
     (upd,) = s.update(result(plan, {1: 30}))
     assert upd.new_token_ids == (30,) and not upd.finished
     plan = s.schedule()
-    assert plan.scheduled_seqs == (ScheduledSeqPlan(1, 1, (5,)),)  # position 20 opens block 5
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (5,)),)  # position 20 opens block 5
     assert plan.step_id == 3
 
 
@@ -77,7 +68,7 @@ def test_running_decodes_first_then_a_waiting_prompt_takes_the_rest():
     s.add(make_seq(2, range(20)))
     plan = s.schedule()
     assert scheduled(plan) == [(2, 7), (1, 1)]
-    assert plan.scheduled_seqs == (ScheduledSeqPlan(1, 1, ()),)
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 1, ()),)
     assert plan.new_seqs[0].num_scheduled_tokens == 7 and plan.new_seqs[0].block_ids == (1, 2)
 
 
@@ -121,7 +112,7 @@ def _three_running_in_six_blocks():
 def test_preemption_takes_the_most_recently_admitted_and_resumes_it_later():
     s = _three_running_in_six_blocks()
     plan = s.schedule()  # every sequence needs a block for position 8
-    assert plan.scheduled_seqs == (ScheduledSeqPlan(1, 1, (5,)), ScheduledSeqPlan(2, 1, (4,)))
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (5,)), ScheduledSequence(2, 1, (4,)))
     assert plan.dropped_seq_ids == (3,) and plan.new_seqs == ()
     victim = s.get(3)
     assert victim.status is SequenceStatus.WAITING and victim.block_ids == []
@@ -159,7 +150,7 @@ def test_a_sequence_that_is_the_tail_preempts_itself():
     s.update(result(s.schedule(), {1: 1, 2: 2}))
     s.update(result(s.schedule(), {1: 1, 2: 2}))
     plan = s.schedule()  # one free block, both need one: 1 gets it, 2 yields
-    assert plan.scheduled_seqs == (ScheduledSeqPlan(1, 1, (4,)),) and plan.dropped_seq_ids == (2,)
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (4,)),) and plan.dropped_seq_ids == (2,)
     assert s.get(2).status is SequenceStatus.WAITING
     # The step that preempted admits nothing, so 2 does not bounce straight back.
     assert plan.new_seqs == ()
@@ -193,14 +184,14 @@ def test_overlap_plans_a_decode_before_the_previous_result_arrives():
     plan0 = s.schedule()
     assert scheduled(plan0) == [(1, 4)] and s.get(1).num_pending_tokens == 1
     plan1 = s.schedule()  # the executor appends its own token 4: compute it now
-    assert plan1.scheduled_seqs == (ScheduledSeqPlan(1, 1, (1,)),)
+    assert plan1.scheduled_seqs == (ScheduledSequence(1, 1, (1,)),)
     assert (s.get(1).num_pending_tokens, s.get(1).num_computed_tokens) == (2, 5)
     empty = s.schedule()  # two tokens ahead of the results: wait
     assert not empty.has_work and empty.step_id == 2 and s.num_inflight_steps == 2
     (upd,) = s.update(result(plan0, {1: 40}))
     assert upd.new_token_ids == (40,) and s.get(1).token_ids == [5, 6, 7, 8, 40]
     plan2 = s.schedule()
-    assert plan2.step_id == 2 and plan2.scheduled_seqs == (ScheduledSeqPlan(1, 1, ()),)
+    assert plan2.step_id == 2 and plan2.scheduled_seqs == (ScheduledSequence(1, 1, ()),)
     (upd,) = s.update(result(plan1, {1: 41}))
     assert s.get(1).output_token_ids == [40, 41] and s.get(1).num_pending_tokens == 1
 
@@ -265,7 +256,7 @@ def test_a_preempted_sequence_waits_for_its_pending_token_before_resuming():
     s.add(make_seq(2, range(10, 18)))
     plan0 = s.schedule()  # both sample a token, pending
     plan1 = s.schedule()  # 1 needs a block for position 8: 2 is preempted, token in flight
-    assert plan1.scheduled_seqs == (ScheduledSeqPlan(1, 1, (2,)),) and plan1.dropped_seq_ids == (2,)
+    assert plan1.scheduled_seqs == (ScheduledSequence(1, 1, (2,)),) and plan1.dropped_seq_ids == (2,)
     seq2 = s.get(2)
     assert seq2.status is SequenceStatus.WAITING and seq2.num_pending_tokens == 1
     s.abort(1)  # blocks free up, but 2 must not resume without its token

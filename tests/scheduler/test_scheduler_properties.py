@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, reference_output
 
+from pagoda.params import SamplingParams, StoppingCriteria
+from pagoda.step import FinishReason
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import Sequence
-from scheduler_svc.types import FinishReason, SamplingParams, StoppingCriteria
+from scheduler_svc.sequence import SchedulerSequence
 
 EOS = 3
 # Shared prefixes make prefix-cache hits (and sharing) frequent.
@@ -83,7 +84,9 @@ class Harness:
         seq_id = len(self.requests)
         stopping = StoppingCriteria(max_tokens=max_tokens, ignore_eos=ignore_eos)
         self.requests[seq_id] = (prompt, stopping)
-        seq = Sequence(seq_id, f"r{seq_id}", prompt, SamplingParams(), stopping, priority=priority, cache_salt=salt)
+        seq = SchedulerSequence(
+            seq_id, f"r{seq_id}", prompt, SamplingParams(), stopping, priority=priority, cache_salt=salt
+        )
         self.scheduler.add(seq)
 
     def stop(self, index: int, reason: FinishReason):
@@ -171,7 +174,7 @@ def test_greedy_outputs_under_a_tiny_pool_equal_those_under_a_huge_pool(prompts,
         scheduler = Scheduler(config, clock=Clock())
         engine = Engine(scheduler, FakeExecutor(blocks, 2))
         for i, prompt in enumerate(fitting):
-            scheduler.add(Sequence(i, f"r{i}", prompt, SamplingParams(), StoppingCriteria(max_tokens)))
+            scheduler.add(SchedulerSequence(i, f"r{i}", prompt, SamplingParams(), StoppingCriteria(max_tokens)))
         engine.run(max_steps=MAX_DRAIN_STEPS)
         return dict(engine.outputs), scheduler.num_preemptions
 

@@ -19,14 +19,15 @@ import grpc
 import pytest
 from support.tiny_model import hf_greedy
 
-from executor_svc import types as t
 from executor_svc.model_runner import ModelRunner
+from pagoda import step as t
+from pagoda.params import SamplingParams
 from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
 from pagoda_client import Client, PagodaError
 from pagoda_client.launcher import LOOPBACK, free_port
 from security.system import SecureSystem
 
-GREEDY = t.SamplingParams(temperature=0.0)
+GREEDY = SamplingParams(temperature=0.0)
 PROMPT_A, PROMPT_B = (5, 17, 42, 99, 7, 300, 12), (8, 9, 10, 11, 200, 201)
 NUM_STEPS = 4
 
@@ -68,13 +69,13 @@ def _run_steps(runner: ModelRunner, bad: object | None) -> tuple[dict[int, list[
     tokens: dict[int, list[int]] = {1: [], 2: []}
     errors: list[t.SeqError] = []
     new = (_new(1, PROMPT_A, [0]), _new(2, PROMPT_B, [1]))
-    first = t.StepInput(
+    first = t.StepPlan(
         1,
         new_seqs=new + ((bad,) if isinstance(bad, t.NewSequence) else ()),
         scheduled_seqs=(bad,) if isinstance(bad, t.ScheduledSequence) else (),
     )
     steps = [first] + [
-        t.StepInput(s, scheduled_seqs=(t.ScheduledSequence(1, 1), t.ScheduledSequence(2, 1)))
+        t.StepPlan(s, scheduled_seqs=(t.ScheduledSequence(1, 1), t.ScheduledSequence(2, 1)))
         for s in range(2, NUM_STEPS + 1)
     ]
     for step in steps:

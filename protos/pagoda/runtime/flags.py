@@ -12,10 +12,13 @@ import dataclasses
 import os
 import re
 import typing
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -65,19 +68,17 @@ def env_name(field_name: str) -> str:
     return "PAGODA_" + field_name.upper()
 
 
-def _converter(field: dataclasses.Field, hint: Any):
-    if "parse" in field.metadata:
-        return field.metadata["parse"]
+def _converter(field: dataclasses.Field[Any], hint: Any) -> Callable[[str], Any]:
+    parse: Callable[[str], Any] = field.metadata.get("parse", str)
     base = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    kind = base[0]
-    if kind is bool:
+    if "parse" not in field.metadata and base[0] is bool:
         return parse_bool
-    if kind in (int, float, str):
-        return kind
-    return str
+    if "parse" not in field.metadata and base[0] in (int, float):
+        parse = base[0]
+    return parse
 
 
-def build_parser(config_cls: type, prog: str, description: str) -> argparse.ArgumentParser:
+def build_parser(config_cls: type[DataclassInstance], prog: str, description: str) -> argparse.ArgumentParser:
     """An argparse parser with one flag per field of `config_cls`."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     hints = typing.get_type_hints(config_cls)

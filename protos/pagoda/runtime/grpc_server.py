@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+# Any request / response type: servicers and interceptors see every method of a service.
+Context = grpc.aio.ServicerContext[Any, Any]
+if TYPE_CHECKING:  # generic in the type stubs only
+    Handler = grpc.RpcMethodHandler[Any, Any]
 
 # Keepalive so a dead peer is noticed in seconds, not at the next TCP timeout.
 KEEPALIVE_OPTIONS = [
@@ -55,7 +62,9 @@ def server_credentials(
     if not (cert and key):
         raise ValueError("TLS needs both a certificate and a key")
     return grpc.ssl_server_credentials(
-        [(_read(key), _read(cert))], root_certificates=_read(client_ca), require_client_auth=bool(client_ca)
+        [(pathlib.Path(key).read_bytes(), pathlib.Path(cert).read_bytes())],
+        root_certificates=_read(client_ca),
+        require_client_auth=bool(client_ca),
     )
 
 
@@ -87,42 +96,54 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
     Only unary requests are wrapped (the client API); streams keep grpc's handling.
     """
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming or handler.request_deserializer is None:
             return handler
         parse = handler.request_deserializer
 
-        def deserialize(data: bytes):
+        def deserialize(data: bytes) -> Any:
             try:
                 return parse(data)
             except Exception as exc:  # DecodeError, or UnicodeDecodeError from some protobuf backends
                 return _Malformed(exc)
 
         if handler.response_streaming:
-            behavior = handler.unary_stream
-
-            async def checked_stream(request, context):
-                if isinstance(request, _Malformed):
-                    await _refuse(context, request)
-                # aclosing: a cancelled call must close the inner handler now
-                # (it aborts its request), not when it is garbage-collected.
-                async with contextlib.aclosing(behavior(request, context)) as responses:
-                    async for response in responses:
-                        yield response
-
-            return grpc.unary_stream_rpc_method_handler(checked_stream, deserialize, handler.response_serializer)
-        behavior = handler.unary_unary
-
-        async def checked_unary(request, context):
-            if isinstance(request, _Malformed):
-                await _refuse(context, request)
-            return await behavior(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(checked_unary, deserialize, handler.response_serializer)
+            return grpc.unary_stream_rpc_method_handler(
+                _checked_stream(handler.unary_stream), deserialize, handler.response_serializer
+            )
+        return grpc.unary_unary_rpc_method_handler(
+            _checked_unary(handler.unary_unary), deserialize, handler.response_serializer
+        )
 
 
-async def _refuse(context: grpc.aio.ServicerContext, request: _Malformed) -> None:
+def _checked_stream(behavior: Any) -> Callable[[Any, Context], AsyncIterator[Any]]:
+    async def checked_stream(request: Any, context: Context) -> AsyncIterator[Any]:
+        if isinstance(request, _Malformed):
+            await _refuse(context, request)
+        # aclosing: a cancelled call must close the inner handler now
+        # (it aborts its request), not when it is garbage-collected.
+        async with contextlib.aclosing(behavior(request, context)) as responses:
+            async for response in responses:
+                yield response
+
+    return checked_stream
+
+
+def _checked_unary(behavior: Any) -> Callable[[Any, Context], Awaitable[Any]]:
+    async def checked_unary(request: Any, context: Context) -> Any:
+        if isinstance(request, _Malformed):
+            await _refuse(context, request)
+        return await behavior(request, context)
+
+    return checked_unary
+
+
+async def _refuse(context: Context, request: _Malformed) -> None:
     await context.abort(
         grpc.StatusCode.INVALID_ARGUMENT,
         f"malformed request (not a valid protobuf message, or a string field is not UTF-8): "

@@ -1,9 +1,11 @@
-"""One executor as the scheduler drives it: connection, scheduler core, step loop.
+"""The scheduler's handle on one executor: connection, scheduler core, step loop.
 
 The loop keeps up to two plans in flight (plan N+1 is sent before result N
 arrives), so the executor finds its next plan waiting when it finishes a step.
 When the stream breaks, every unfinished sequence is handed back to the engine
-to be recomputed elsewhere, and the worker reconnects with backoff.
+to be recomputed elsewhere, and the handle reconnects with backoff.
+This is the scheduler's edge of the executor stream: the only place that
+converts plans and results to and from protos.
 """
 
 from __future__ import annotations
@@ -12,85 +14,95 @@ import asyncio
 import collections
 import enum
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
 import structlog
 
 from pagoda.runtime.grpc_server import KEEPALIVE_OPTIONS, message_size_options
+from pagoda.step import ExecutorInfo, StepPlan, StepResult
+from pagoda.step_pb import info_from_pb, plan_to_pb, result_from_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
-from scheduler_svc.executor_pb_convert import info_from_pb, plan_to_pb, result_from_pb
-from scheduler_svc.scheduler import Scheduler, SeqUpdate
-from scheduler_svc.sequence import Sequence
-from scheduler_svc.types import ExecutorInfo, StepPlan, StepResult
+from scheduler_svc.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from scheduler_svc.sequence import SchedulerSequence
 
 log = structlog.get_logger("scheduler")
 MAX_IN_FLIGHT = 2
 EXECUTOR_MESSAGE_BYTES = 256 * 2**20
+# Plans sent and not answered yet, each with the time it was sent.
+InFlight = collections.deque[tuple[StepPlan, float]]
+ResultQueue = asyncio.Queue[executor_pb2.StepResult | None]
+ExecuteCall = grpc.aio.StreamStreamCall[executor_pb2.StepPlan, executor_pb2.StepResult]
 
 
-class WorkerState(enum.Enum):
+class ExecutorState(enum.Enum):
+    """Where the connection to an executor stands."""
+
     CONNECTING = "CONNECTING"
     READY = "READY"
     DRAINING = "DRAINING"
     DEAD = "DEAD"
 
 
-class WorkerListener(Protocol):
-    """What the engine does with what a worker learns."""
+class ExecutorListener(Protocol):
+    """What the engine does with what a handle learns."""
 
-    def on_worker_ready(self, worker: ExecutorWorker, info: ExecutorInfo) -> bool: ...
-    def on_updates(self, worker: ExecutorWorker, updates: list[SeqUpdate], result: StepResult) -> None: ...
-    def on_worker_lost(self, worker: ExecutorWorker, seqs: list[Sequence]) -> None: ...
-    def on_step(self, worker: ExecutorWorker, plan: StepPlan, result: StepResult, duration_s: float) -> None: ...
+    def on_executor_ready(self, executor: ExecutorHandle, info: ExecutorInfo) -> bool: ...
+    def on_updates(self, executor: ExecutorHandle, updates: list[SeqUpdate], result: StepResult) -> None: ...
+    def on_executor_lost(self, executor: ExecutorHandle, seqs: list[SchedulerSequence]) -> None: ...
+    def on_step(self, executor: ExecutorHandle, plan: StepPlan, result: StepResult, duration_s: float) -> None: ...
 
 
-class ExecutorWorker:
-    """Drives one executor at `address`."""
+class ExecutorHandle:
+    """Drives one executor at `address`: its scheduler core and its Execute stream."""
 
     def __init__(
         self,
         address: str,
-        listener: WorkerListener,
-        make_config,
+        listener: ExecutorListener,
+        make_config: Callable[[ExecutorInfo], SchedulerConfig],
         step_timeout_s: float,
         credentials: grpc.ChannelCredentials | None = None,
         tls_server_name: str = "",
     ) -> None:
         self.address = address
-        self.state = WorkerState.CONNECTING
+        self.state = ExecutorState.CONNECTING
         self.info: ExecutorInfo | None = None
         self.scheduler: Scheduler | None = None
         self.removed = False
         self._listener = listener
-        self._make_config = make_config  # ExecutorInfo -> SchedulerConfig
+        self._make_config = make_config
         self._step_timeout_s = step_timeout_s
         self._credentials = credentials
         self._tls_server_name = tls_server_name  # checked instead of the dialed IP address
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def accepts_new(self) -> bool:
         """READY and not draining."""
-        return self.state is WorkerState.READY and self.scheduler is not None
+        return self.state is ExecutorState.READY and self.scheduler is not None
 
     def start(self) -> None:
+        """Connect and drive the executor in a background task (reconnecting until stopped)."""
         self._task = asyncio.create_task(self._run(), name=f"executor-{self.address}")
 
     async def stop(self) -> None:
+        """Stop driving the executor; its unfinished sequences go back to the engine."""
         self.removed = True
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: SchedulerSequence) -> None:
         """Queue a sequence on this executor."""
         assert self.scheduler is not None
         self.scheduler.add(seq)
         self._wakeup.set()
 
     def wake(self) -> None:
+        """Schedule again now (new work, or a finished sequence to drop)."""
         self._wakeup.set()
 
     def load(self) -> tuple[int, float]:
@@ -100,7 +112,7 @@ class ExecutorWorker:
         return (self.scheduler.num_running + self.scheduler.num_waiting, self.scheduler.kv_cache_usage)
 
     def _channel(self) -> grpc.aio.Channel:
-        options = [*KEEPALIVE_OPTIONS, *message_size_options(EXECUTOR_MESSAGE_BYTES)]
+        options: list[tuple[str, str | int]] = [*KEEPALIVE_OPTIONS, *message_size_options(EXECUTOR_MESSAGE_BYTES)]
         if self._credentials is not None:
             if self._tls_server_name:
                 options.append(("grpc.ssl_target_name_override", self._tls_server_name))
@@ -121,14 +133,14 @@ class ExecutorWorker:
                 raise
             except (grpc.aio.AioRpcError, asyncio.TimeoutError, ConnectionError) as exc:
                 self._lose(_describe_error(exc))
-            except Exception:  # a bug must not kill the worker silently
-                log.exception("executor_worker_crashed", executor=self.address)
-                self._lose("worker error")
+            except Exception:  # a bug must not kill the handle silently
+                log.exception("executor_handle_crashed", executor=self.address)
+                self._lose("handle error")
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, 5.0)
 
     async def _connect(self, stub: executor_pb2_grpc.ExecutorStub) -> bool:
-        self.state = WorkerState.CONNECTING
+        self.state = ExecutorState.CONNECTING
         info = info_from_pb(await stub.Describe(executor_pb2.DescribeRequest(), timeout=10, wait_for_ready=True))
         if info.draining:
             log.info("executor_draining_skip", executor=self.address)
@@ -136,9 +148,9 @@ class ExecutorWorker:
             return False
         self.info = info
         self.scheduler = Scheduler(self._make_config(info))
-        self.state = WorkerState.READY
-        if not self._listener.on_worker_ready(self, info):
-            self.state, self.scheduler = WorkerState.DEAD, None
+        self.state = ExecutorState.READY
+        if not self._listener.on_executor_ready(self, info):
+            self.state, self.scheduler = ExecutorState.DEAD, None
             await asyncio.sleep(5.0)
             return False
         log.info(
@@ -148,14 +160,15 @@ class ExecutorWorker:
             num_kv_blocks=info.num_kv_blocks,
             block_size=info.block_size,
             model=info.model_name,
+            kernels=dict(info.kernels),
         )
         return True
 
     async def _step_loop(self, stub: executor_pb2_grpc.ExecutorStub) -> None:
-        call = stub.Execute()
-        results: asyncio.Queue = asyncio.Queue()
+        call: ExecuteCall = stub.Execute()
+        results: ResultQueue = asyncio.Queue()
         reader = asyncio.create_task(_read_results(call, results))
-        in_flight: collections.deque[tuple[StepPlan, float]] = collections.deque()
+        in_flight: InFlight = collections.deque()
         try:
             while True:
                 for plan in self._schedule_more(in_flight):
@@ -166,13 +179,14 @@ class ExecutorWorker:
                 msg = await asyncio.wait_for(results.get(), timeout=self._step_timeout_s)
                 if msg is None:
                     await reader  # raises why the stream ended
+                    raise ConnectionError("executor stream ended")
                 plan, sent_at = in_flight.popleft()
                 self._on_result(plan, result_from_pb(msg), time.monotonic() - sent_at)
         finally:
             reader.cancel()
             call.cancel()
 
-    async def _wait_for_work(self, reader: asyncio.Task) -> None:
+    async def _wait_for_work(self, reader: asyncio.Task[None]) -> None:
         """Sleep until woken, or until the stream breaks (an idle executor can die too)."""
         self._wakeup.clear()
         woken = asyncio.create_task(self._wakeup.wait())
@@ -184,7 +198,7 @@ class ExecutorWorker:
             await reader
             raise ConnectionError("executor stream ended")
 
-    def _schedule_more(self, in_flight: collections.deque) -> list[StepPlan]:
+    def _schedule_more(self, in_flight: InFlight) -> list[StepPlan]:
         """Schedule plans until MAX_IN_FLIGHT are out or there is nothing to do."""
         new_plans = []
         while len(in_flight) < MAX_IN_FLIGHT and self.scheduler is not None:
@@ -201,8 +215,8 @@ class ExecutorWorker:
             raise ConnectionError("executor restarted (new incarnation)")
         if result.step_id != plan.step_id:
             raise ConnectionError(f"result for step {result.step_id}, expected {plan.step_id}")
-        if result.draining and self.state is WorkerState.READY:
-            self.state = WorkerState.DRAINING
+        if result.draining and self.state is ExecutorState.READY:
+            self.state = ExecutorState.DRAINING
             log.info("executor_draining", executor=self.address)
         updates = self.scheduler.update(result)
         self._listener.on_step(self, plan, result, duration_s)
@@ -211,20 +225,20 @@ class ExecutorWorker:
     def _lose(self, reason: str) -> None:
         """Hand every unfinished sequence back to the engine."""
         was = self.state
-        self.state = WorkerState.DEAD
+        self.state = ExecutorState.DEAD
         seqs = self.scheduler.take_all() if self.scheduler is not None else []
         self.scheduler = None
-        if was is not WorkerState.DEAD:
+        if was is not ExecutorState.DEAD:
             log.warning("executor_lost", executor=self.address, reason=reason, num_sequences=len(seqs))
-        self._listener.on_worker_lost(self, seqs)
+        self._listener.on_executor_lost(self, seqs)
 
 
-async def _read_results(call, queue: asyncio.Queue) -> None:
+async def _read_results(call: ExecuteCall, queue: ResultQueue) -> None:
     """Move results from the stream to `queue`; None marks the end."""
     try:
         while True:
             msg = await call.read()
-            if msg is grpc.aio.EOF:
+            if not isinstance(msg, executor_pb2.StepResult):  # grpc.aio.EOF
                 raise ConnectionError("executor closed the stream")
             queue.put_nowait(msg)
     finally:

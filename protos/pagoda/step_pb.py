@@ -1,0 +1,160 @@
+"""The step protocol messages (executor.proto) <-> ``pagoda.step`` dataclasses, both ways.
+
+The one conversion of the executor hop: the scheduler's executor-stream edge
+writes plans and reads results with it, the executor's servicer the opposite.
+Per-step messages (``ScheduledSequence``, ``SequenceOutput``, timings) are
+converted field by field, as that runs for every sequence of every step. Messages
+sent once per sequence or per connection (``NewSequence``, ``ExecutorInfo``) are
+copied by field name, since the dataclasses and the messages share their names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+
+from pagoda.params import SamplingParams
+from pagoda.params_pb import params_from_pb, params_to_pb
+from pagoda.step import (
+    ExecutorInfo,
+    LogprobEntry,
+    NewSequence,
+    ScheduledSequence,
+    SeqError,
+    SeqOutput,
+    StepPlan,
+    StepResult,
+    StepTimings,
+    TokenLogprob,
+)
+from pagoda.v1 import common_pb2, executor_pb2
+
+# The dataclasses copied by field name, and their messages.
+ByName = TypeVar("ByName", NewSequence, ExecutorInfo)
+M = TypeVar("M", bound=Message)
+
+
+def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
+    """A delta plan: new sequences whole, the others as diffs."""
+    return executor_pb2.StepPlan(
+        step_id=plan.step_id,
+        new_seqs=[_to_pb(s, executor_pb2.NewSequence, sampling=params_to_pb(s.sampling)) for s in plan.new_seqs],
+        scheduled_seqs=[
+            executor_pb2.ScheduledSequence(
+                seq_id=s.seq_id, num_scheduled_tokens=s.num_scheduled_tokens, new_block_ids=s.new_block_ids
+            )
+            for s in plan.scheduled_seqs
+        ],
+        dropped_seq_ids=plan.dropped_seq_ids,
+    )
+
+
+def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
+    """The plan of a StepPlan message."""
+    return StepPlan(
+        step_id=msg.step_id,
+        new_seqs=tuple(
+            _from_pb(s, NewSequence, sampling=params_from_pb(s.sampling, SamplingParams)) for s in msg.new_seqs
+        ),
+        # Most steps append no block to most sequences: skip the copy of an empty list.
+        scheduled_seqs=tuple(
+            ScheduledSequence(s.seq_id, s.num_scheduled_tokens, tuple(s.new_block_ids) if s.new_block_ids else ())
+            for s in msg.scheduled_seqs
+        ),
+        dropped_seq_ids=tuple(msg.dropped_seq_ids),
+    )
+
+
+def result_to_pb(result: StepResult) -> executor_pb2.StepResult:
+    """The StepResult message of one step."""
+    return executor_pb2.StepResult(
+        step_id=result.step_id,
+        incarnation_id=result.incarnation_id,
+        # Logprobs are rare: skip the call for the outputs without them (every output, every step).
+        outputs=[
+            executor_pb2.SequenceOutput(
+                seq_id=o.seq_id, token_ids=o.token_ids, logprobs=logprobs_to_pb(o.logprobs) if o.logprobs else ()
+            )
+            for o in result.outputs
+        ],
+        errors=[executor_pb2.SequenceError(seq_id=e.seq_id, message=e.message) for e in result.errors],
+        timings=executor_pb2.StepTimings(**vars(result.timings)),
+        num_scheduled_tokens=result.num_scheduled_tokens,
+        draining=result.draining,
+    )
+
+
+def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
+    """The result of a StepResult message."""
+    t = msg.timings
+    return StepResult(
+        step_id=msg.step_id,
+        incarnation_id=msg.incarnation_id,
+        outputs=tuple(
+            SeqOutput(o.seq_id, tuple(o.token_ids), logprobs_from_pb(o.logprobs) if o.logprobs else ())
+            for o in msg.outputs
+        ),
+        errors=tuple(SeqError(e.seq_id, e.message) for e in msg.errors),
+        timings=StepTimings(t.prepare_ns, t.forward_ns, t.sample_ns, t.step_ns, t.idle_ns),
+        num_scheduled_tokens=msg.num_scheduled_tokens,
+        draining=msg.draining,
+    )
+
+
+def info_to_pb(info: ExecutorInfo) -> executor_pb2.ExecutorInfo:
+    """Describe's answer."""
+    return _to_pb(info, executor_pb2.ExecutorInfo, kernels=dict(info.kernels))
+
+
+def info_from_pb(msg: executor_pb2.ExecutorInfo) -> ExecutorInfo:
+    """The executor described by Describe's answer (kernels sorted by name)."""
+    return _from_pb(msg, ExecutorInfo, kernels=tuple(sorted(msg.kernels.items())))
+
+
+def logprobs_to_pb(entries: Iterable[LogprobEntry]) -> list[common_pb2.LogprobEntry]:
+    """LogprobEntry messages (both hops carry them)."""
+    return [
+        common_pb2.LogprobEntry(sampled=_token_logprob_to_pb(e.sampled), top=[_token_logprob_to_pb(t) for t in e.top])
+        for e in entries
+    ]
+
+
+def logprobs_from_pb(entries: Iterable[common_pb2.LogprobEntry]) -> tuple[LogprobEntry, ...]:
+    """The entries of LogprobEntry messages."""
+    return tuple(
+        LogprobEntry(
+            TokenLogprob(e.sampled.token_id, e.sampled.logprob),
+            tuple(TokenLogprob(t.token_id, t.logprob) for t in e.top),
+        )
+        for e in entries
+    )
+
+
+def _token_logprob_to_pb(t: TokenLogprob) -> common_pb2.TokenLogprob:
+    return common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob)
+
+
+# (name, is a tuple) of each field of the dataclasses copied by name.
+_FIELD_LAYOUTS: dict[type, tuple[tuple[str, bool], ...]] = {
+    cls: tuple((f.name, str(f.type).startswith("tuple[")) for f in dataclasses.fields(cls))
+    for cls in (NewSequence, ExecutorInfo)
+}
+
+
+def _to_pb(obj: ByName, msg_cls: type[M], **converted: Any) -> M:
+    """``msg_cls`` with every field of ``obj`` copied by name, except those ``converted`` gives."""
+    layout = _FIELD_LAYOUTS[type(obj)]
+    return msg_cls(**{name: converted[name] if name in converted else getattr(obj, name) for name, _ in layout})
+
+
+def _from_pb(msg: Message, cls: type[ByName], **converted: Any) -> ByName:
+    """``cls`` with every field copied by name from ``msg`` (lists as tuples), except those ``converted`` gives."""
+    values: dict[str, Any] = dict(converted)
+    for name, is_tuple in _FIELD_LAYOUTS[cls]:
+        if name not in converted:
+            value = getattr(msg, name)
+            values[name] = tuple(value) if is_tuple else value
+    return cls(**values)
