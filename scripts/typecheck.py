@@ -15,7 +15,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LINKS = {"pagoda_client": ROOT / "client", "pagoda": ROOT / "protos" / "pagoda"}
 # Strict packages: the scheduler, the client and the shared pure-Python modules.
-PACKAGES = ("scheduler_svc", "pagoda_client", "pagoda.runtime", "pagoda.params", "pagoda.step")
+PACKAGES = (
+    "scheduler_svc",
+    "pagoda_client",
+    "pagoda.runtime",
+    "pagoda.params",
+    "pagoda.step",
+    "pagoda.channel",
+    "pagoda.launch",
+)
 
 
 def link_tree() -> Path:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from pagoda_client.bench_metrics import (
+from pagoda_bench.metrics import (
     RequestRecord,
     compute_metrics,
     parse_goodput,

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from fixtures_tiny import TINY_EOS_ID, TINY_VOCAB_SIZE
 
+from pagoda.launch.launcher import Launcher, free_port
 from pagoda_client import AsyncClient, Client, FinishReason, PagodaError
-from pagoda_client.launcher import Launcher, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from support.tiny_model import hf_greedy
 
 from executor_svc import types as t
 from executor_svc.model_runner import ModelRunner
+from pagoda.launch.launcher import LOOPBACK, free_port
 from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
 from pagoda_client import Client, PagodaError
-from pagoda_client.launcher import LOOPBACK, free_port
 from security.system import SecureSystem
 
 GREEDY = t.SamplingParams(temperature=0.0)
