@@ -1,4 +1,5 @@
-"""The constructor ``Client`` and ``AsyncClient`` share: settings -> core, channel, stub."""
+"""What ``Client`` and ``AsyncClient`` share: the constructor (settings -> core, channel,
+stub) and the attempt bookkeeping of their call drivers; the I/O itself is theirs."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import grpc.aio
 
 from pagoda.channel import ChannelOption, Tls
 from pagoda.v1 import generation_pb2_grpc
+from pagoda_client.core.calls import CallState
 from pagoda_client.core.retry import RetryPolicy
 from pagoda_client.core.session import ClientCore
+from pagoda_client.core.stream import StreamState
+from pagoda_client.results import GenerationDelta, GenerationResult
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 ChannelT = TypeVar("ChannelT", grpc.Channel, grpc.aio.Channel)
+T = TypeVar("T")
 # The generated stub is untyped: its methods return what the channel kind returns.
 _GenerationStub: Callable[[Any], Any] = generation_pb2_grpc.GenerationStub
 
@@ -61,3 +66,48 @@ class BaseClient(abc.ABC, Generic[ChannelT]):
     @abc.abstractmethod
     def _open_channel(self, target: str, tls: Tls, options: Sequence[ChannelOption]) -> ChannelT:
         """The channel of this client's kind (sync or asyncio)."""
+
+
+class CallDriver(Generic[T]):
+    """What the sync and asyncio shells share to drive one ``CallState``: the attempt in flight.
+
+    ``method`` is the stub's multi-callable; an attempt is one call of it with
+    the state's request, timeout and metadata.
+    """
+
+    def __init__(self, method: Callable[..., Any], state: CallState[T]) -> None:
+        self._method = method
+        self._state = state
+        self._call: Any = None
+
+    def _attempt(self) -> Any:
+        """The call in progress, or a new attempt (raises DEADLINE_EXCEEDED when no time is left)."""
+        if self._call is None:
+            state = self._state
+            self._call = self._method(state.next_request(), timeout=state.timeout_s(), metadata=state.metadata)
+        return self._call
+
+    def _cancel(self) -> None:
+        """Stop reading and cancel the RPC in flight (idempotent)."""
+        self._state.close()
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+
+class StreamDriver(CallDriver[GenerationDelta]):
+    """A ``CallDriver`` of a ``Generate`` stream: what it exposes of its ``StreamState``."""
+
+    def __init__(self, method: Callable[..., Any], state: StreamState) -> None:
+        super().__init__(method, state)
+        self._stream = state
+
+    @property
+    def request_id(self) -> str | None:
+        """The request id: the one given, else the server's once a response arrived."""
+        return self._stream.request_id
+
+    @property
+    def result(self) -> GenerationResult:
+        """The deltas received so far, folded into one result."""
+        return self._stream.result

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
 
 from pagoda.channel import ChannelOption, Tls, open_aio_channel
-from pagoda_client._base import BaseClient
+from pagoda_client._base import BaseClient, CallDriver, StreamDriver
 from pagoda_client.core import calls
-from pagoda_client.core.calls import CallState, UnaryCall
-from pagoda_client.core.stream import StreamState
+from pagoda_client.core.calls import UnaryCall
 from pagoda_client.options import Message
 from pagoda_client.results import GenerationDelta, GenerationResult, ModelInfo, ServerStatus
 
@@ -44,13 +43,8 @@ class _Once:
         self._call.cancel()
 
 
-class _AsyncResponses(Generic[T]):
-    """Drives a ``CallState``: opens attempts, reads responses, sleeps the backoff it decides."""
-
-    def __init__(self, method: Callable[..., Any], state: CallState[T]) -> None:
-        self._method = method
-        self._state = state
-        self._call: Any = None
+class _AsyncResponses(CallDriver[T]):
+    """Drives a ``CallState`` with ``grpc.aio``: reads responses, sleeps the backoff it decides."""
 
     async def __anext__(self) -> T:
         while not self._state.done:
@@ -66,15 +60,8 @@ class _AsyncResponses(Generic[T]):
                 self._state.on_end()
         raise StopAsyncIteration
 
-    def _attempt(self) -> Any:
-        """The call in progress, or a new attempt."""
-        if self._call is None:
-            state = self._state
-            self._call = self._method(state.next_request(), timeout=state.timeout_s(), metadata=state.metadata)
-        return self._call
 
-
-class AsyncGenerationStream(_AsyncResponses[GenerationDelta], AsyncIterator[GenerationDelta]):
+class AsyncGenerationStream(StreamDriver, _AsyncResponses[GenerationDelta], AsyncIterator[GenerationDelta]):
     """Deltas of one ``Generate`` call, as they arrive (``async for``).
 
     ``await stream.aclose()`` (or leaving ``async with``) cancels the RPC,
@@ -83,35 +70,18 @@ class AsyncGenerationStream(_AsyncResponses[GenerationDelta], AsyncIterator[Gene
     so far, folded.
     """
 
-    def __init__(self, method: Callable[..., Any], state: StreamState) -> None:
-        super().__init__(method, state)
-        self._stream = state
-
-    @property
-    def request_id(self) -> str | None:
-        """The request id: the one given, else the server's once a response arrived."""
-        return self._stream.request_id
-
-    @property
-    def result(self) -> GenerationResult:
-        """The deltas received so far, folded into one result."""
-        return self._stream.result
-
     def __aiter__(self) -> AsyncGenerationStream:
         return self
 
     async def aclose(self) -> None:
         """Cancel the RPC (idempotent)."""
-        self._stream.close()
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
+        self._cancel()
 
     async def __aenter__(self) -> AsyncGenerationStream:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+        self._cancel()
 
 
 class AsyncClient(BaseClient[grpc.aio.Channel]):

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
 from pagoda.channel import ChannelOption, Tls, open_channel
-from pagoda_client._base import DEFAULT_TARGET, BaseClient
+from pagoda_client._base import DEFAULT_TARGET, BaseClient, CallDriver, StreamDriver
 from pagoda_client.core import calls
-from pagoda_client.core.calls import CallState, UnaryCall
-from pagoda_client.core.stream import StreamState
+from pagoda_client.core.calls import UnaryCall
 from pagoda_client.options import Message
 from pagoda_client.results import GenerationDelta, GenerationResult, ModelInfo, ServerStatus
 
@@ -26,13 +25,8 @@ __all__ = ["DEFAULT_TARGET", "Client", "GenerationStream"]
 T = TypeVar("T")
 
 
-class _Responses(Generic[T]):
-    """Drives a ``CallState``: opens attempts, reads responses, sleeps the backoff it decides."""
-
-    def __init__(self, method: Callable[..., Any], state: CallState[T]) -> None:
-        self._method = method
-        self._state = state
-        self._call: Any = None
+class _Responses(CallDriver[T]):
+    """Drives a ``CallState`` with sync gRPC: reads responses, sleeps the backoff it decides."""
 
     def __next__(self) -> T:
         while not self._state.done:
@@ -45,15 +39,8 @@ class _Responses(Generic[T]):
                 time.sleep(self._state.backoff_s(error))
         raise StopIteration
 
-    def _attempt(self) -> Any:
-        """The call in progress (an iterator of responses), or a new attempt."""
-        if self._call is None:
-            state = self._state
-            self._call = self._method(state.next_request(), timeout=state.timeout_s(), metadata=state.metadata)
-        return self._call
 
-
-class GenerationStream(_Responses[GenerationDelta], Iterator[GenerationDelta]):
+class GenerationStream(StreamDriver, _Responses[GenerationDelta], Iterator[GenerationDelta]):
     """Deltas of one ``Generate`` call, as they arrive.
 
     Iterate it; ``close()`` (or leaving a ``with`` block, or breaking out and
@@ -62,35 +49,18 @@ class GenerationStream(_Responses[GenerationDelta], Iterator[GenerationDelta]):
     ``result`` holds every delta received so far, folded.
     """
 
-    def __init__(self, method: Callable[..., Any], state: StreamState) -> None:
-        super().__init__(method, state)
-        self._stream = state
-
-    @property
-    def request_id(self) -> str | None:
-        """The request id: the one given, else the server's once a response arrived."""
-        return self._stream.request_id
-
-    @property
-    def result(self) -> GenerationResult:
-        """The deltas received so far, folded into one result."""
-        return self._stream.result
-
     def __iter__(self) -> GenerationStream:
         return self
 
     def close(self) -> None:
         """Cancel the RPC (idempotent)."""
-        self._stream.close()
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
+        self._cancel()
 
     def __enter__(self) -> GenerationStream:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._cancel()
 
     def __del__(self) -> None:
         if getattr(self, "_call", None) is not None:
