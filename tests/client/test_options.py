@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -69,3 +72,38 @@ def test_a_new_row_gets_a_flag_and_cli_false_hides_one(monkeypatch):
     assert kwargs["typical_p"] == 0.9 and "ignore_eos" not in kwargs
     with pytest.raises(SystemExit):
         build_parser().parse_args(["chat", "hi", "--ignore-eos"])
+
+
+_SNIPPET = """
+from pagoda_client import AsyncClient, Client, RequestOptions
+
+
+def ok(client: Client) -> str:
+    options: RequestOptions = {"temperature": 0, "max_tokens": 8, "stop": "x"}
+    text = client.generate(token_ids=[1, 2], seed=1, logprobs=2, ignore_eos=True, request_id="r").text
+    return text + client.chat([{"role": "user", "content": "hi"}], **options).text
+
+
+def bad(client: Client) -> None:
+    client.generate("hi", temprature=0.5)  # line 12
+    client.generate("hi", max_tokens="ten")  # line 13
+
+
+async def bad_async(client: AsyncClient) -> None:
+    await client.stream("hi", top_k=1.5).__anext__()  # line 17
+"""
+
+
+def test_a_type_checker_knows_every_option(tmp_path):
+    pytest.importorskip("mypy")
+    from scripts.typecheck import ROOT, link_tree
+
+    (tmp_path / "snippet.py").write_text(_SNIPPET)
+    env = {**os.environ, "MYPYPATH": os.pathsep.join([str(link_tree()), str(ROOT)])}
+    cache = ROOT / "build" / "mypy-cache-options-test"
+    argv = [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(cache), str(tmp_path / "snippet.py")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    errors = [line for line in proc.stdout.splitlines() if ": error: " in line]
+    assert [int(line.split(":")[1]) for line in errors] == [12, 13, 17], proc.stdout
+    assert 'Unexpected keyword argument "temprature"' in errors[0]
+    assert 'incompatible type "str"; expected "int | None"' in errors[1]
