@@ -18,9 +18,8 @@ import subprocess
 import threading
 import time
 
-from pagoda_bench.workload import random_workload
-
 from pagoda.launch.launcher import Launcher
+from pagoda_bench.workload import random_workload
 from pagoda_client import AsyncClient, Client
 
 

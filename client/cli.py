@@ -46,9 +46,8 @@ def _sampling_parser() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``pagoda``; ``serve`` and ``bench`` bring their own flags."""
-    from pagoda_bench.cli import add_bench_arguments
-
     from pagoda.launch.serve import add_serve_arguments
+    from pagoda_bench.cli import add_bench_arguments
 
     parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM serving: client, launcher, benchmark")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from pagoda_bench.backend_hf import HfBackendConfig, load_model, model_vocab, run_batch, run_hf
 from pagoda_bench.progress import ProgressBar
 from pagoda_bench.workload import random_workload
-
 from pagoda_client.cli import main
 
 pytest.importorskip("transformers")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from pagoda_bench.metrics import RequestRecord, compute_metrics
 from pagoda_bench.report import format_report, write_json, write_plots
 

@@ -7,6 +7,7 @@ import math
 import random
 
 import pytest
+
 from pagoda_bench.workload import (
     arrival_times,
     parse_range,

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from pagoda_bench.cli import is_loopback
 
 from pagoda.launch.serve import launcher_from_args, split_passthrough
+from pagoda_bench.cli import is_loopback
 from pagoda_client import TlsConfig
 from pagoda_client.cli import build_parser, connection_of, generation_kwargs
 
