@@ -45,6 +45,7 @@ $(STAMP): pyproject.toml $(KERNEL_SOURCES)
 # Generated code is committed; this regenerates it (tests check it is current).
 proto: $(STAMP)
 	$(BIN)/python -m scripts.gen_proto
+	$(BIN)/python -m scripts.gen_client_options
 
 model: $(STAMP)
 	$(BIN)/python -m executor_svc.model_cache
@@ -67,6 +68,7 @@ unit-test: $(STAMP)
 integration-test: $(STAMP)
 	$(BIN)/python -m pytest -q -m integration $(PYTEST_ARGS)
 
+# pagoda bench (the pagoda_bench package in bench/); the standalone benchmarks are bench/*.py.
 bench: $(STAMP)
 	$(BIN)/pagoda bench --help
 

@@ -18,9 +18,9 @@ import subprocess
 import threading
 import time
 
+from pagoda.launch.launcher import Launcher
+from pagoda_bench.workload import random_workload
 from pagoda_client import AsyncClient, Client
-from pagoda_client.bench_workload import random_workload
-from pagoda_client.launcher import Launcher
 
 
 def pin(pids: list[int]) -> None:

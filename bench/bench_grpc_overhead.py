@@ -16,7 +16,7 @@ import asyncio
 import time
 import urllib.request
 
-from pagoda_client.bench_workload import random_workload
+from pagoda_bench.workload import random_workload
 
 
 def in_process(model: str, dtype: str, workload, kv_bytes: int, budget: int) -> tuple[float, int]:
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     args = parser.parse_args()
     from executor_svc.model_cache import resolve_model
-    from pagoda_client.launcher import Launcher, free_port
+    from pagoda.launch.launcher import Launcher, free_port
 
     model = resolve_model(args.model or "default")
     workload = random_workload(args.num_prompts, (16, 512), (16, 256), seed=0, vocab_size=49152, excluded_ids=(0, 1, 2))

@@ -16,8 +16,8 @@ import statistics
 import threading
 import time
 
+from pagoda.launch.launcher import Launcher
 from pagoda_client import Client
-from pagoda_client.launcher import Launcher
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:

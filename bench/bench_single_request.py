@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     from executor_svc.model_cache import resolve_model
-    from pagoda_client.launcher import Launcher
+    from pagoda.launch.launcher import Launcher
 
     model_dir = resolve_model(args.model or "default")
     with Launcher(model_dir, dtype=args.dtype, kv_cache_memory="256MiB") as system:

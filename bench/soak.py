@@ -29,9 +29,9 @@ from pathlib import Path
 
 import grpc
 
+from pagoda.launch.launcher import Launcher
 from pagoda.v1 import generation_pb2 as g
 from pagoda_client import Client, PagodaError
-from pagoda_client.launcher import Launcher
 
 KINDS = ("normal", "cancelled", "malformed")
 GENERATE = "/pagoda.v1.Generation/Generate"

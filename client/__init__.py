@@ -1,12 +1,16 @@
-"""Pagoda client: ``Client``, ``AsyncClient`` and their result types.
+"""Pagoda client: ``Client``, ``AsyncClient``, their options and result types.
 
-Imports only grpcio, protobuf and the standard library.
+Imports only grpcio, protobuf, the standard library and the ``pagoda``
+package's pure modules (the wire code, the parameter table, channel settings).
 """
 
+from pagoda.channel import TlsConfig
+from pagoda_client._param_options import ParamOptions
 from pagoda_client.aio import AsyncClient, AsyncGenerationStream
 from pagoda_client.client import Client, GenerationStream
 from pagoda_client.errors import PagodaError
-from pagoda_client.types import (
+from pagoda_client.options import CallOptions, GenerateOptions, RequestOptions, TokenizeOptions
+from pagoda_client.results import (
     ExecutorStatus,
     FinishReason,
     GenerationDelta,
@@ -15,7 +19,6 @@ from pagoda_client.types import (
     ModelInfo,
     ServerStatus,
     Timings,
-    TlsConfig,
     TokenLogprob,
     Usage,
 )
@@ -23,18 +26,23 @@ from pagoda_client.types import (
 __all__ = [
     "AsyncClient",
     "AsyncGenerationStream",
+    "CallOptions",
     "Client",
     "ExecutorStatus",
     "FinishReason",
+    "GenerateOptions",
     "GenerationDelta",
     "GenerationResult",
     "GenerationStream",
     "LogprobEntry",
     "ModelInfo",
     "PagodaError",
+    "ParamOptions",
+    "RequestOptions",
     "ServerStatus",
     "Timings",
     "TlsConfig",
     "TokenLogprob",
+    "TokenizeOptions",
     "Usage",
 ]

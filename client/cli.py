@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
-from pagoda_client.cli_bench import add_bench_arguments, run_bench
+from pagoda.channel import Tls, TlsConfig
+from pagoda_client.cli_flags import add_param_flags, generation_kwargs, list_of
 from pagoda_client.client import DEFAULT_TARGET, Client
 from pagoda_client.errors import PagodaError
-from pagoda_client.types import GenerationResult, TlsConfig
+from pagoda_client.results import GenerationResult, ServerStatus
 
-
-def _token_ids(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+__all__ = ["build_parser", "connection_of", "generation_kwargs", "main"]
 
 
 def _connection_parser() -> argparse.ArgumentParser:
@@ -42,35 +39,22 @@ def _connection_parser() -> argparse.ArgumentParser:
 
 def _sampling_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
-    group = parser.add_argument_group("sampling")
-    group.add_argument("--max-tokens", type=int)
-    group.add_argument("--temperature", type=float)
-    group.add_argument("--top-p", type=float)
-    group.add_argument("--top-k", type=int)
-    group.add_argument("--min-p", type=float)
-    group.add_argument("--repetition-penalty", type=float)
-    group.add_argument("--presence-penalty", type=float)
-    group.add_argument("--frequency-penalty", type=float)
-    group.add_argument("--seed", type=int)
-    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    group.add_argument("--stop-token-ids", type=_token_ids, default=[])
-    group.add_argument("--ignore-eos", action="store_true")
-    group.add_argument("--priority", type=int, default=0)
-    group.add_argument("--request-id")
-    group.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_param_flags(parser.add_argument_group("sampling and stopping"))
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``pagoda``."""
-    from pagoda_client.cli_serve import add_serve_arguments
+    """The argument parser of ``pagoda``; ``serve`` and ``bench`` bring their own flags."""
+    from pagoda.launch.serve import add_serve_arguments
+    from pagoda_bench.cli import add_bench_arguments
 
     parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM serving: client, launcher, benchmark")
     commands = parser.add_subparsers(dest="command", required=True)
     connection, sampling = _connection_parser(), _sampling_parser()
     generate = commands.add_parser("generate", parents=[connection, sampling], help="complete a prompt")
     generate.add_argument("prompt", nargs="?", help="prompt text (or --token-ids)")
-    generate.add_argument("--token-ids", type=_token_ids, help="prompt as comma-separated token ids")
+    generate.add_argument("--token-ids", type=list_of(int), help="prompt as comma-separated token ids")
     chat = commands.add_parser(
         "chat", parents=[connection, sampling], help="chat with the model (interactive when no message is given)"
     )
@@ -87,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def connection_of(args: argparse.Namespace) -> dict[str, Any]:
     """Target, API key and TLS settings from the parsed flags."""
-    tls: bool | TlsConfig = False
+    tls: Tls = False
     if args.tls or args.tls_ca or args.tls_cert:
         tls = TlsConfig(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
     return {"target": args.target, "api_key": args.api_key, "tls": tls}
@@ -98,35 +82,14 @@ def _client(args: argparse.Namespace) -> Client:
     return Client(connection["target"], api_key=connection["api_key"], tls=connection["tls"], timeout=args.timeout)
 
 
-def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """Keyword arguments of ``Client.stream`` from the sampling flags."""
-    return {
-        "max_tokens": args.max_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "presence_penalty": args.presence_penalty,
-        "frequency_penalty": args.frequency_penalty,
-        "seed": args.seed,
-        "stop": args.stop or None,
-        "stop_token_ids": args.stop_token_ids or None,
-        "ignore_eos": args.ignore_eos,
-        "priority": args.priority,
-        "request_id": args.request_id,
-    }
-
-
-def stream_to(client: Client, out: Any, as_json: bool, **kwargs: Any) -> GenerationResult:
-    """Run one generation, streaming text to ``out`` (or one JSON object)."""
-    result = GenerationResult()
-    with client.stream(**kwargs) as deltas:
+def stream_to(client: Client, out: TextIO, as_json: bool, **options: Any) -> GenerationResult:
+    """Run one generation (``options`` as in ``Client.stream``), streaming text to ``out`` (or one JSON object)."""
+    with client.stream(**options) as deltas:
         for delta in deltas:
-            result.add(delta)
             if not as_json:
                 out.write(delta.text)
                 out.flush()
+    result = deltas.result
     if as_json:
         keys = ("text", "token_ids", "finish_reason", "usage", "stop_reason", "request_id", "timings")
         document = {k: v for k, v in result.to_dict().items() if k in keys}
@@ -197,30 +160,44 @@ def cmd_status(args: argparse.Namespace) -> int:
     """``pagoda status``."""
     with _client(args) as client:
         status = client.status()
-    if args.json:
-        document = status.__dict__ | {"executors": [e.__dict__ for e in status.executors]}
-        print(json.dumps(document))
-        return 0
-    print(
-        f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
-        f"requests {status.num_requests_total}  preemptions {status.num_preemptions_total}  "
-        f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens"
-    )
-    print(f"{'executor':<22}{'state':<11}{'running':>8}{'waiting':>8}{'free/total blocks':>20}{'kv':>8}")
-    for e in status.executors:
-        blocks = f"{e.num_free_kv_blocks}/{e.num_kv_blocks}"
-        print(f"{e.address:<22}{e.state:<11}{e.num_running:>8}{e.num_waiting:>8}{blocks:>20}{e.kv_cache_usage:>8.1%}")
+    print(json.dumps(status_document(status)) if args.json else format_status(status))
     return 0
 
 
+def status_document(status: ServerStatus) -> dict[str, Any]:
+    """``pagoda status --json``: every field, executors (with their kernels) as objects."""
+    return dataclasses.asdict(status)
+
+
+def format_status(status: ServerStatus) -> str:
+    """``pagoda status``: totals, one row per executor, and each executor's kernels under it."""
+    lines = [
+        f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
+        f"requests {status.num_requests_total}  preemptions {status.num_preemptions_total}  "
+        f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens",
+        f"{'executor':<22}{'state':<11}{'running':>8}{'waiting':>8}{'free/total blocks':>20}{'kv':>8}",
+    ]
+    for e in status.executors:
+        blocks = f"{e.num_free_kv_blocks}/{e.num_kv_blocks}"
+        lines.append(
+            f"{e.address:<22}{e.state:<11}{e.num_running:>8}{e.num_waiting:>8}{blocks:>20}{e.kv_cache_usage:>8.1%}"
+        )
+        if e.kernels:
+            lines.append("  kernels: " + "  ".join(f"{part}={path}" for part, path in e.kernels.items()))
+    return "\n".join(lines)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``pagoda bench``."""
-    return run_bench(args, connection_of(args))
+    """``pagoda bench`` (``pagoda_bench``, imported only now)."""
+    from pagoda_bench.cli import run_bench
+
+    exit_code: int = run_bench(args, connection_of(args))
+    return exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pagoda``; returns (and exits with) the exit code."""
-    from pagoda_client.cli_serve import cmd_serve, split_passthrough
+    from pagoda.launch.serve import cmd_serve, split_passthrough
 
     argv = list(sys.argv[1:] if argv is None else argv)
     own, passthrough = split_passthrough(argv)

@@ -5,6 +5,13 @@ from __future__ import annotations
 import grpc
 
 
+def rpc_status(error: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    """The status code and message of a ``grpc.RpcError`` (sync or asyncio)."""
+    code = error.code() if callable(getattr(error, "code", None)) else None
+    details = error.details() if callable(getattr(error, "details", None)) else str(error)
+    return code or grpc.StatusCode.UNKNOWN, details or ""
+
+
 class PagodaError(Exception):
     """A failed call: the gRPC status code and the server's message.
 
@@ -23,9 +30,8 @@ class PagodaError(Exception):
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError, request_id: str | None = None) -> PagodaError:
         """Wrap a ``grpc.RpcError`` (sync or asyncio)."""
-        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-        details = error.details() if hasattr(error, "details") else str(error)
-        return cls(code or grpc.StatusCode.UNKNOWN, details or "", request_id)
+        return cls(*rpc_status(error), request_id)
 
-    def __reduce__(self):  # keeps the exception picklable
+    def __reduce__(self) -> tuple[type[PagodaError], tuple[grpc.StatusCode, str, str | None]]:
+        """Keeps the exception picklable (its arguments are not ``str(self)``)."""
         return (type(self), (self.code, self.message, self.request_id))

@@ -23,6 +23,8 @@ PACKAGES = (
     "pagoda.params_pb",
     "pagoda.step",
     "pagoda.step_pb",
+    "pagoda.channel",
+    "pagoda.launch",
 )
 
 

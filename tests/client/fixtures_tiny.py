@@ -26,7 +26,7 @@ def client_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def client_tiny_system(client_tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One fp32 executor and a scheduler on the tiny model, started by ``Launcher``."""
-    from pagoda_client.launcher import Launcher
+    from pagoda.launch.launcher import Launcher
 
     logs = tmp_path_factory.mktemp("client-logs")
     with Launcher(

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from pagoda_client.bench_hf import HfBackendConfig, load_model, model_vocab, run_batch, run_hf
-from pagoda_client.bench_workload import random_workload
+from pagoda_bench.backend_hf import HfBackendConfig, load_model, model_vocab, run_batch, run_hf
+from pagoda_bench.progress import ProgressBar
+from pagoda_bench.workload import random_workload
 from pagoda_client.cli import main
-from pagoda_client.progress import ProgressBar
 
 pytest.importorskip("transformers")
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pagoda_client.bench_metrics import (
+from pagoda_bench.metrics import (
     RequestRecord,
     compute_metrics,
     parse_goodput,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pagoda_client.bench_metrics import RequestRecord, compute_metrics
-from pagoda_client.bench_report import format_report, write_json, write_plots
+from pagoda_bench.metrics import RequestRecord, compute_metrics
+from pagoda_bench.report import format_report, write_json, write_plots
 
 RECORDS = [
     RequestRecord(0, 10, 3, 0.0, [0.1, 0.2, 0.3], [1, 1, 1], success=True),

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pagoda_client.bench_workload import (
+from pagoda_bench.workload import (
     arrival_times,
     parse_range,
     prefix_workload,

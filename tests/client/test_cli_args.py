@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from pagoda.launch.serve import launcher_from_args, split_passthrough
+from pagoda_bench.cli import is_loopback
+from pagoda_client import TlsConfig
 from pagoda_client.cli import build_parser, connection_of, generation_kwargs
-from pagoda_client.cli_bench import is_loopback
-from pagoda_client.cli_serve import launcher_from_args, split_passthrough
-from pagoda_client.types import TlsConfig
 
 
 def test_generate_flags(monkeypatch):
@@ -219,7 +219,7 @@ def test_bench_refuses_non_loopback():
 
 def test_client_imports_no_heavy_modules():
     code = (
-        "import sys, pagoda_client, pagoda_client.cli, pagoda_client.launcher; "
+        "import sys, pagoda_client, pagoda_client.cli, pagoda.launch.launcher; "
         "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'matplotlib', 'scheduler_svc', "
         "'executor_svc') if m in sys.modules))"
     )
@@ -228,7 +228,7 @@ def test_client_imports_no_heavy_modules():
 
 
 def test_throughput_ratio():
-    from pagoda_client.cli_bench import throughput_ratio
+    from pagoda_bench.cli import throughput_ratio
 
     assert throughput_ratio({"output_throughput": 300.0}, {"output_throughput": 60.0}) == 5.0
     assert throughput_ratio({"output_throughput": 300.0}, {"output_throughput": 0.0}) is None

@@ -9,8 +9,8 @@ import sys
 import grpc
 import pytest
 
+from pagoda.launch.launcher import Launcher
 from pagoda_client import Client, PagodaError, TlsConfig
-from pagoda_client.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from fixtures_tiny import TINY_EOS_ID, TINY_VOCAB_SIZE
 
+from pagoda.launch.launcher import Launcher, free_port
 from pagoda_client import AsyncClient, Client, FinishReason, PagodaError
-from pagoda_client.launcher import Launcher, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -244,3 +244,21 @@ def test_logprobs_and_seeded_sampling(client_tiny_system):
         assert len(entry.top) == 2 and entry.sampled.logprob <= 0.0
         assert entry.top[0].token_id == entry.sampled.token_id  # greedy picks the most likely token
     assert first.token_ids == again.token_ids
+
+
+def test_async_unary_calls_match_sync(client_tiny_system):
+    messages = [{"role": "user", "content": "Hello"}]
+    with Client(client_tiny_system.target, timeout=30) as client:
+        expected = (client.model_info(), client.tokenize(messages=messages), client.detokenize(PROMPT))
+
+    async def run() -> tuple[object, ...]:
+        async with AsyncClient(client_tiny_system.target, timeout=30) as aclient:
+            status = await aclient.status()
+            assert [e.state for e in status.executors] == ["READY"]
+            return (
+                await aclient.model_info(),
+                await aclient.tokenize(messages=messages),
+                await aclient.detokenize(PROMPT),
+            )
+
+    assert asyncio.run(run()) == expected

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from pagoda.launch.launcher import free_port
 from pagoda_client import Client
-from pagoda_client.launcher import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -110,8 +110,8 @@ def test_serve_fails_fast_with_the_childs_exit_code(tmp_path):
 
 
 def test_launcher_kill_and_restart_executor(client_tiny_model_dir, tmp_path):
-    from pagoda_client.health import ServingStatus, check_health
-    from pagoda_client.launcher import Launcher
+    from pagoda.launch.health import ServingStatus, check_health
+    from pagoda.launch.launcher import Launcher
 
     with Launcher(
         str(client_tiny_model_dir), dtype="float32", kv_cache_memory="256KiB", log_dir=tmp_path, startup_timeout_s=180

@@ -5,12 +5,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from pagoda.launch.health import ServingStatus, decode_response, encode_request
 from pagoda.v1 import generation_pb2
-from pagoda_client import _wire
-from pagoda_client._params import request_from_args
+from pagoda_client.core import convert, requests
+from pagoda_client.core.retry import RetryPolicy
 from pagoda_client.errors import PagodaError
-from pagoda_client.health import ServingStatus, decode_response, encode_request
-from pagoda_client.types import FinishReason, GenerationResult
+from pagoda_client.results import FinishReason, GenerationResult
 
 _DEFAULTS = dict(
     prompt=None,
@@ -38,7 +38,8 @@ _DEFAULTS = dict(
 
 
 def _request(**overrides) -> generation_pb2.GenerateRequest:
-    return request_from_args({**_DEFAULTS, **overrides})
+    options = {**_DEFAULTS, **overrides}
+    return requests.build_generate_request(options.pop("prompt"), options)
 
 
 def test_text_request_sets_only_given_fields():
@@ -72,12 +73,12 @@ def test_exactly_one_input(inputs):
 
 
 def test_metadata():
-    assert _wire.call_metadata(None) == ()
-    assert _wire.call_metadata("k", "r9") == (("authorization", "Bearer k"), ("x-request-id", "r9"))
+    assert requests.call_metadata(None) == ()
+    assert requests.call_metadata("k", "r9") == (("authorization", "Bearer k"), ("x-request-id", "r9"))
 
 
 def test_backoff_grows_and_is_bounded():
-    policy = _wire.RetryPolicy(max_retries=3, initial_backoff_s=0.2, max_backoff_s=1.0)
+    policy = RetryPolicy(max_retries=3, initial_backoff_s=0.2, max_backoff_s=1.0)
     for attempt, ceiling in enumerate([0.2, 0.4, 0.8, 1.0, 1.0]):
         for _ in range(20):
             assert ceiling * 0.5 <= policy.backoff_s(attempt) <= ceiling
@@ -97,7 +98,7 @@ def test_deltas_fold_into_a_result():
         timings=generation_pb2.Timings(queue_ns=1_000_000, time_to_first_token_ns=5_000_000, total_ns=9_000_000),
     )
     result = GenerationResult()
-    deltas = [_wire.delta_from_pb(first), _wire.delta_from_pb(last)]
+    deltas = [convert.delta_from_pb(first), convert.delta_from_pb(last)]
     assert deltas[0].finish_reason is None and deltas[0].usage is None
     for delta in deltas:
         result.add(delta)

@@ -33,7 +33,7 @@ def wait_http_health(base_url: str, timeout_s: float = 30.0) -> None:
 @pytest.fixture(scope="module")
 def http_system(http_tiny_model_dir, tmp_path_factory):
     """(launcher, base_url): fp32, 64 KV blocks of 16 (the whole context), HTTP API on a free port."""
-    from pagoda_client.launcher import Launcher, free_port
+    from pagoda.launch.launcher import Launcher, free_port
 
     port = free_port()
     logs = tmp_path_factory.mktemp("http-logs")

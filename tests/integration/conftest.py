@@ -15,7 +15,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_system(tiny_model_dir, tmp_path_factory):
     """One executor (fp32, 64 KV blocks of 16) and a scheduler on the tiny model."""
-    from pagoda_client.launcher import Launcher
+    from pagoda.launch.launcher import Launcher
 
     logs = tmp_path_factory.mktemp("logs")
     with Launcher(

@@ -33,7 +33,7 @@ def smollm2_dir():
 
 @pytest.fixture(scope="module")
 def smollm2_system(smollm2_dir, tmp_path_factory):
-    from pagoda_client.launcher import Launcher
+    from pagoda.launch.launcher import Launcher
 
     with Launcher(
         str(smollm2_dir),

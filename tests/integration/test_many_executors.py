@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from pagoda.launch.launcher import Launcher
 from pagoda_client import Client
-from pagoda_client.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from pagoda.launch.launcher import Launcher
 from pagoda_client import Client
-from pagoda_client.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 

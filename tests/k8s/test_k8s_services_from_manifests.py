@@ -13,9 +13,9 @@ from k8s_manifests import kubectl_path, overlay_dirs, render
 from k8s_pods import container_env, containers
 from support.tiny_model import build_tiny_model
 
+from pagoda.launch.health import ServingStatus, check_health
+from pagoda.launch.launcher import free_port, service_command
 from pagoda_client import Client
-from pagoda_client.health import ServingStatus, check_health
-from pagoda_client.launcher import free_port, service_command
 
 pytestmark = [
     pytest.mark.integration,

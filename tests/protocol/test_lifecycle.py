@@ -12,9 +12,9 @@ import grpc
 import pytest
 from protocol.conftest import pool_is_whole, scrape, wait_until
 
+from pagoda.launch.health import ServingStatus, check_health
+from pagoda.launch.launcher import Launcher, free_port, service_command
 from pagoda_client import Client, PagodaError
-from pagoda_client.health import ServingStatus, check_health
-from pagoda_client.launcher import Launcher, free_port, service_command
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Start a real executor + scheduler with TLS, mTLS or API keys.
 
-`pagoda_client.launcher.Launcher` checks health and readiness over plaintext
+`pagoda.launch.launcher.Launcher` checks health and readiness over plaintext
 without a key, so it cannot start a system that requires TLS or an API key;
 this helper does the same with the credentials and key the test gives.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pagoda.launch.launcher import LOOPBACK, free_port, service_command
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
-from pagoda_client.launcher import LOOPBACK, free_port, service_command
 
 
 @dataclasses.dataclass

@@ -21,10 +21,10 @@ from support.tiny_model import hf_greedy
 
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
+from pagoda.launch.launcher import LOOPBACK, free_port
 from pagoda.params import SamplingParams
 from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
 from pagoda_client import Client, PagodaError
-from pagoda_client.launcher import LOOPBACK, free_port
 from security.system import SecureSystem
 
 GREEDY = SamplingParams(temperature=0.0)

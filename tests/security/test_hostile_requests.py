@@ -14,10 +14,10 @@ from collections.abc import Callable
 import grpc
 import pytest
 
+from pagoda.launch.launcher import Launcher
 from pagoda.v1 import generation_pb2 as g
 from pagoda.v1 import generation_pb2_grpc
 from pagoda_client import Client
-from pagoda_client.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 OK, INVALID = grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT

@@ -10,9 +10,9 @@ import time
 import grpc
 import pytest
 
+from pagoda.launch.launcher import Launcher
 from pagoda.v1 import generation_pb2 as g
 from pagoda_client import Client
-from pagoda_client.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 GENERATE = "/pagoda.v1.Generation/Generate"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pagoda_client.launcher import Launcher
+from pagoda.launch.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"

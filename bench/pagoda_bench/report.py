@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pagoda_client.bench_metrics import RequestRecord, tokens_per_second_series
+from pagoda_bench.metrics import RequestRecord, tokens_per_second_series
 
 _LATENCIES = (
     ("ttft_ms", "TTFT", "Time to First Token"),

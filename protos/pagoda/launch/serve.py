@@ -1,4 +1,8 @@
-"""``pagoda serve``: run the local launcher in the foreground."""
+"""``pagoda serve``: run the local launcher in the foreground.
+
+The ``pagoda`` command (``pagoda_client.cli``) adds these flags to its ``serve``
+subcommand and calls ``cmd_serve``; the launcher is imported only then.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,11 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
-from pagoda_client.launcher import Launcher, LauncherError
+if TYPE_CHECKING:
+    from pagoda.launch.launcher import Launcher
 
 
 class _Interrupted(BaseException):
@@ -47,6 +53,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> Launcher:
     """A ``Launcher`` configured by the ``serve`` flags."""
+    from pagoda.launch.launcher import Launcher
+
     return Launcher(
         args.model,
         num_executors=args.executors,
@@ -89,11 +97,13 @@ def _ready_message(launcher: Launcher, args: argparse.Namespace) -> str:
 
 def cmd_serve(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> int:
     """Start, wait for a signal or a dead child, stop everything."""
+    from pagoda.launch.launcher import LauncherError
+
     launcher = launcher_from_args(args, scheduler_passthrough)
     stop = threading.Event()
     state = {"ready": False}
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         if not state["ready"] and not stop.is_set():
             stop.set()
             raise _Interrupted

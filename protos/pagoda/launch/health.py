@@ -1,7 +1,7 @@
 """Standard ``grpc.health.v1`` Check without the grpcio-health-checking package.
 
-The client must import only grpcio and protobuf, so the two tiny messages are
-encoded by hand: ``HealthCheckRequest{string service = 1}`` and
+The launcher runs where only grpcio and protobuf may be installed, so the two
+tiny messages are encoded by hand: ``HealthCheckRequest{string service = 1}`` and
 ``HealthCheckResponse{ServingStatus status = 1}``.
 """
 
@@ -11,8 +11,7 @@ import enum
 
 import grpc
 
-from pagoda_client._wire import channel_credentials, channel_options
-from pagoda_client.types import TlsConfig
+from pagoda.channel import Tls, open_channel
 
 _CHECK_METHOD = "/grpc.health.v1.Health/Check"
 
@@ -78,17 +77,13 @@ def check_health(
     service: str = "",
     *,
     timeout: float = 1.0,
-    tls: bool | TlsConfig = False,
+    tls: Tls = False,
 ) -> ServingStatus | None:
-    """One health Check of ``target``; None when it cannot be reached."""
-    credentials = channel_credentials(tls)
-    options = channel_options(tls)
-    if credentials is None:
-        channel = grpc.insecure_channel(target, options=options)
-    else:
-        channel = grpc.secure_channel(target, credentials, options=options)
-    with channel:
-        check = channel.unary_unary(_CHECK_METHOD, request_serializer=None, response_deserializer=None)
+    """One health Check of ``target`` (bounded by ``timeout`` seconds); None when it cannot be reached."""
+    with open_channel(target, tls) as channel:
+        check: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            _CHECK_METHOD, request_serializer=None, response_deserializer=None
+        )
         try:
             return decode_response(check(encode_request(service), timeout=timeout))
         except grpc.RpcError:

@@ -8,6 +8,7 @@ period). ``pagoda serve`` and the integration tests use it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -15,19 +16,23 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import grpc
 
-from pagoda_client.client import Client
-from pagoda_client.errors import PagodaError
-from pagoda_client.health import ServingStatus, check_health
-from pagoda_client.types import TlsConfig
+from pagoda.channel import Tls, auth_metadata, open_channel
+from pagoda.launch.health import ServingStatus, check_health
+from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
 LOOPBACK = "127.0.0.1"
+# A SIGKILLed process is gone within milliseconds unless stuck in the kernel (D state).
+_KILL_WAIT_S = 10.0
+logger = logging.getLogger(__name__)
+# The generated stub is untyped; this is the one call the launcher makes through it.
+_GenerationStub: Callable[[grpc.Channel], Any] = generation_pb2_grpc.GenerationStub
 
 
 class LauncherError(RuntimeError):
@@ -42,7 +47,8 @@ def free_port(host: str = LOOPBACK) -> int:
     """A TCP port that was free a moment ago on ``host``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def service_command(script: str, module: str) -> list[str]:
@@ -107,7 +113,7 @@ class Launcher:
         log_dir: str | Path | None = None,
         startup_timeout_s: float = 300.0,
         stop_grace_s: float = 10.0,
-        client_tls: bool | TlsConfig = False,
+        client_tls: Tls = False,
         client_api_key: str | None = None,
     ) -> None:
         if num_executors < 1:
@@ -203,9 +209,11 @@ class Launcher:
             start_new_session=True,
         )
 
-    def _wait_healthy(self, children: Sequence[_Child], tls: bool | TlsConfig = False) -> None:
+    def _wait_healthy(self, children: Sequence[_Child], tls: Tls = False) -> None:
+        """Poll each child's health Check until SERVING, up to ``startup_timeout_s``."""
         end = time.monotonic() + self.startup_timeout_s
         pending = list(children)
+        logger.info("waiting up to %.0fs for %s to be SERVING", self.startup_timeout_s, [c.name for c in pending])
         while pending:
             self.raise_if_dead(children)
             pending = [c for c in pending if check_health(c.address, tls=tls) != ServingStatus.SERVING]
@@ -218,22 +226,27 @@ class Launcher:
     def _wait_executors_ready(self) -> None:
         """Wait (bounded) until the scheduler reports every executor READY."""
         end = time.monotonic() + min(30.0, self.startup_timeout_s)
-        states: list[str] = []
-        with Client(
-            self.target, timeout=2.0, max_retries=0, tls=self.client_tls, api_key=self.client_api_key
-        ) as client:
+        logger.info("waiting up to %.0fs for the scheduler to report the executors READY", end - time.monotonic())
+        states: list[str] | None = []
+        with open_channel(self.target, self.client_tls) as channel:
+            stub = _GenerationStub(channel)
             while time.monotonic() < end:
                 self.raise_if_dead()
-                try:
-                    states = [e.state for e in client.status().executors]
-                except PagodaError as error:
-                    if error.code == grpc.StatusCode.UNIMPLEMENTED:
-                        return
-                    states = []
-                if states.count("READY") >= len(self.executors):
+                states = self._executor_states(stub)
+                if states is None or states.count("READY") >= len(self.executors):
                     return
                 time.sleep(0.2)
         raise LauncherError(f"the scheduler did not report {len(self.executors)} executors READY: {states}")
+
+    def _executor_states(self, stub: Any) -> list[str] | None:
+        """Executor states from one ``GetStatus`` (2 s bound); None when the scheduler has no such RPC."""
+        try:
+            status = stub.GetStatus(
+                generation_pb2.GetStatusRequest(), timeout=2.0, metadata=auth_metadata(self.client_api_key)
+            )
+        except grpc.RpcError as error:
+            return None if error.code() == grpc.StatusCode.UNIMPLEMENTED else []
+        return [e.state for e in status.executors]
 
     def dead_child(self, children: Sequence[_Child] | None = None) -> tuple[str, int] | None:
         """``(name, exit code)`` of the first child (of ``children``, default all) that has exited, or None."""
@@ -256,7 +269,7 @@ class Launcher:
         if child.process is None:
             return
         _signal_group(child.process, sig)
-        child.process.wait()
+        _reap(child.process, self.stop_grace_s)
         _close_log(child)
 
     def restart_executor(self, index: int, *, wait: bool = True) -> None:
@@ -270,16 +283,12 @@ class Launcher:
 
     def stop(self) -> None:
         """SIGTERM every child, SIGKILL what is left after the grace period."""
-        children = [c for c in [self.scheduler, *self.executors] if c.process is not None]
-        for child in children:
-            _signal_group(child.process, signal.SIGTERM)
+        processes = [(c, c.process) for c in [self.scheduler, *self.executors] if c.process is not None]
+        for _, process in processes:
+            _signal_group(process, signal.SIGTERM)
         end = time.monotonic() + self.stop_grace_s
-        for child in children:
-            try:
-                child.process.wait(timeout=max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(child.process, signal.SIGKILL)
-                child.process.wait()
+        for child, process in processes:
+            _reap(process, max(0.0, end - time.monotonic()))
             _close_log(child)
 
     def logs(self) -> dict[str, str]:
@@ -313,6 +322,19 @@ def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
+
+
+def _reap(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """Wait ``grace_s`` for the child to exit, then SIGKILL its group and wait (bounded) again."""
+    try:
+        process.wait(timeout=grace_s)
+        return
+    except subprocess.TimeoutExpired:
+        _signal_group(process, signal.SIGKILL)
+    try:
+        process.wait(timeout=_KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        logger.warning("pid %d still running %.0fs after SIGKILL; not reaped", process.pid, _KILL_WAIT_S)
 
 
 def _close_log(child: _Child) -> None:

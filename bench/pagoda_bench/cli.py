@@ -1,4 +1,8 @@
-"""``pagoda bench``: load generator with a Hugging Face baseline side by side."""
+"""``pagoda bench``: its flags and the run (workload, backends, report).
+
+The ``pagoda`` command (``pagoda_client.cli``) adds these flags to its ``bench``
+subcommand and calls ``run_bench``; the backends are imported only when they run.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from pagoda_client.bench_metrics import RequestRecord, compute_metrics, parse_goodput
-from pagoda_client.bench_report import format_report, write_json, write_plots
-from pagoda_client.bench_workload import (
+from pagoda_bench.metrics import RequestRecord, compute_metrics, parse_goodput
+from pagoda_bench.progress import ProgressBar
+from pagoda_bench.report import format_report, write_json, write_plots
+from pagoda_bench.workload import (
     BenchRequest,
     arrival_times,
     parse_range,
@@ -19,7 +24,6 @@ from pagoda_client.bench_workload import (
     random_workload,
     sharegpt_workload,
 )
-from pagoda_client.progress import ProgressBar
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +96,7 @@ def build_workload(
 def _run_pagoda(
     args: argparse.Namespace, requests: list[BenchRequest], connection: dict[str, Any]
 ) -> tuple[list[RequestRecord], float]:
-    from pagoda_client.bench_pagoda import PagodaBackendConfig, run_pagoda
+    from pagoda_bench.backend_pagoda import PagodaBackendConfig, run_pagoda
 
     config = PagodaBackendConfig(
         target=connection["target"],
@@ -112,7 +116,7 @@ def _run_pagoda(
 
 
 def _run_hf(args: argparse.Namespace, model: Any, requests: list[BenchRequest]) -> tuple[list[RequestRecord], float]:
-    from pagoda_client.bench_hf import run_hf
+    from pagoda_bench.backend_hf import run_hf
 
     config = _hf_config(args)
     progress = ProgressBar(len(requests), "hf", enabled=not args.no_progress)
@@ -123,13 +127,13 @@ def _run_hf(args: argparse.Namespace, model: Any, requests: list[BenchRequest]) 
 
 
 def _hf_model(args: argparse.Namespace) -> Any:
-    from pagoda_client.bench_hf import load_model
+    from pagoda_bench.backend_hf import load_model
 
     return load_model(_hf_config(args))
 
 
 def _hf_config(args: argparse.Namespace) -> Any:
-    from pagoda_client.bench_hf import HfBackendConfig
+    from pagoda_bench.backend_hf import HfBackendConfig
 
     return HfBackendConfig(args.model, args.dtype, args.hf_batch_size, args.max_duration_s, args.hf_num_threads)
 
@@ -180,14 +184,14 @@ def _vocabulary(
 ) -> tuple[int, tuple[int, ...], Callable[[str], list[int]]]:
     """(vocab size, EOS ids, tokenize) from the server, else from the HF model."""
     if use_pagoda:
-        from pagoda_client.client import Client
+        from pagoda_client import Client
 
         client = Client(connection["target"], api_key=connection["api_key"], tls=connection["tls"], timeout=30.0)
         info = client.model_info()
         return info.vocab_size, info.eos_token_ids, lambda text: client.tokenize(text, add_special_tokens=False)
     from transformers import AutoTokenizer
 
-    from pagoda_client.bench_hf import model_vocab, resolve_model_path
+    from pagoda_bench.backend_hf import model_vocab, resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
     vocab_size, eos_ids = model_vocab(model)

@@ -21,25 +21,6 @@ class FinishReason(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class TlsConfig:
-    """TLS settings of a client channel.
-
-    Attributes:
-        root_certificates: PEM file of the CA that signed the server's
-            certificate; None uses the system roots.
-        certificate_chain: PEM file of the client certificate (mTLS), or None.
-        private_key: PEM file of the client key (mTLS), or None.
-        server_name_override: host name to check the server certificate
-            against instead of the target's host (tests, IP targets).
-    """
-
-    root_certificates: str | None = None
-    certificate_chain: str | None = None
-    private_key: str | None = None
-    server_name_override: str | None = None
-
-
-@dataclass(frozen=True)
 class Usage:
     """Token counts of one request."""
 
@@ -171,6 +152,8 @@ class ExecutorStatus:
     num_kv_blocks: int
     num_free_kv_blocks: int
     kv_cache_usage: float
+    kernels: dict[str, str] = field(default_factory=dict)
+    """The code path each part of a step runs on it, e.g. ``{"attention": "cpp", "gemm": "amx-panel"}``."""
 
 
 @dataclass(frozen=True)

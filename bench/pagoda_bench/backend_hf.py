@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pagoda_client.bench_metrics import RequestRecord
-from pagoda_client.bench_workload import BenchRequest
-from pagoda_client.progress import ProgressBar
+from pagoda_bench.metrics import RequestRecord
+from pagoda_bench.progress import ProgressBar
+from pagoda_bench.workload import BenchRequest
 
 DTYPES = ("float32", "bfloat16", "float16")
 

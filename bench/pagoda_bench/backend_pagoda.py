@@ -8,12 +8,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagoda_client.aio import AsyncClient
-from pagoda_client.bench_metrics import RequestRecord
-from pagoda_client.bench_workload import BenchRequest
-from pagoda_client.errors import PagodaError
-from pagoda_client.progress import ProgressBar
-from pagoda_client.types import TlsConfig
+from pagoda_bench.metrics import RequestRecord
+from pagoda_bench.progress import ProgressBar
+from pagoda_bench.workload import BenchRequest
+from pagoda_client import AsyncClient, PagodaError, TlsConfig
 
 
 @dataclass(frozen=True)
