@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc import types as t
 from executor_svc.attention import BACKENDS, TorchAttentionBackend, get_backend
 from executor_svc.attention import cpp_backend as cpp_attention
 from executor_svc.implementations import Implementation, ImplementationRegistry
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models import layer_ops as layer_ops_module
 from executor_svc.models.layer_ops import LAYER_OPS, TorchLayerOps, get_layer_ops
+from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder
 
 CPU = torch.device("cpu")
@@ -122,8 +122,8 @@ def counting_implementations():
 def _last_logits(runner: ModelRunner, prompt: list[int]) -> list[torch.Tensor]:
     recorder = install_recorder(runner)
     plan = t.NewSequence(1, "r", tuple(prompt), len(prompt), GREEDY, tuple(range(4)), 0, len(prompt))
-    assert not runner.execute(t.StepInput(1, new_seqs=(plan,))).errors
-    assert not runner.execute(t.StepInput(2, scheduled_seqs=(t.ScheduledSequence(1, 1),))).errors
+    assert not runner.execute(t.StepPlan(1, new_seqs=(plan,))).errors
+    assert not runner.execute(t.StepPlan(2, scheduled_seqs=(t.ScheduledSequence(1, 1),))).errors
     return [logits for _, logits in recorder.records]
 
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from executor_svc import types as t
 from executor_svc.gguf_loader import GgufError, load_gguf
 from executor_svc.model_config import LayerConfig, ModelConfig
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models import llama, registry
 from executor_svc.models.registry import GgufSpec, ModelFamily
+from pagoda import step as t
 from tests.executor.conftest import GREEDY, BlockAllocator, blocks_needed, install_recorder, load_hf
 from tests.executor.test_gguf_loader import random_hf_weights, write_tiny_gguf
 
@@ -188,7 +188,7 @@ def _chunked_prefill_then_decode(runner: ModelRunner, prompt_lens, chunk: int, n
             else:
                 scheduled.append(t.ScheduledSequence(i, n))
             computed[i] += n
-        out = runner.execute(t.StepInput(step_id, new_seqs=tuple(new), scheduled_seqs=tuple(scheduled)))
+        out = runner.execute(t.StepPlan(step_id, new_seqs=tuple(new), scheduled_seqs=tuple(scheduled)))
         assert not out.errors, out.errors
         for output in out.outputs:
             tokens[output.seq_id].extend(output.token_ids)
