@@ -53,7 +53,7 @@ model: $(STAMP)
 run: $(STAMP)
 	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --port $(PORT) --http-port $(HTTP_PORT) --dtype $(DTYPE)
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # ruff (format and check) over the tree; mypy --strict over the scheduler, the client and pagoda's shared modules.

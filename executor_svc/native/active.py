@@ -52,6 +52,10 @@ def prefill_path(runner) -> str:
     kernel = getattr(backend, "prefill_kernel", None)
     k_cache, _ = runner.kv_cache.layer(0)
     q = torch.empty(0, 1, runner.config.head_dim, dtype=runner.dtype, device="meta")  # [T, H, Dh]
-    if kernel is not None and runner.config.sliding_window is None and cpp_backend._prefill_fits(q, k_cache):
+    if kernel is None or not cpp_backend._prefill_fits(q, k_cache):
+        return "sdpa"
+    windows = set(runner.config.sliding_windows)
+    if windows == {None}:
         return "amx-flash"
-    return "sdpa"
+    # Sliding-window layers keep SDPA; full-attention layers of the same model take the kernel.
+    return "amx-flash+sdpa" if None in windows else "sdpa"

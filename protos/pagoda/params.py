@@ -18,7 +18,6 @@ the rest follows from the table. Pure Python: no torch, numpy or protobuf.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -347,13 +346,18 @@ def group_of(cls: type[Params]) -> Group:
     return "sampling" if cls is SamplingParams else "stopping"
 
 
-@functools.cache
 def rows(group: Group) -> tuple[ParamField, ...]:
-    """The table rows of one group, in declaration order (computed once)."""
+    """The table rows of one group, in declaration order (computed once per dataclass)."""
     cls = PARAM_CLASSES[group]
-    return tuple(
-        ParamField(f.name, group, str(f.type), f.metadata["param"], f.default) for f in dataclasses.fields(cls)
-    )
+    found = _ROWS.get(cls)
+    if found is None:
+        found = _ROWS[cls] = tuple(
+            ParamField(f.name, group, str(f.type), f.metadata["param"], f.default) for f in dataclasses.fields(cls)
+        )
+    return found
+
+
+_ROWS: dict[type, tuple[ParamField, ...]] = {}
 
 
 def fields(group: Group | None = None) -> Iterator[ParamField]:

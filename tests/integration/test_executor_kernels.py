@@ -27,9 +27,9 @@ import grpc
 import pytest
 
 from executor_svc.native import loader
+from pagoda.launch.health import ServingStatus, check_health
+from pagoda.launch.launcher import LOOPBACK, free_port
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
-from pagoda_client.health import ServingStatus, check_health
-from pagoda_client.launcher import LOOPBACK, free_port
 
 pytestmark = pytest.mark.integration
 
