@@ -19,7 +19,7 @@ from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
-from executor_svc.sampler import SampleRequest, sample
+from executor_svc.sampler import SampleRequest, sample, validate_sampling_params
 from executor_svc.step_batch import SequenceState, StepBatch, build_step_batch
 from executor_svc.weights import load_checkpoint, validate_tensors
 from pagoda.params import SamplingParams
@@ -194,6 +194,10 @@ class ModelRunner:
             self._check_token_ids(entry.token_ids)
             if not 0 <= entry.num_computed_tokens <= len(entry.token_ids):
                 raise PlanError(f"num_computed_tokens {entry.num_computed_tokens} outside [0, {len(entry.token_ids)}]")
+            try:
+                validate_sampling_params(entry.sampling)
+            except ValueError as exc:
+                raise PlanError(f"sampling: {exc}") from None
             state = SequenceState(
                 entry.seq_id,
                 entry.request_id,

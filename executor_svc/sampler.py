@@ -57,7 +57,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from executor_svc import sampling_ops
-from pagoda.params import SamplingParams
+from pagoda.params import SamplingParams, out_of_range
 from pagoda.step import LogprobEntry, TokenLogprob
 
 # Temperatures below this are greedy (dividing by them would overflow).
@@ -85,17 +85,10 @@ class SampleOutput:
 
 
 def validate_sampling_params(params: SamplingParams) -> None:
-    """Raises ValueError when ``params`` cannot be sampled with."""
-    if not params.temperature >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-    if not 0.0 < params.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
-    if not 0.0 <= params.min_p <= 1.0:
-        raise ValueError(f"min_p must be in [0, 1], got {params.min_p}")
-    if not params.repetition_penalty > 0.0:
-        raise ValueError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
-    if params.logprobs is not None and params.logprobs < 0:
-        raise ValueError(f"logprobs must be >= 0, got {params.logprobs}")
+    """Raises ValueError when ``params`` cannot be sampled with (a range of the parameter table)."""
+    reason = out_of_range(params)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def is_greedy(params: SamplingParams) -> bool:

@@ -360,6 +360,22 @@ def rows(group: Group) -> tuple[ParamField, ...]:
 _ROWS: dict[type, tuple[ParamField, ...]] = {}
 
 
+def out_of_range(values: Params, limits: Callable[[str], float] | None = None) -> str | None:
+    """``"<field> must be ..."`` for the first field of ``values`` outside its table range, or None.
+
+    Args:
+        values: effective parameters (aliases already applied).
+        limits: looks up a named server limit; without it a bound that names
+            one is not checked (the executor does not know the operator's limits).
+    """
+    lookup = limits if limits is not None else (lambda name: math.inf)
+    for row in rows(group_of(type(values))):
+        reason = row.spec.check(row.name, getattr(values, row.name), lookup)
+        if reason is not None:
+            return f"{row.name} {reason}"
+    return None
+
+
 def fields(group: Group | None = None) -> Iterator[ParamField]:
     """Every table row (of one group, or all), in declaration order."""
     for name in PARAM_CLASSES:

@@ -134,3 +134,14 @@ def test_warmup_leaves_no_state(runner):
 def test_timings_filled(runner):
     out = runner.execute(t.StepPlan(1, new_seqs=(_new(1, [5, 6, 7], [0], 3),)))
     assert out.timings.prepare_ns > 0 and out.timings.forward_ns > 0 and out.timings.sample_ns > 0
+
+
+def test_out_of_range_sampling_fails_only_its_sequence(runner):
+    """The executor checks each new sequence's parameters against the table's ranges, not only the scheduler."""
+    import dataclasses
+
+    bad = dataclasses.replace(_new(2, [5, 6, 7], [1], 3), sampling=dataclasses.replace(GREEDY, top_p=0.0))
+    out = runner.execute(t.StepPlan(1, new_seqs=(_new(1, [5, 6, 7], [0], 3), bad)))
+    assert [o.seq_id for o in out.outputs] == [1]
+    assert [(e.seq_id, e.message) for e in out.errors] == [(2, "sampling: top_p must be in (0, 1], got 0.0")]
+    assert not runner.has_sequence(2)
