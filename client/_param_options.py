@@ -40,9 +40,6 @@ class ParamOptions(TypedDict, total=False):
     # sampling: top alternatives returned with each token's logprob; unset: none, 0: the sampled token's only
     logprobs: int | None
 
-    # sampling: drop tokens whose probability is below this (after temperature); 0 disables
-    epsilon_cutoff: float | None
-
     # stopping: new tokens to generate at most (server default when unset)
     max_tokens: int | None
 

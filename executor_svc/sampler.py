@@ -200,11 +200,6 @@ def _sample_random(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> t
     scaled = logits / temperature[:, None]  # [R, V]
     if any(p.min_p > 0.0 for p in params):
         scaled = scaled.masked_fill(~sampling_ops.min_p_mask(scaled, min_p), float("-inf"))
-    if any(p.epsilon_cutoff > 0.0 for p in params):
-        epsilon = torch.tensor([p.epsilon_cutoff for p in params], dtype=torch.float32).to(device)  # [R]
-        probs = torch.softmax(scaled, dim=-1)  # [R, V]
-        keep = (probs >= epsilon[:, None]) | (probs == probs.max(dim=-1, keepdim=True).values)
-        scaled = scaled.masked_fill(~keep, float("-inf"))
     keys = torch.tensor(
         [sampling_ops.stream_key(r.params.seed, len(r.token_ids)) for r in requests],
         dtype=torch.int64,

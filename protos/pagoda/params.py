@@ -280,18 +280,6 @@ class SamplingParams:
             high=Bound(limit="max_logprobs"),
         ),
     )
-    epsilon_cutoff: float = param(
-        0.0,
-        Param(
-            10,
-            "optional float",
-            "drop tokens whose probability is below this (after temperature); 0 disables",
-            unset=0.0,
-            http="epsilon_cutoff",
-            low=Bound(0.0),
-            high=Bound(1.0, inclusive=False),
-        ),
-    )
 
 
 @dataclasses.dataclass(frozen=True)
