@@ -1,0 +1,109 @@
+"""A/B throughput of two checkouts' servers on the same workload, measured in one run.
+
+Each round starts checkout A's ``pagoda serve`` (from its own venv), runs the
+same ``pagoda bench`` workload against it, stops it, then does the same for
+checkout B; rounds alternate which goes first, so drift on a shared machine
+hits both alike. Prints each run's output tokens/s, the medians and B/A.
+
+Usage:
+    python bench/ab_serve.py --a /path/to/checkout-before --b . --rounds 3 \\
+        --serve-args "--dtype bfloat16 --kv-cache-memory 1GiB" \\
+        --bench-args "--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+READY_TIMEOUT_S = 900.0
+BENCH_TIMEOUT_S = 1800.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(bench: Path, target: str, server: subprocess.Popen[bytes]) -> None:
+    """Until ``pagoda status`` answers with a READY executor (bounded, logged)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"server exited with {server.returncode} before it was ready")
+        probe = subprocess.run(
+            [str(bench), "status", "--target", target, "--json"], capture_output=True, text=True, timeout=30
+        )
+        if probe.returncode == 0 and '"READY"' in probe.stdout:
+            return
+        time.sleep(1.0)
+    raise SystemExit(f"no READY executor at {target} after {READY_TIMEOUT_S:.0f}s")
+
+
+def run_once(checkout: Path, client: Path, serve_args: list[str], bench_args: list[str], log: Path) -> float:
+    """Output tokens/s of one served run of ``checkout``."""
+    port = _free_port()
+    target = f"127.0.0.1:{port}"
+    serve = [str(checkout / ".venv" / "bin" / "pagoda"), "serve", "--port", str(port), *serve_args]
+    with open(log, "ab") as out:
+        server = subprocess.Popen(serve, cwd=checkout, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_ready(client, target, server)
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "bench.json"
+            bench = [str(client), "bench", "--target", target, "--no-progress", "--json", str(report), *bench_args]
+            subprocess.run(bench, check=True, timeout=BENCH_TIMEOUT_S, stdout=subprocess.DEVNULL)
+            return float(json.loads(report.read_text())["runs"]["pagoda"]["metrics"]["output_throughput"])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a", required=True, type=Path, help="checkout A (its .venv is used)")
+    parser.add_argument("--b", required=True, type=Path, help="checkout B (its .venv is used)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--serve-args", default="--dtype bfloat16 --kv-cache-memory 1GiB")
+    parser.add_argument(
+        "--bench-args",
+        default="--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0",
+    )
+    parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "ab_serve.log")
+    args = parser.parse_args()
+    checkouts = {"A": args.a.resolve(), "B": args.b.resolve()}
+    client = Path(sys.executable).parent / "pagoda"
+    results: dict[str, list[float]] = {"A": [], "B": []}
+    for round_index in range(args.rounds):
+        order = ("A", "B") if round_index % 2 == 0 else ("B", "A")
+        for name in order:
+            tok_s = run_once(
+                checkouts[name], client, shlex.split(args.serve_args), shlex.split(args.bench_args), args.log
+            )
+            results[name].append(tok_s)
+            print(f"round {round_index + 1} {name}: {tok_s:.1f} output tok/s", flush=True)
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    for name, values in results.items():
+        runs = ", ".join(f"{v:.1f}" for v in values)
+        print(f"{name} ({checkouts[name]}): median {medians[name]:.1f} output tok/s [{runs}]")
+    print(f"B/A = {medians['B'] / medians['A']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
