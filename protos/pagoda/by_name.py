@@ -32,7 +32,7 @@ def copy_by_name(cls: type[T], *sources: object, **given: Any) -> T:
         AttributeError: a field that ``given`` lacks and no source has (named).
     """
     values = dict(given)
-    for name, wants_tuple in _layout(cls):
+    for name, wants_tuple in _layout(cast(type, cls)):  # mypy: a type[T] is hashable
         if name in given:
             continue
         source = next((s for s in sources if hasattr(s, name)), None)
