@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
+from support.system import fp32_launcher
 
-from pagoda.launch.launcher import Launcher
 from pagoda_client import Client
 
 pytestmark = pytest.mark.integration
@@ -64,13 +64,10 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_executors(tiny_model_dir, tmp_path_factory):
-    with Launcher(
-        str(tiny_model_dir),
-        num_executors=2,
-        dtype="float32",
-        kv_cache_memory="2MiB",
-        log_dir=tmp_path_factory.mktemp("logs"),
-        extra_executor_args=["--drain-timeout-s", "20"],
+    logs = tmp_path_factory.mktemp("logs")
+    args = ["--drain-timeout-s", "20"]
+    with fp32_launcher(
+        tiny_model_dir, logs, "2MiB", num_executors=2, extra_executor_args=args, startup_timeout_s=300
     ) as system:
         yield system
 

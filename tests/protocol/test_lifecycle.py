@@ -11,6 +11,7 @@ import threading
 import grpc
 import pytest
 from protocol.conftest import pool_is_whole, scrape, wait_until
+from support.system import fp32_launcher
 
 from pagoda.launch.health import ServingStatus, check_health
 from pagoda.launch.launcher import Launcher, free_port, service_command
@@ -27,13 +28,13 @@ def _prompt(i: int) -> list[int]:
 @pytest.fixture(scope="module")
 def system(tiny_model_dir, tmp_path_factory):
     executor_metrics, scheduler_metrics = free_port(), free_port()
-    with Launcher(
-        str(tiny_model_dir),
-        dtype="float32",
-        kv_cache_memory="1MiB",
+    with fp32_launcher(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("logs"),
+        "1MiB",
         metrics_port=scheduler_metrics,
         extra_executor_args=["--metrics-port", str(executor_metrics)],
-        log_dir=tmp_path_factory.mktemp("logs"),
+        startup_timeout_s=300,
     ) as launched:
         launched.executor_metrics_port = executor_metrics
         launched.metrics_port = scheduler_metrics

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from support.system import fp32_launcher
 
-from pagoda.launch.launcher import Launcher
 from pagoda.v1 import generation_pb2 as g
 from pagoda.v1 import generation_pb2_grpc
 from pagoda_client import Client
@@ -30,13 +30,8 @@ GENERATE = "/pagoda.v1.Generation/Generate"
 @pytest.fixture(scope="module")
 def system(security_model_dir, tmp_path_factory):
     args = ["--max-message-bytes", "64KiB", "--max-new-tokens", str(MAX_NEW)]
-    with Launcher(
-        str(security_model_dir),
-        dtype="float32",
-        kv_cache_memory="256KiB",
-        extra_scheduler_args=args,
-        log_dir=tmp_path_factory.mktemp("hostile-logs"),
-        startup_timeout_s=120,
+    with fp32_launcher(
+        security_model_dir, tmp_path_factory.mktemp("hostile-logs"), extra_scheduler_args=args
     ) as launched:
         yield launched
 
