@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 import urllib.request
 from urllib.parse import urlparse
 
 import openai
 import pytest
+from support.pool import wait_pool_whole
 
 from pagoda_client import Client
 
@@ -52,16 +52,6 @@ def _same_usage(http_usage, grpc_usage) -> None:
     assert http_usage.prompt_tokens == grpc_usage.prompt_tokens
     assert http_usage.completion_tokens == grpc_usage.completion_tokens
     assert http_usage.total_tokens == grpc_usage.prompt_tokens + grpc_usage.completion_tokens
-
-
-def _wait_pool_whole(grpc: Client, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = grpc.status()
-        if status.num_running == 0 and all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors):
-            return
-        assert time.monotonic() < deadline, f"KV pool not whole: {status}"
-        time.sleep(0.05)
 
 
 def test_models_list_names_the_served_model(oai, grpc, model):
@@ -254,5 +244,5 @@ def test_client_disconnect_mid_stream_frees_the_blocks(http_system, grpc, model)
     assert status.num_running == 1 and status.executors[0].num_free_kv_blocks < status.executors[0].num_kv_blocks
     reply.close()
     conn.close()
-    _wait_pool_whole(grpc)
+    wait_pool_whole(grpc)
     assert _num_aborted(base_url) == num_aborted + 1

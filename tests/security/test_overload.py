@@ -9,6 +9,7 @@ import time
 
 import grpc
 import pytest
+from support.pool import wait_pool_whole
 from support.system import fp32_launcher
 
 from pagoda.v1 import generation_pb2 as g
@@ -43,18 +44,8 @@ def _timed_generate(target: str, request: g.GenerateRequest, timeout_s: float = 
 
 
 def _assert_pool_whole(target: str, timeout_s: float = 10) -> None:
-    end = time.monotonic() + timeout_s
     with Client(target, timeout=10) as client:
-        while True:
-            status = client.status()
-            if (
-                status.num_running == 0
-                and status.num_waiting == 0
-                and all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors)
-            ):
-                return
-            assert time.monotonic() < end, f"KV pool not whole: {status}"
-            time.sleep(0.05)
+        wait_pool_whole(client, timeout_s, nothing_waiting=True)
 
 
 def test_full_waiting_queue_refuses_at_once(security_model_dir, tmp_path):
