@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
-import sys
 from collections.abc import Sequence
 
 import grpc
@@ -20,7 +19,7 @@ from executor_svc.native import loader
 from executor_svc.server import ExecutorServicer
 from executor_svc.tokenizer_files import TokenizerFiles, load_tokenizer_files
 from pagoda.runtime import grpc_server
-from pagoda.runtime.logs import configure_logging
+from pagoda.runtime.logs import configure_logging, run_logged
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("executor")
@@ -111,11 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_logging(config.log_format)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    try:
-        asyncio.run(serve(config))
-    except Exception:
-        log.exception("executor_failed")
-        sys.exit(1)
+    run_logged(serve(config), log, "executor_failed")
 
 
 if __name__ == "__main__":
