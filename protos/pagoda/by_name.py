@@ -33,12 +33,18 @@ def copy_by_name(cls: type[T], *sources: object, **given: Any) -> T:
     """
     values = dict(given)
     for name, wants_tuple in _layout(cast(type, cls)):  # mypy: a type[T] is hashable
-        if name in given:
-            continue
-        source = next((s for s in sources if hasattr(s, name)), None)
-        if source is None:
-            raise AttributeError(f"{cls.__name__}.{name}: not given and not an attribute of any source")
-        value = getattr(source, name)
-        values[name] = tuple(value) if wants_tuple else value
+        if name not in given:
+            value = _first(sources, name, cls)
+            values[name] = tuple(value) if wants_tuple else value
     factory: Any = cls
     return cast(T, factory(**values))
+
+
+def _first(sources: tuple[object, ...], name: str, cls: type) -> Any:
+    """The attribute ``name`` of the first source that has it (one lookup each: this runs per new sequence)."""
+    for source in sources:
+        try:
+            return getattr(source, name)
+        except AttributeError:
+            continue
+    raise AttributeError(f"{cls.__name__}.{name}: not given and not an attribute of any source")
