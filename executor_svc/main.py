@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
-import sys
 from collections.abc import Sequence
 
 import grpc
@@ -17,13 +17,15 @@ from executor_svc.model_cache import resolve_model
 from executor_svc.model_runner import ModelRunner
 from executor_svc.native import loader
 from executor_svc.server import ExecutorServicer
-from executor_svc.tokenizer_files import load_tokenizer_files
+from executor_svc.tokenizer_files import TokenizerFiles, load_tokenizer_files
 from pagoda.runtime import grpc_server
-from pagoda.runtime.logs import configure_logging
+from pagoda.runtime.logs import configure_logging, run_logged
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("executor")
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
+# The ready line leaves out what the runner's info holds empty (tokenizer, servicer) or what it logs otherwise.
+_NOT_LOGGED = {f.name for f in dataclasses.fields(TokenizerFiles)} | {"incarnation_id", "draining", "kernels"}
 
 
 def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
@@ -71,7 +73,8 @@ async def serve(config: ExecutorConfig) -> None:
     log.info(
         "executor_ready",
         model=model_name,
-        **{k: v for k, v in vars(runner.info).items() if k != "eos_token_ids"},
+        **{k: v for k, v in vars(runner.info).items() if k not in _NOT_LOGGED},
+        bos_token_id=runner.config.bos_token_id,
         kernels=servicer.kernels,
         kernel_library=str(kernels.library) if kernels is not None else "",
     )
@@ -107,11 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_logging(config.log_format)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    try:
-        asyncio.run(serve(config))
-    except Exception:
-        log.exception("executor_failed")
-        sys.exit(1)
+    run_logged(serve(config), log, "executor_failed")
 
 
 if __name__ == "__main__":

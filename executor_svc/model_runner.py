@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -23,26 +24,12 @@ from executor_svc.sampler import SampleRequest, sample, validate_sampling_params
 from executor_svc.step_batch import SequenceState, StepBatch, build_step_batch
 from executor_svc.weights import load_checkpoint, validate_tensors
 from pagoda.params import SamplingParams
-from pagoda.step import NewSequence, ScheduledSequence, SeqError, SeqOutput, StepPlan, StepResult, StepTimings
+from pagoda.step import ExecutorInfo, NewSequence, SeqError, SeqOutput, StepResult, StepTimings
+
+if TYPE_CHECKING:
+    from pagoda.step import ScheduledSequence, StepPlan
 
 log = structlog.get_logger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunnerInfo:
-    """What Describe reports about the loaded model and its KV cache."""
-
-    model_name: str
-    architecture: str
-    dtype: str
-    kv_cache_dtype: str
-    device: str
-    block_size: int
-    num_kv_blocks: int
-    max_model_len: int
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    bos_token_id: int | None
 
 
 class PlanError(ValueError):
@@ -87,9 +74,10 @@ class ModelRunner:
         # (sample function, request class); tests wrap it to record logits.
         self._sample_fn = (sample, SampleRequest)
 
-    def _describe(self, model_name: str, extra_eos_token_ids: tuple[int, ...]) -> RunnerInfo:
-        """What Describe reports, once the model and the KV cache are in place."""
-        return RunnerInfo(
+    def _describe(self, model_name: str, extra_eos_token_ids: tuple[int, ...]) -> ExecutorInfo:
+        """What Describe reports of the model and the KV cache; the servicer adds itself and the tokenizer."""
+        return ExecutorInfo(
+            incarnation_id="",
             model_name=model_name,
             architecture=self.config.architecture,
             dtype=dtype_name(self.dtype),
@@ -100,7 +88,10 @@ class ModelRunner:
             max_model_len=self.max_model_len,
             vocab_size=self.config.vocab_size,
             eos_token_ids=tuple(dict.fromkeys(self.config.eos_token_ids + extra_eos_token_ids)),
-            bos_token_id=self.config.bos_token_id,
+            tokenizer_json="",
+            chat_template="",
+            bos_token="",
+            eos_token="",
         )
 
     def _build_model(self, tensors: dict[str, torch.Tensor], ops: LayerOps) -> DecoderModel:

@@ -60,22 +60,14 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 
     def attach(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str) -> None:
         """Start serving `runner` (weights loaded, warm-up done); call on the model thread (it probes the kernels)."""
-        info = runner.info
         self.kernels = active_kernels(runner)
         if self._metrics is not None:
             self._metrics.set_kernels(self.kernels)
-        self._info = ExecutorInfo(
+        self._info = dataclasses.replace(
+            runner.info,
             incarnation_id=self.incarnation_id,
             model_name=model_name,
-            architecture=info.architecture,
-            dtype=info.dtype,
-            kv_cache_dtype=info.kv_cache_dtype,
-            device=info.device,
-            block_size=info.block_size,
-            num_kv_blocks=info.num_kv_blocks,
-            max_model_len=info.max_model_len,
-            vocab_size=info.vocab_size,
-            eos_token_ids=tuple(tokenizer.eos_token_ids or info.eos_token_ids),
+            eos_token_ids=tuple(tokenizer.eos_token_ids or runner.info.eos_token_ids),
             tokenizer_json=tokenizer.tokenizer_json,
             chat_template=tokenizer.chat_template or "",
             bos_token=tokenizer.bos_token or "",

@@ -19,8 +19,11 @@ import os
 import pathlib
 from typing import TYPE_CHECKING, Any
 
+from pagoda.by_name import copy_by_name
+
 if TYPE_CHECKING:
     from executor_svc.gguf_loader import GgufModel
+    from executor_svc.gguf_tokenizer import GgufTokenizer
 
 
 class TokenizerFilesError(ValueError):
@@ -61,30 +64,23 @@ def read_tokenizer_files(model_dir: str | os.PathLike[str]) -> TokenizerFiles:
 
 
 def from_gguf(model: GgufModel) -> TokenizerFiles:
-    """The tokenizer files of a loaded GGUF model."""
-    return TokenizerFiles(
-        tokenizer_json=model.tokenizer_json,
-        chat_template=model.chat_template,
-        bos_token=model.bos_token,
-        eos_token=model.eos_token,
-        eos_token_ids=model.eos_token_ids,
-    )
+    """The tokenizer files of a loaded GGUF model (it carries them under the same names)."""
+    return copy_by_name(TokenizerFiles, model)
+
+
+def from_gguf_metadata(metadata: dict[str, Any], built: GgufTokenizer | None = None) -> TokenizerFiles:
+    """The tokenizer files of a GGUF file's metadata; ``built``: its tokenizer, when already built from it."""
+    from executor_svc import gguf_tokenizer
+
+    built = built or gguf_tokenizer.build_tokenizer(metadata)
+    return copy_by_name(TokenizerFiles, built, chat_template=metadata.get("tokenizer.chat_template"))
 
 
 def from_gguf_file(path: str | os.PathLike[str]) -> TokenizerFiles:
     """The tokenizer files of a GGUF file, from its metadata only (no weights read)."""
-    from executor_svc import gguf_tokenizer
     from executor_svc.gguf_loader import read_metadata
 
-    metadata = read_metadata(path)
-    built = gguf_tokenizer.build_tokenizer(metadata)
-    return TokenizerFiles(
-        tokenizer_json=built.tokenizer_json,
-        chat_template=metadata.get("tokenizer.chat_template"),
-        bos_token=built.bos_token,
-        eos_token=built.eos_token,
-        eos_token_ids=built.eos_token_ids,
-    )
+    return from_gguf_metadata(read_metadata(path))
 
 
 def load_tokenizer_files(model_path: str | os.PathLike[str]) -> TokenizerFiles:

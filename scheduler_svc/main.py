@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import Sequence
 
 import grpc
 import structlog
 
 from pagoda.runtime import grpc_server
-from pagoda.runtime.logs import configure_logging
+from pagoda.runtime.logs import configure_logging, run_logged
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from scheduler_svc.auth import build_interceptors
 from scheduler_svc.config import SchedulerServiceConfig, load_config
@@ -74,11 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point."""
     config = load_config(argv)
     configure_logging(config.log_format)
-    try:
-        asyncio.run(serve(config))
-    except Exception:
-        log.exception("scheduler_failed")
-        sys.exit(1)
+    run_logged(serve(config), log, "scheduler_failed")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
+from pagoda.by_name import copy_by_name
 from pagoda.runtime.grpc_server import Context
 from pagoda.step import FinishReason
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
@@ -88,17 +89,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         model, limits = self.engine.model, self.engine.limits
         if model is None or limits is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
-        return generation_pb2.ModelInfo(
-            model_name=model.model_name,
-            architecture=model.architecture,
-            dtype=model.dtype,
-            max_model_len=limits.max_model_len,
-            vocab_size=model.vocab_size,
-            eos_token_ids=model.eos_token_ids,
-            has_chat_template=bool(model.chat_template),
-            max_prompt_tokens=limits.max_prompt_tokens,
-            max_new_tokens=limits.max_new_tokens,
-        )
+        # The limits' max_model_len (the effective one) over the executor's; the rest by name from either.
+        return copy_by_name(generation_pb2.ModelInfo, limits, model, has_chat_template=bool(model.chat_template))
 
     async def Tokenize(
         self, request: generation_pb2.TokenizeRequest, context: Context

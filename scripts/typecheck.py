@@ -19,6 +19,7 @@ PACKAGES = (
     "scheduler_svc",
     "pagoda_client",
     "pagoda.runtime",
+    "pagoda.by_name",
     "pagoda.params",
     "pagoda.params_pb",
     "pagoda.step",

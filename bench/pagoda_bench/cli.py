@@ -20,7 +20,6 @@ from pagoda_bench.workload import (
     BenchRequest,
     arrival_times,
     parse_range,
-    prefix_workload,
     random_workload,
     sharegpt_workload,
 )
@@ -74,19 +73,12 @@ def build_workload(
     args: argparse.Namespace, vocab_size: int, eos_ids: tuple[int, ...], tokenize: Callable[[str], list[int]]
 ) -> list[BenchRequest]:
     """The requests of ``args.workload``."""
-    if args.workload == "random":
+    if args.workload in ("random", "prefix"):
+        prefix = args.workload == "prefix"  # its lengths are the suffixes'
+        lengths = args.suffix_len_range if prefix else args.input_len_range
+        prefix_len = args.prefix_len if prefix else 0
         return random_workload(
-            args.num_prompts, args.input_len_range, args.output_len_range, args.seed, vocab_size, eos_ids
-        )
-    if args.workload == "prefix":
-        return prefix_workload(
-            args.num_prompts,
-            args.prefix_len,
-            args.suffix_len_range,
-            args.output_len_range,
-            args.seed,
-            vocab_size,
-            eos_ids,
+            args.num_prompts, lengths, args.output_len_range, args.seed, vocab_size, eos_ids, prefix_len
         )
     if not args.dataset_path:
         raise ValueError("the sharegpt workload needs --dataset-path")

@@ -107,23 +107,27 @@ def write_plots(directory: str | Path, runs: Mapping[str, Sequence[RequestRecord
             }[key]
             if values:
                 axis.plot(*_cdf(values), label=name)
-        axis.set(title=title, xlabel=f"{short} (ms)", ylabel="fraction of requests")
-        axis.grid(True, alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    cdf_path = out / "latency_cdf.png"
-    figure.savefig(cdf_path, dpi=100)
-    plt.close(figure)
+        _label(axis, title, f"{short} (ms)", "fraction of requests")
+    cdf_path = _save(plt, figure, out / "latency_cdf.png")
     figure, axis = plt.subplots(figsize=(10, 4))
     for name, records in runs.items():
         series = tokens_per_second_series([r for r in records if r.success])
         if series:
             axis.step([t for t, _ in series], [v for _, v in series], where="post", label=name)
-    axis.set(title="Output tokens/s over time", xlabel="time (s)", ylabel="tokens/s")
+    _label(axis, "Output tokens/s over time", "time (s)", "tokens/s")
+    return [cdf_path, _save(plt, figure, out / "throughput.png")]
+
+
+def _label(axis: Any, title: str, xlabel: str, ylabel: str) -> None:
+    """Title, axis labels, a light grid and the legend of one chart."""
+    axis.set(title=title, xlabel=xlabel, ylabel=ylabel)
     axis.grid(True, alpha=0.3)
     axis.legend()
+
+
+def _save(plt: Any, figure: Any, path: Path) -> Path:
+    """Writes ``figure`` to ``path`` (PNG, 100 dpi) and closes it."""
     figure.tight_layout()
-    throughput_path = out / "throughput.png"
-    figure.savefig(throughput_path, dpi=100)
+    figure.savefig(path, dpi=100)
     plt.close(figure)
-    return [cdf_path, throughput_path]
+    return path

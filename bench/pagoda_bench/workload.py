@@ -69,41 +69,23 @@ def random_workload(
     seed: int,
     vocab_size: int,
     excluded_ids: Sequence[int] = (),
+    prefix_len: int = 0,
 ) -> list[BenchRequest]:
-    """The ``random`` workload (see the module docstring for the rule)."""
+    """The ``random`` workload (see the module docstring for the rule); with ``prefix_len``, the ``prefix`` one.
+
+    The ``prefix`` workload: N requests sharing one ``prefix_len``-token system
+    prompt. With ``rng = random.Random(seed)``: (suffix length, output length)
+    per request drawn as in the random rule (``input_len_range`` is the suffix's),
+    then the shared prefix's ids, then each request's suffix ids.
+    """
     _check_count(num_prompts)
     rng = random.Random(seed)
     lengths = draw_lengths(num_prompts, input_len_range, output_len_range, rng)
     vocab_ids = _vocab_ids(vocab_size, excluded_ids)
+    prefix = _draw_ids(rng, vocab_ids, prefix_len)  # no draw without a prefix: the random rule
     return [
-        BenchRequest(i, _draw_ids(rng, vocab_ids, prompt_len), output_len)
+        BenchRequest(i, prefix + _draw_ids(rng, vocab_ids, prompt_len), output_len)
         for i, (prompt_len, output_len) in enumerate(lengths)
-    ]
-
-
-def prefix_workload(
-    num_prompts: int,
-    prefix_len: int,
-    suffix_len_range: tuple[int, int],
-    output_len_range: tuple[int, int],
-    seed: int,
-    vocab_size: int,
-    excluded_ids: Sequence[int] = (),
-) -> list[BenchRequest]:
-    """N requests sharing one ``prefix_len``-token system prompt.
-
-    With ``rng = random.Random(seed)``: (suffix length, output length) per
-    request as in ``random_workload``, then the shared prefix's ids, then each
-    request's suffix ids.
-    """
-    _check_count(num_prompts)
-    rng = random.Random(seed)
-    lengths = draw_lengths(num_prompts, suffix_len_range, output_len_range, rng)
-    vocab_ids = _vocab_ids(vocab_size, excluded_ids)
-    prefix = _draw_ids(rng, vocab_ids, prefix_len)
-    return [
-        BenchRequest(i, prefix + _draw_ids(rng, vocab_ids, suffix_len), output_len)
-        for i, (suffix_len, output_len) in enumerate(lengths)
     ]
 
 

@@ -46,18 +46,11 @@ class DecoderModel(Protocol):
         ...
 
 
-class ModelBuilder(Protocol):
-    """Builds a model from checked tensors (names and shapes as ``tensor_shapes`` said)."""
-
-    def __call__(
-        self,
-        config: ModelConfig,
-        tensors: dict[str, torch.Tensor],
-        dtype: torch.dtype,
-        device: torch.device,
-        max_len: int,
-        ops: LayerOps,
-    ) -> DecoderModel: ...
+# Builds a model from checked tensors (names and shapes as ``tensor_shapes`` said), e.g. a model class:
+# (config, tensors by Hugging Face name, dtype, device, max_len: positions to cover, layer ops) -> the model.
+ModelBuilder = Callable[
+    [ModelConfig, dict[str, torch.Tensor], torch.dtype, torch.device, int, "LayerOps"], DecoderModel
+]
 
 
 # get(key, default) reads the GGUF metadata key "<general.architecture>.<key>".

@@ -176,6 +176,11 @@ def param(default: Any, spec: Param) -> Any:
     return dataclasses.field(default=default, metadata={"param": spec})
 
 
+def optional_float(default: float, number: int, help: str, http: str, low: Bound, high: Bound | None = None) -> Any:
+    """The row of an ``optional float`` whose unset value is its default, with a range."""
+    return param(default, Param(number, "optional float", help, unset=default, http=http, low=low, high=high))
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """Effective sampling parameters of one sequence, as the executor applies them."""
@@ -186,17 +191,8 @@ class SamplingParams:
             1, "optional float", "0 is greedy (argmax)", unset=0.0, http="temperature", http_unset=1.0, low=Bound(0.0)
         ),
     )
-    top_p: float = param(
-        1.0,
-        Param(
-            2,
-            "optional float",
-            "nucleus sampling mass in (0, 1]; 1 disables",
-            unset=1.0,
-            http="top_p",
-            low=Bound(0.0, inclusive=False),
-            high=Bound(1.0),
-        ),
+    top_p: float = optional_float(
+        1.0, 2, "nucleus sampling mass in (0, 1]; 1 disables", "top_p", Bound(0.0, inclusive=False), Bound(1.0)
     )
     top_k: int = param(
         0,
@@ -210,52 +206,17 @@ class SamplingParams:
             low=Bound(0),
         ),
     )
-    min_p: float = param(
-        0.0,
-        Param(
-            4,
-            "optional float",
-            "drop tokens below min_p times the top probability",
-            unset=0.0,
-            http="min_p",
-            low=Bound(0.0),
-            high=Bound(1.0),
-        ),
+    min_p: float = optional_float(
+        0.0, 4, "drop tokens below min_p times the top probability", "min_p", Bound(0.0), Bound(1.0)
     )
-    repetition_penalty: float = param(
-        1.0,
-        Param(
-            5,
-            "optional float",
-            "Hugging Face repetition penalty (> 0; 1 disables)",
-            unset=1.0,
-            http="repetition_penalty",
-            low=Bound(0.0, inclusive=False),
-        ),
+    repetition_penalty: float = optional_float(
+        1.0, 5, "Hugging Face repetition penalty (> 0; 1 disables)", "repetition_penalty", Bound(0.0, inclusive=False)
     )
-    presence_penalty: float = param(
-        0.0,
-        Param(
-            6,
-            "optional float",
-            "OpenAI presence penalty in [-2, 2]",
-            unset=0.0,
-            http="presence_penalty",
-            low=Bound(-2.0),
-            high=Bound(2.0),
-        ),
+    presence_penalty: float = optional_float(
+        0.0, 6, "OpenAI presence penalty in [-2, 2]", "presence_penalty", Bound(-2.0), Bound(2.0)
     )
-    frequency_penalty: float = param(
-        0.0,
-        Param(
-            7,
-            "optional float",
-            "OpenAI frequency penalty in [-2, 2]",
-            unset=0.0,
-            http="frequency_penalty",
-            low=Bound(-2.0),
-            high=Bound(2.0),
-        ),
+    frequency_penalty: float = optional_float(
+        0.0, 7, "OpenAI frequency penalty in [-2, 2]", "frequency_penalty", Bound(-2.0), Bound(2.0)
     )
     seed: int = param(
         0,

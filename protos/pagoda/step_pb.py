@@ -5,17 +5,14 @@ writes plans and reads results with it, the executor's servicer the opposite.
 Per-step messages (``ScheduledSequence``, ``SequenceOutput``, timings) are
 converted field by field, as that runs for every sequence of every step. Messages
 sent once per sequence or per connection (``NewSequence``, ``ExecutorInfo``) are
-copied by field name, since the dataclasses and the messages share their names.
+copied by field name (``pagoda.by_name``), since the dataclasses and the messages share their names.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
-from typing import Any, TypeVar
 
-from google.protobuf.message import Message
-
+from pagoda.by_name import copy_by_name
 from pagoda.params import SamplingParams
 from pagoda.params_pb import params_from_pb, params_to_pb
 from pagoda.step import (
@@ -32,16 +29,12 @@ from pagoda.step import (
 )
 from pagoda.v1 import common_pb2, executor_pb2
 
-# The dataclasses copied by field name, and their messages.
-ByName = TypeVar("ByName", NewSequence, ExecutorInfo)
-M = TypeVar("M", bound=Message)
-
 
 def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
     """A delta plan: new sequences whole, the others as diffs."""
     return executor_pb2.StepPlan(
         step_id=plan.step_id,
-        new_seqs=[_to_pb(s, executor_pb2.NewSequence, sampling=params_to_pb(s.sampling)) for s in plan.new_seqs],
+        new_seqs=[copy_by_name(executor_pb2.NewSequence, s, sampling=params_to_pb(s.sampling)) for s in plan.new_seqs],
         scheduled_seqs=[
             executor_pb2.ScheduledSequence(
                 seq_id=s.seq_id, num_scheduled_tokens=s.num_scheduled_tokens, new_block_ids=s.new_block_ids
@@ -57,7 +50,7 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
     return StepPlan(
         step_id=msg.step_id,
         new_seqs=tuple(
-            _from_pb(s, NewSequence, sampling=params_from_pb(s.sampling, SamplingParams)) for s in msg.new_seqs
+            copy_by_name(NewSequence, s, sampling=params_from_pb(s.sampling, SamplingParams)) for s in msg.new_seqs
         ),
         # Most steps append no block to most sequences: skip the copy of an empty list.
         scheduled_seqs=tuple(
@@ -106,12 +99,12 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
 
 def info_to_pb(info: ExecutorInfo) -> executor_pb2.ExecutorInfo:
     """Describe's answer."""
-    return _to_pb(info, executor_pb2.ExecutorInfo, kernels=dict(info.kernels))
+    return copy_by_name(executor_pb2.ExecutorInfo, info, kernels=dict(info.kernels))
 
 
 def info_from_pb(msg: executor_pb2.ExecutorInfo) -> ExecutorInfo:
     """The executor described by Describe's answer (kernels sorted by name)."""
-    return _from_pb(msg, ExecutorInfo, kernels=tuple(sorted(msg.kernels.items())))
+    return copy_by_name(ExecutorInfo, msg, kernels=tuple(sorted(msg.kernels.items())))
 
 
 def logprobs_to_pb(entries: Iterable[LogprobEntry]) -> list[common_pb2.LogprobEntry]:
@@ -135,26 +128,3 @@ def logprobs_from_pb(entries: Iterable[common_pb2.LogprobEntry]) -> tuple[Logpro
 
 def _token_logprob_to_pb(t: TokenLogprob) -> common_pb2.TokenLogprob:
     return common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob)
-
-
-# (name, is a tuple) of each field of the dataclasses copied by name.
-_FIELD_LAYOUTS: dict[type, tuple[tuple[str, bool], ...]] = {
-    cls: tuple((f.name, str(f.type).startswith("tuple[")) for f in dataclasses.fields(cls))
-    for cls in (NewSequence, ExecutorInfo)
-}
-
-
-def _to_pb(obj: ByName, msg_cls: type[M], **converted: Any) -> M:
-    """``msg_cls`` with every field of ``obj`` copied by name, except those ``converted`` gives."""
-    layout = _FIELD_LAYOUTS[type(obj)]
-    return msg_cls(**{name: converted[name] if name in converted else getattr(obj, name) for name, _ in layout})
-
-
-def _from_pb(msg: Message, cls: type[ByName], **converted: Any) -> ByName:
-    """``cls`` with every field copied by name from ``msg`` (lists as tuples), except those ``converted`` gives."""
-    values: dict[str, Any] = dict(converted)
-    for name, is_tuple in _FIELD_LAYOUTS[cls]:
-        if name not in converted:
-            value = getattr(msg, name)
-            values[name] = tuple(value) if is_tuple else value
-    return cls(**values)

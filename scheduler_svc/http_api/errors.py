@@ -11,14 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from scheduler_svc.errors import (
-    DeadlineExceeded,
-    ExecutorFailure,
-    InvalidRequest,
-    Overloaded,
-    RequestError,
-    Unavailable,
-)
+from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, RequestError, Unavailable
 
 # Engine field names (gRPC vocabulary) → OpenAI parameter names, after "sampling."/"stopping." is cut.
 _PARAM_OF_FIELD = {
@@ -89,9 +82,7 @@ def from_request_error(exc: RequestError, *, chat: bool, aliases: dict[str, str]
         return unavailable(str(exc))
     if isinstance(exc, DeadlineExceeded):
         return ApiError(504, str(exc), type="timeout_error", code="deadline_exceeded")
-    if isinstance(exc, ExecutorFailure):
-        return server_error(str(exc))
-    return server_error(str(exc))
+    return server_error(str(exc))  # ExecutorFailure, and any other
 
 
 def unavailable(message: str) -> ApiError:

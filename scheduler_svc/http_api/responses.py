@@ -73,10 +73,13 @@ class Formatter:
         """The whole non-streamed body of a request's outputs: one choice, and the usage."""
         for out in outputs:
             self._note(out)
-        last = outputs[-1]
-        choice = {"index": 0, **self._answer(outputs), "finish_reason": _finish(last), "stop_reason": last.stop_reason}
+        choice = _choice(outputs[-1], self._answer(outputs))
         assert self._usage is not None, "a response before the final output"
         return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
+
+    def _chunk(self, out: RequestOutput, fields: Json) -> list[Json]:
+        """The stream chunk of ``out`` whose choice carries ``fields``."""
+        return [self._envelope(self.chunk_object_name, [_choice(out, fields)])]
 
     def _note(self, out: RequestOutput) -> None:
         check_output(out)
@@ -104,14 +107,7 @@ class CompletionFormatter(Formatter):
         self._note(out)
         if not (out.text or out.finished or (self._logprobs is not None and out.token_ids)):
             return []
-        choice = {
-            "index": 0,
-            "text": out.text,
-            "logprobs": self._logprobs_body(out),
-            "finish_reason": _finish(out),
-            "stop_reason": out.stop_reason,
-        }
-        return [self._envelope(self.chunk_object_name, [choice])]
+        return self._chunk(out, {"text": out.text, "logprobs": self._logprobs_body(out)})
 
     def _answer(self, outputs: list[RequestOutput]) -> Json:
         logprobs = None
@@ -159,14 +155,9 @@ class ChatFormatter(Formatter):
         content = self._logprobs_content(out)
         if not (out.text or out.finished or content):
             return []
-        choice = {
-            "index": 0,
-            "delta": {"content": out.text} if out.text else {},
-            "logprobs": None if content is None else {"content": content, "refusal": None},
-            "finish_reason": _finish(out),
-            "stop_reason": out.stop_reason,
-        }
-        return [self._envelope(self.chunk_object_name, [choice])]
+        delta = {"content": out.text} if out.text else {}
+        logprobs = None if content is None else {"content": content, "refusal": None}
+        return self._chunk(out, {"delta": delta, "logprobs": logprobs})
 
     def _answer(self, outputs: list[RequestOutput]) -> Json:
         logprobs = None
@@ -189,6 +180,11 @@ class ChatFormatter(Formatter):
     def _token(self, token_id: int, logprob: float) -> Json:
         token = self.token_str(token_id)
         return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def _choice(out: RequestOutput, fields: Json) -> Json:
+    """Choice 0 with ``fields``, ended by ``out``'s finish and stop reasons (null while it runs)."""
+    return {"index": 0, **fields, "finish_reason": _finish(out), "stop_reason": out.stop_reason}
 
 
 def _finish(out: RequestOutput) -> str | None:

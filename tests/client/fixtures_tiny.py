@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.system import fp32_launcher
 from support.tiny_model import build_tiny_model
 
 TINY_VOCAB_SIZE = 384
@@ -26,15 +27,6 @@ def client_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def client_tiny_system(client_tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One fp32 executor and a scheduler on the tiny model, started by ``Launcher``."""
-    from pagoda.launch.launcher import Launcher
-
     logs = tmp_path_factory.mktemp("client-logs")
-    with Launcher(
-        str(client_tiny_model_dir),
-        num_executors=1,
-        dtype="float32",
-        kv_cache_memory="512KiB",
-        log_dir=logs,
-        startup_timeout_s=180,
-    ) as system:
+    with fp32_launcher(client_tiny_model_dir, logs, "512KiB", startup_timeout_s=180) as system:
         yield system

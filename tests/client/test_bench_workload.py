@@ -11,7 +11,6 @@ import pytest
 from pagoda_bench.workload import (
     arrival_times,
     parse_range,
-    prefix_workload,
     random_workload,
     sharegpt_workload,
 )
@@ -45,7 +44,7 @@ def test_random_workload_is_deterministic_and_seed_dependent():
 
 
 def test_prefix_workload_shares_exactly_the_prefix():
-    requests = prefix_workload(5, 32, (4, 6), (8, 8), seed=0, vocab_size=300)
+    requests = random_workload(5, (4, 6), (8, 8), seed=0, vocab_size=300, prefix_len=32)
     prefix = requests[0].prompt_token_ids[:32]
     for request in requests:
         assert request.prompt_token_ids[:32] == prefix

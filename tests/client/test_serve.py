@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,12 @@ def _read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> s
     raise AssertionError(f"no {marker!r} in output: {''.join(lines)}")
 
 
+def _serve(model: Path, port: int, log_dir: Path, flags: str = "") -> list[str]:
+    """The command line of ``pagoda serve`` on ``model`` and ``port``, logging into ``log_dir``, plus ``flags``."""
+    argv = [sys.executable, "-m", "pagoda_client.cli", "serve", "--model", str(model), "--port", str(port)]
+    return [*argv, "--log-dir", str(log_dir), *flags.split()]
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -40,31 +47,8 @@ def _gone(pid: int) -> bool:
 
 def test_serve_prints_ready_line_and_stops_children_on_sigint(client_tiny_model_dir, tmp_path):
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pagoda_client.cli",
-            "serve",
-            "--model",
-            str(client_tiny_model_dir),
-            "--executors",
-            "2",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--kv-cache-memory",
-            "256KiB",
-            "--log-dir",
-            str(tmp_path),
-            "--max-num-seqs",
-            "8",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    argv = _serve(client_tiny_model_dir, port, tmp_path, "--executors 2 --dtype float32 --kv-cache-memory 256KiB")
+    proc = subprocess.Popen([*argv, "--max-num-seqs", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         output = _read_until(proc, "Press Ctrl-C", 180)
         target = f"127.0.0.1:{port}"
@@ -87,23 +71,8 @@ def test_serve_prints_ready_line_and_stops_children_on_sigint(client_tiny_model_
 
 def test_serve_fails_fast_with_the_childs_exit_code(tmp_path):
     start = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pagoda_client.cli",
-            "serve",
-            "--model",
-            str(tmp_path / "missing"),
-            "--port",
-            str(free_port()),
-            "--log-dir",
-            str(tmp_path / "logs"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = _serve(tmp_path / "missing", free_port(), tmp_path / "logs")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "executor-0 exited with code" in proc.stderr
     assert time.monotonic() - start < 60

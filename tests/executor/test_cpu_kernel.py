@@ -32,18 +32,19 @@ def _dense(q, k_cache, v_cache, block_table, context_len, window):
 
 def _check(
     kernel,
-    *,
-    head_dim,
     q_dtype,
     kv_dtype,
-    block_size,
     context_lens,
+    *,
+    head_dim=64,
+    block_size=16,
     window=0,
     group=3,
     num_kv_heads=2,
     tol=1e-5,
     q_scale=1.0,
 ):
+    """The kernel's output for random q and caches against ``_dense``, sequence by sequence."""
     gen = torch.Generator().manual_seed(head_dim * 31 + block_size + len(context_lens))
     num_heads = group * num_kv_heads
     max_blocks = max(-(-c // block_size) for c in context_lens)
@@ -60,277 +61,90 @@ def _check(
         assert (out[i].double() - ref).abs().max().item() < tol, (i, context_len)
 
 
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
 @pytest.mark.parametrize("head_dim", [16, 24, 64, 128])
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 def test_fp32_matches_dense(cpp_kernel, head_dim, block_size):
-    _check(
-        cpp_kernel,
-        head_dim=head_dim,
-        q_dtype=torch.float32,
-        kv_dtype=torch.float32,
-        block_size=block_size,
-        context_lens=[1, 15, 16, 17, 40, 77],
-    )
+    _check(cpp_kernel, F32, F32, [1, 15, 16, 17, 40, 77], head_dim=head_dim, block_size=block_size)
 
 
 @pytest.mark.parametrize("head_dim", [16, 32, 64, 128])
-@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q_dtype", [F32, BF16])
 def test_bf16_cache_matches_dense(cpp_kernel, head_dim, q_dtype):
-    tol = 1e-5 if q_dtype == torch.float32 else 2e-2  # bf16 output rounding
-    _check(
-        cpp_kernel,
-        head_dim=head_dim,
-        q_dtype=q_dtype,
-        kv_dtype=torch.bfloat16,
-        block_size=16,
-        context_lens=[3, 16, 33, 100],
-        tol=tol,
-    )
+    tol = 1e-5 if q_dtype == F32 else 2e-2  # bf16 output rounding
+    _check(cpp_kernel, q_dtype, BF16, [3, 16, 33, 100], head_dim=head_dim, tol=tol)
 
 
 def test_fp16_cache_matches_dense(cpp_kernel):
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.float16,
-        kv_dtype=torch.float16,
-        block_size=5,
-        context_lens=[7, 64],
-        tol=5e-3,
-    )
+    _check(cpp_kernel, F16, F16, [7, 64], block_size=5, tol=5e-3)
 
 
 @pytest.mark.parametrize("window", [4, 20, 600])
 def test_window_matches_dense(cpp_kernel, window):
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.float32,
-        kv_dtype=torch.bfloat16,
-        block_size=16,
-        context_lens=[3, 21, 50, 1000],
-        window=window,
-    )
+    _check(cpp_kernel, F32, BF16, [3, 21, 50, 1000], window=window)
 
 
 @pytest.mark.parametrize("context_len", [513, 1300])
 def test_split_context_matches_dense(cpp_kernel, context_len):
     """One or two sequences: the context is split across threads, then merged."""
     torch.set_num_threads(2)
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.float32,
-        kv_dtype=torch.float32,
-        block_size=16,
-        context_lens=[context_len],
-        num_kv_heads=1,
-    )
-    _check(
-        cpp_kernel,
-        head_dim=128,
-        q_dtype=torch.float32,
-        kv_dtype=torch.bfloat16,
-        block_size=5,
-        context_lens=[context_len, 300],
-        num_kv_heads=1,
-        group=4,
-        window=700,
-    )
+    _check(cpp_kernel, F32, F32, [context_len], num_kv_heads=1)
+    _check(cpp_kernel, F32, BF16, [context_len, 300], head_dim=128, block_size=5, num_kv_heads=1, group=4, window=700)
 
 
 _ODD_LENS = [1, 2, 7, 15, 16, 17, 31, 32, 33, 47, 63, 65, 100, 255]
-
-
-@pytest.mark.parametrize("head_dim", [32, 64, 128])
-@pytest.mark.parametrize("group", [1, 3, 4, 8])
-def test_bf16_span_matches_dense(cpp_kernel, head_dim, group):
-    """bf16 query and cache: every group size (one or more passes of up to 4 queries) and tile tail."""
-    _check(
-        cpp_kernel,
-        head_dim=head_dim,
-        q_dtype=torch.bfloat16,
-        kv_dtype=torch.bfloat16,
-        block_size=16,
-        context_lens=_ODD_LENS,
-        group=group,
-        tol=2e-2,
-    )
-
-
-@pytest.mark.parametrize("block_size", [1, 5, 32])
-def test_bf16_span_block_sizes(cpp_kernel, block_size):
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.bfloat16,
-        kv_dtype=torch.bfloat16,
-        block_size=block_size,
-        context_lens=_ODD_LENS,
-        tol=2e-2,
-    )
-
-
-@pytest.mark.parametrize("q_scale", [4.0, 12.0])
-def test_bf16_span_peaky_scores(cpp_kernel, q_scale):
-    """Large scores: the running max grows often and the softmax is far from flat."""
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.bfloat16,
-        kv_dtype=torch.bfloat16,
-        block_size=16,
-        context_lens=[1, 33, 100, 500],
-        q_scale=q_scale,
-        tol=3e-2,
-    )
-
-
-@pytest.mark.parametrize("window", [1, 5, 16, 33, 600])
-def test_bf16_span_window(cpp_kernel, window):
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.bfloat16,
-        kv_dtype=torch.bfloat16,
-        block_size=16,
-        context_lens=[1, 3, 21, 50, 1000],
-        window=window,
-        tol=2e-2,
-    )
-
-
-@pytest.mark.parametrize("context_len", [300, 513, 1301, 4099])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_bf16_span_split_context(cpp_kernel, context_len, head_dim):
-    """Few sequences with long contexts on two threads: split-K states in the paired lane order, merged."""
-    torch.set_num_threads(2)
-    _check(
-        cpp_kernel,
-        head_dim=head_dim,
-        q_dtype=torch.bfloat16,
-        kv_dtype=torch.bfloat16,
-        block_size=16,
-        context_lens=[context_len],
-        num_kv_heads=1,
-        tol=2e-2,
-    )
-    _check(
-        cpp_kernel,
-        head_dim=head_dim,
-        q_dtype=torch.bfloat16,
-        kv_dtype=torch.bfloat16,
-        block_size=16,
-        context_lens=[context_len, 77],
-        num_kv_heads=3,
-        group=3,
-        window=1000,
-        tol=2e-2,
-    )
-
-
 _FP32_TOL = 3e-6  # fp32 all the way: no bf16 rounding anywhere
+# The two spans whose query and cache share one dtype: (dtype, tolerance).
+_SPANS = [pytest.param(BF16, 2e-2, id="bf16"), pytest.param(F32, _FP32_TOL, id="fp32")]
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(
+    "dtype,tol,head_dim",
+    [pytest.param(BF16, 2e-2, d, id=f"bf16-{d}") for d in (32, 64, 128)]
+    + [pytest.param(F32, _FP32_TOL, d, id=f"fp32-{d}") for d in (64, 128)],
+)
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
-def test_fp32_span_matches_dense(cpp_kernel, head_dim, group):
-    """fp32 query and cache: every group size (one or more passes of up to 4 queries) and tile tail."""
-    _check(
-        cpp_kernel,
-        head_dim=head_dim,
-        q_dtype=torch.float32,
-        kv_dtype=torch.float32,
-        block_size=16,
-        context_lens=_ODD_LENS,
-        group=group,
-        tol=_FP32_TOL,
-    )
+def test_span_matches_dense(cpp_kernel, dtype, tol, head_dim, group):
+    """One query and cache dtype: every group size (one or more passes of up to 4 queries) and tile tail."""
+    _check(cpp_kernel, dtype, dtype, _ODD_LENS, head_dim=head_dim, group=group, tol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", _SPANS)
 @pytest.mark.parametrize("block_size", [1, 5, 32])
-def test_fp32_span_block_sizes(cpp_kernel, block_size):
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.float32,
-        kv_dtype=torch.float32,
-        block_size=block_size,
-        context_lens=_ODD_LENS,
-        tol=_FP32_TOL,
-    )
+def test_span_block_sizes(cpp_kernel, dtype, tol, block_size):
+    _check(cpp_kernel, dtype, dtype, _ODD_LENS, block_size=block_size, tol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", _SPANS)
 @pytest.mark.parametrize("q_scale", [4.0, 12.0])
-def test_fp32_span_peaky_scores(cpp_kernel, q_scale):
+def test_span_peaky_scores(cpp_kernel, dtype, tol, q_scale):
     """Large scores: the running max grows often and the softmax is far from flat."""
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.float32,
-        kv_dtype=torch.float32,
-        block_size=16,
-        context_lens=[1, 33, 100, 500],
-        q_scale=q_scale,
-        tol=_FP32_TOL,
-    )
+    tol = 3e-2 if dtype == BF16 else tol  # bf16 probabilities round coarser when the softmax is peaked
+    _check(cpp_kernel, dtype, dtype, [1, 33, 100, 500], q_scale=q_scale, tol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", _SPANS)
 @pytest.mark.parametrize("window", [1, 5, 16, 33, 600])
-def test_fp32_span_window(cpp_kernel, window):
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.float32,
-        kv_dtype=torch.float32,
-        block_size=16,
-        context_lens=[1, 3, 21, 50, 1000],
-        window=window,
-        tol=_FP32_TOL,
-    )
+def test_span_window(cpp_kernel, dtype, tol, window):
+    _check(cpp_kernel, dtype, dtype, [1, 3, 21, 50, 1000], window=window, tol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", _SPANS)
 @pytest.mark.parametrize("context_len", [300, 513, 1301, 4099])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_fp32_span_split_context(cpp_kernel, context_len, head_dim):
-    """Few sequences with long contexts on two threads: split-K states, merged."""
+def test_span_split_context(cpp_kernel, dtype, tol, context_len, head_dim):
+    """Few sequences with long contexts on two threads: split-K states (bf16: in the paired lane order), merged."""
     torch.set_num_threads(2)
-    _check(
-        cpp_kernel,
-        head_dim=head_dim,
-        q_dtype=torch.float32,
-        kv_dtype=torch.float32,
-        block_size=16,
-        context_lens=[context_len],
-        num_kv_heads=1,
-        tol=_FP32_TOL,
-    )
-    _check(
-        cpp_kernel,
-        head_dim=head_dim,
-        q_dtype=torch.float32,
-        kv_dtype=torch.float32,
-        block_size=16,
-        context_lens=[context_len, 77],
-        num_kv_heads=3,
-        group=3,
-        window=1000,
-        tol=_FP32_TOL,
-    )
+    _check(cpp_kernel, dtype, dtype, [context_len], head_dim=head_dim, num_kv_heads=1, tol=tol)
+    _check(cpp_kernel, dtype, dtype, [context_len, 77], head_dim=head_dim, num_kv_heads=3, window=1000, tol=tol)
 
 
-@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("q_dtype", [BF16, F16])
 def test_fp32_cache_other_queries(cpp_kernel, q_dtype):
     """An fp32 cache with a 16-bit query (widened and scaled into the fp32 span)."""
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=q_dtype,
-        kv_dtype=torch.float32,
-        block_size=16,
-        context_lens=[1, 17, 100],
-        tol=1e-2,
-    )  # 16-bit output rounding
+    _check(cpp_kernel, q_dtype, F32, [1, 17, 100], tol=1e-2)  # 16-bit output rounding
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -350,17 +164,7 @@ def test_threads_agree(cpp_kernel, dtype):
 
 
 def test_large_group(cpp_kernel):
-    _check(
-        cpp_kernel,
-        head_dim=64,
-        q_dtype=torch.bfloat16,
-        kv_dtype=torch.bfloat16,
-        block_size=16,
-        context_lens=[90, 31],
-        group=8,
-        num_kv_heads=1,
-        tol=2e-2,
-    )
+    _check(cpp_kernel, BF16, BF16, [90, 31], group=8, num_kv_heads=1, tol=2e-2)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])

@@ -18,6 +18,13 @@ from executor_svc.gguf_loader import GgufError, load_gguf
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS = 64, 4, 2, 16, 128, 2
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+# (chat template, bos token, eos token, eos ids) of write_tiny_gguf's files.
+TINY_SPECIALS = (CHAT_TEMPLATE, "<|im_start|>", "<|im_end|>", (2,))
+
+
+def specials(tokenizer) -> tuple:
+    """(chat template, bos token, eos token, eos ids) of tokenizer files or a GgufModel."""
+    return tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token, tokenizer.eos_token_ids
 
 
 def byte_alphabet() -> list[str]:
@@ -222,8 +229,7 @@ def test_config_and_tokenizer_metadata(tmp_path: pathlib.Path) -> None:
     }
     assert all(t.dtype == torch.bfloat16 for t in model.tensors.values())
     assert "lm_head.weight" not in model.tensors
-    assert (model.bos_token, model.eos_token, model.eos_token_ids) == ("<|im_start|>", "<|im_end|>", (2,))
-    assert model.chat_template == CHAT_TEMPLATE
+    assert specials(model) == TINY_SPECIALS
 
 
 def test_untied_head_is_loaded(tmp_path: pathlib.Path) -> None:

@@ -26,7 +26,7 @@ from executor_svc.model_cache import (
 from executor_svc.tokenizer_files import read_tokenizer_files
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_gguf_loader import CHAT_TEMPLATE, VOCAB, random_hf_weights, write_tiny_gguf  # noqa: E402
+from test_gguf_loader import TINY_SPECIALS, VOCAB, random_hf_weights, specials, write_tiny_gguf  # noqa: E402
 
 CHECKPOINT_FILES = {
     MARKER_FILE,
@@ -64,12 +64,7 @@ def test_checkpoint_folder_contents(tmp_path: pathlib.Path, tiny_gguf: pathlib.P
     assert all(t.dtype == torch.float32 for t in saved.values())
     assert json.loads((folder / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 2}
     files = read_tokenizer_files(folder)
-    assert (files.chat_template, files.bos_token, files.eos_token, files.eos_token_ids) == (
-        CHAT_TEMPLATE,
-        "<|im_start|>",
-        "<|im_end|>",
-        (2,),
-    )
+    assert specials(files) == TINY_SPECIALS
     assert files.tokenizer_json == source.tokenizer_json
 
 

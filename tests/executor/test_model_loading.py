@@ -29,32 +29,10 @@ def test_unsupported_architecture_is_named():
 
 
 def test_rope_keys_of_transformers_4_and_5():
-    old = ModelConfig.from_dict(
-        {
-            **BASE,
-            "rope_theta": 5e5,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-        }
-    )
-    new = ModelConfig.from_dict(
-        {
-            **BASE,
-            "rope_parameters": {
-                "rope_theta": 5e5,
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-        }
-    )
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    llama3["original_max_position_embeddings"] = 8192
+    old = ModelConfig.from_dict({**BASE, "rope_theta": 5e5, "rope_scaling": llama3})
+    new = ModelConfig.from_dict({**BASE, "rope_parameters": {"rope_theta": 5e5, **llama3}})
     assert old == new and new.rope_theta == 5e5 and new.rope_scaling.rope_type == "llama3"
     with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
         ModelConfig.from_dict({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})

@@ -40,7 +40,7 @@ def test_info_reports_budgeted_blocks(runner):
     assert runner.info.num_kv_blocks == NUM_BLOCKS
     assert (runner.info.block_size, runner.info.max_model_len, runner.info.vocab_size) == (BLOCK_SIZE, 64, 128)
     assert runner.info.architecture == "LlamaForCausalLM" and runner.info.dtype == "float32"
-    assert runner.info.eos_token_ids == (2,) and runner.info.bos_token_id == 1
+    assert runner.info.eos_token_ids == (2,) and runner.config.bos_token_id == 1
 
 
 def test_kv_written_exactly_at_slot_mapping(runner, checkpoints):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_gguf_loader import CHAT_TEMPLATE, random_hf_weights, write_tiny_gguf  # noqa: E402
+from test_gguf_loader import TINY_SPECIALS, random_hf_weights, specials, write_tiny_gguf  # noqa: E402
 
 from executor_svc.gguf_loader import GgufModel, load_gguf
 from executor_svc.tokenizer_files import (
@@ -114,12 +114,7 @@ def test_gguf_file_tokenizer_without_reading_weights(tmp_path: pathlib.Path) -> 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", random_hf_weights())
     files = from_gguf_file(path)
     assert files == from_gguf(load_gguf(path))
-    assert (files.chat_template, files.bos_token, files.eos_token, files.eos_token_ids) == (
-        CHAT_TEMPLATE,
-        "<|im_start|>",
-        "<|im_end|>",
-        (2,),
-    )
+    assert specials(files) == TINY_SPECIALS
     assert load_tokenizer_files(path) == files
 
 

@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from support.system import fp32_launcher
 from support.tiny_model import build_tiny_model
 
 
@@ -33,19 +34,10 @@ def wait_http_health(base_url: str, timeout_s: float = 30.0) -> None:
 @pytest.fixture(scope="module")
 def http_system(http_tiny_model_dir, tmp_path_factory):
     """(launcher, base_url): fp32, 64 KV blocks of 16 (the whole context), HTTP API on a free port."""
-    from pagoda.launch.launcher import Launcher, free_port
+    from pagoda.launch.launcher import free_port
 
     port = free_port()
-    logs = tmp_path_factory.mktemp("http-logs")
-    with Launcher(
-        str(http_tiny_model_dir),
-        num_executors=1,
-        dtype="float32",
-        kv_cache_memory="512KiB",
-        http_port=port,
-        log_dir=logs,
-        startup_timeout_s=120,
-    ) as system:
+    with fp32_launcher(http_tiny_model_dir, tmp_path_factory.mktemp("http-logs"), "512KiB", http_port=port) as system:
         base_url = f"http://127.0.0.1:{port}"
         wait_http_health(base_url)
         yield system, base_url

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 import urllib.request
 from urllib.parse import urlparse
 
 import openai
 import pytest
+from support.pool import wait_pool_whole
 
 from pagoda_client import Client
 
@@ -38,20 +38,20 @@ def model(grpc):
     return grpc.model_info().model_name
 
 
+def _greedy(create, **body):
+    """``create`` (a method of the openai client) at temperature 0, past EOS: what the gRPC side is asked too."""
+    return create(temperature=0, extra_body={"ignore_eos": True}, **body)
+
+
+def _streamed(create, **body):
+    """Every chunk of a greedy ``create`` streamed with its usage (the last chunk)."""
+    return list(_greedy(create, stream=True, stream_options={"include_usage": True}, **body))
+
+
 def _same_usage(http_usage, grpc_usage) -> None:
     assert http_usage.prompt_tokens == grpc_usage.prompt_tokens
     assert http_usage.completion_tokens == grpc_usage.completion_tokens
     assert http_usage.total_tokens == grpc_usage.prompt_tokens + grpc_usage.completion_tokens
-
-
-def _wait_pool_whole(grpc: Client, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = grpc.status()
-        if status.num_running == 0 and all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors):
-            return
-        assert time.monotonic() < deadline, f"KV pool not whole: {status}"
-        time.sleep(0.05)
 
 
 def test_models_list_names_the_served_model(oai, grpc, model):
@@ -61,13 +61,8 @@ def test_models_list_names_the_served_model(oai, grpc, model):
 
 
 def test_completion_equals_grpc(oai, grpc, model):
-    reply = oai.completions.create(
-        model=model,
-        prompt=PROMPT,
-        max_tokens=12,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-        extra_headers={"x-request-id": "req-7"},
+    reply = _greedy(
+        oai.completions.create, model=model, prompt=PROMPT, max_tokens=12, extra_headers={"x-request-id": "req-7"}
     )
     expected = grpc.generate(PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
     assert reply.id == "cmpl-req-7" and reply.object == "text_completion" and reply.model == model
@@ -79,26 +74,14 @@ def test_completion_equals_grpc(oai, grpc, model):
 
 def test_completion_with_token_ids_equals_grpc(oai, grpc, model):
     token_ids = grpc.tokenize(PROMPT)
-    reply = oai.completions.create(
-        model=model, prompt=token_ids, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
-    )
+    reply = _greedy(oai.completions.create, model=model, prompt=token_ids, max_tokens=8)
     expected = grpc.generate(token_ids=token_ids, max_tokens=8, temperature=0, ignore_eos=True)
     assert reply.choices[0].text == expected.text
     _same_usage(reply.usage, expected.usage)
 
 
 def test_streamed_completion_equals_grpc(oai, grpc, model):
-    chunks = list(
-        oai.completions.create(
-            model=model,
-            prompt=PROMPT,
-            max_tokens=12,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-    )
+    chunks = _streamed(oai.completions.create, model=model, prompt=PROMPT, max_tokens=12)
     expected = grpc.generate(PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
     *text_chunks, usage_chunk = chunks
     assert "".join(c.choices[0].text for c in text_chunks) == expected.text
@@ -109,9 +92,7 @@ def test_streamed_completion_equals_grpc(oai, grpc, model):
 
 
 def test_chat_completion_equals_grpc(oai, grpc, model):
-    reply = oai.chat.completions.create(
-        model=model, messages=MESSAGES, max_completion_tokens=10, temperature=0, extra_body={"ignore_eos": True}
-    )
+    reply = _greedy(oai.chat.completions.create, model=model, messages=MESSAGES, max_completion_tokens=10)
     expected = grpc.chat(MESSAGES, max_tokens=10, temperature=0, ignore_eos=True)
     assert reply.id.startswith("chatcmpl-") and reply.object == "chat.completion"
     assert reply.choices[0].message.role == "assistant"
@@ -121,17 +102,7 @@ def test_chat_completion_equals_grpc(oai, grpc, model):
 
 
 def test_streamed_chat_role_first_finish_last_then_usage(oai, grpc, model):
-    chunks = list(
-        oai.chat.completions.create(
-            model=model,
-            messages=MESSAGES,
-            max_tokens=10,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-    )
+    chunks = _streamed(oai.chat.completions.create, model=model, messages=MESSAGES, max_tokens=10)
     expected = grpc.chat(MESSAGES, max_tokens=10, temperature=0, ignore_eos=True)
     first, *middle, last, usage_chunk = chunks
     assert first.choices[0].delta.role == "assistant" and first.choices[0].finish_reason is None
@@ -147,9 +118,7 @@ def test_stop_string_ends_the_text_like_grpc(oai, grpc, model):
     stop = next(
         full[i : i + 2] for i in range(3, len(full)) if full[i : i + 2].strip() and "\ufffd" not in full[i : i + 2]
     )
-    reply = oai.completions.create(
-        model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
-    )
+    reply = _greedy(oai.completions.create, model=model, prompt=PROMPT, max_tokens=24, stop=[stop])
     expected = grpc.generate(PROMPT, max_tokens=24, temperature=0, ignore_eos=True, stop=[stop])
     assert reply.choices[0].text == expected.text == full[: full.index(stop)]
     assert reply.choices[0].finish_reason == "stop"
@@ -170,14 +139,8 @@ def test_seeded_sampling_with_every_knob_equals_grpc(oai, grpc, model):
 
 
 def test_chat_logprobs_equal_grpc(oai, grpc, model):
-    reply = oai.chat.completions.create(
-        model=model,
-        messages=MESSAGES,
-        max_tokens=6,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=3,
-        extra_body={"ignore_eos": True},
+    reply = _greedy(
+        oai.chat.completions.create, model=model, messages=MESSAGES, max_tokens=6, logprobs=True, top_logprobs=3
     )
     expected = grpc.chat(MESSAGES, max_tokens=6, temperature=0, ignore_eos=True, logprobs=3)
     content = reply.choices[0].logprobs.content
@@ -191,9 +154,7 @@ def test_chat_logprobs_equal_grpc(oai, grpc, model):
 
 
 def test_completion_logprobs_legacy_layout(oai, grpc, model):
-    reply = oai.completions.create(
-        model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
-    )
+    reply = _greedy(oai.completions.create, model=model, prompt=PROMPT, max_tokens=5, logprobs=2)
     expected = grpc.generate(PROMPT, max_tokens=5, temperature=0, ignore_eos=True, logprobs=2)
     lp = reply.choices[0].logprobs
     assert lp.tokens == [grpc.detokenize([t], skip_special_tokens=False) for t in expected.token_ids]
@@ -283,5 +244,5 @@ def test_client_disconnect_mid_stream_frees_the_blocks(http_system, grpc, model)
     assert status.num_running == 1 and status.executors[0].num_free_kv_blocks < status.executors[0].num_kv_blocks
     reply.close()
     conn.close()
-    _wait_pool_whole(grpc)
+    wait_pool_whole(grpc)
     assert _num_aborted(base_url) == num_aborted + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support.system import fp32_launcher
 from support.tiny_model import build_tiny_model
 
 
@@ -15,16 +16,5 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_system(tiny_model_dir, tmp_path_factory):
     """One executor (fp32, 64 KV blocks of 16) and a scheduler on the tiny model."""
-    from pagoda.launch.launcher import Launcher
-
-    logs = tmp_path_factory.mktemp("logs")
-    with Launcher(
-        str(tiny_model_dir),
-        num_executors=1,
-        dtype="float32",
-        kv_cache_memory="256KiB",
-        block_size=16,
-        log_dir=logs,
-        startup_timeout_s=120,
-    ) as system:
+    with fp32_launcher(tiny_model_dir, tmp_path_factory.mktemp("logs"), block_size=16) as system:
         yield system

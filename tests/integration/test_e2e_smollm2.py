@@ -6,6 +6,7 @@ import concurrent.futures
 
 import pytest
 import torch
+from support.system import fp32_launcher
 
 from pagoda_client import Client
 
@@ -33,15 +34,7 @@ def smollm2_dir():
 
 @pytest.fixture(scope="module")
 def smollm2_system(smollm2_dir, tmp_path_factory):
-    from pagoda.launch.launcher import Launcher
-
-    with Launcher(
-        str(smollm2_dir),
-        dtype="float32",
-        kv_cache_memory="256MiB",
-        log_dir=tmp_path_factory.mktemp("logs"),
-        startup_timeout_s=300,
-    ) as system:
+    with fp32_launcher(smollm2_dir, tmp_path_factory.mktemp("logs"), "256MiB", startup_timeout_s=300) as system:
         yield system
 
 

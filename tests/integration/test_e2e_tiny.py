@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
-import time
 
 import grpc
 import pytest
+from support.pool import wait_pool_whole
 from support.tiny_model import hf_greedy
 
 from pagoda_client import Client, PagodaError
@@ -18,18 +18,6 @@ pytestmark = pytest.mark.integration
 def _prompts(n: int, seed: int = 0, vocab: int = 384) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randrange(3, 70))] for _ in range(n)]
-
-
-def _pool_is_whole(client: Client) -> bool:
-    status = client.status()
-    return all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors) and status.num_running == 0
-
-
-def _wait_pool_whole(client: Client, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not _pool_is_whole(client):
-        assert time.monotonic() < deadline, f"KV pool not whole: {client.status()}"
-        time.sleep(0.05)
 
 
 def test_greedy_matches_transformers_concurrently(tiny_system, tiny_model_dir):
@@ -44,7 +32,7 @@ def test_greedy_matches_transformers_concurrently(tiny_system, tiny_model_dir):
             assert result.finish_reason == "length"
             assert result.usage.prompt_tokens == len(prompt)
             assert result.usage.completion_tokens == 24
-        _wait_pool_whole(client)
+        wait_pool_whole(client)
 
 
 def test_streamed_text_equals_detokenized_ids(tiny_system):
@@ -98,7 +86,7 @@ def test_bad_input_is_invalid_argument_and_service_keeps_serving(tiny_system, kw
         assert field in info.value.message
         ok = client.generate(token_ids=[5, 6, 7], max_tokens=3, temperature=0, ignore_eos=True)
         assert len(ok.token_ids) == 3
-        _wait_pool_whole(client)
+        wait_pool_whole(client)
 
 
 def test_chat_uses_the_template(tiny_system):

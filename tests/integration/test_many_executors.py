@@ -7,10 +7,11 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
+from support.system import fp32_launcher
 
-from pagoda.launch.launcher import Launcher
 from pagoda_client import Client
 
 pytestmark = pytest.mark.integration
@@ -51,6 +52,18 @@ def _run_all(client: Client, on_progress=None) -> list[list[int]]:
         return list(pool.map(one, range(NUM_REQUESTS)))
 
 
+def _once_a_quarter_in(action: Callable[[], object]) -> tuple[threading.Event, Callable[[int], None]]:
+    """An ``on_progress`` for ``_run_all`` that runs ``action`` once a quarter of all tokens arrived, and its event."""
+    done = threading.Event()
+
+    def on_progress(total: int) -> None:
+        if total >= NUM_REQUESTS * MAX_TOKENS // 4 and not done.is_set():
+            done.set()
+            action()
+
+    return done, on_progress
+
+
 def _executor_states(client: Client) -> list[str]:
     return [e.state for e in client.status().executors]
 
@@ -64,13 +77,10 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_executors(tiny_model_dir, tmp_path_factory):
-    with Launcher(
-        str(tiny_model_dir),
-        num_executors=2,
-        dtype="float32",
-        kv_cache_memory="2MiB",
-        log_dir=tmp_path_factory.mktemp("logs"),
-        extra_executor_args=["--drain-timeout-s", "20"],
+    logs = tmp_path_factory.mktemp("logs")
+    args = ["--drain-timeout-s", "20"]
+    with fp32_launcher(
+        tiny_model_dir, logs, "2MiB", num_executors=2, extra_executor_args=args, startup_timeout_s=300
     ) as system:
         yield system
 
@@ -78,13 +88,7 @@ def two_executors(tiny_model_dir, tmp_path_factory):
 def test_sigkill_mid_generation_loses_nothing(two_executors):
     with Client(two_executors.target, timeout=180, max_retries=0) as client:
         expected = _run_all(client)
-        killed = threading.Event()
-
-        def kill_once(total: int) -> None:
-            if total >= NUM_REQUESTS * MAX_TOKENS // 4 and not killed.is_set():
-                killed.set()
-                two_executors.kill_executor(0, signal.SIGKILL)
-
+        killed, kill_once = _once_a_quarter_in(lambda: two_executors.kill_executor(0, signal.SIGKILL))
         got = _run_all(client, kill_once)
         assert killed.is_set()
         assert got == expected
@@ -108,13 +112,7 @@ def test_sigkill_mid_generation_loses_nothing(two_executors):
 def test_sigterm_drain_under_load_no_client_error(two_executors):
     with Client(two_executors.target, timeout=180, max_retries=0) as client:
         expected = _run_all(client)
-        drained = threading.Event()
-
-        def drain_once(total: int) -> None:
-            if total >= NUM_REQUESTS * MAX_TOKENS // 4 and not drained.is_set():
-                drained.set()
-                two_executors.executors[1].process.send_signal(signal.SIGTERM)
-
+        _, drain_once = _once_a_quarter_in(lambda: two_executors.executors[1].process.send_signal(signal.SIGTERM))
         assert _run_all(client, drain_once) == expected
         assert two_executors.executors[1].process.wait(timeout=60) == 0
         two_executors.restart_executor(1)

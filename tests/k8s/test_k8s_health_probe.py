@@ -1,23 +1,23 @@
 """docker/health_probe.py (the exec probe of the tls component) against a real
-gRPC health server, plaintext and mTLS with a throwaway CA."""
+gRPC health server, plaintext and mTLS with a throwaway CA (scripts/make_certs.py)."""
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 from concurrent import futures
 
 import grpc
-import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from k8s_manifests import REPO
+
+from scripts.make_certs import write_certs
 
 _spec = importlib.util.spec_from_file_location("health_probe", REPO / "docker" / "health_probe.py")
 health_probe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(health_probe)
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+EXECUTOR_DNS = "pagoda-executor.pagoda.svc.cluster.local"
 
 
 def _server(credentials=None):
@@ -46,90 +46,18 @@ def test_plaintext_statuses():
     assert health_probe.main(["--port", str(port), "--timeout-s", "0.5"]) == 1
 
 
-def _openssl(*args: str, cwd) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _make_certs(tmp_path):
-    """A CA, a server certificate for the executor's DNS name, a client certificate."""
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        cwd=tmp_path,
-    )
-    for name, ext in [
-        ("server", "subjectAltName=DNS:pagoda-executor.pagoda.svc.cluster.local"),
-        ("client", "extendedKeyUsage=clientAuth"),
-    ]:
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            f"/CN={name}",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            cwd=tmp_path,
-        )
-        (tmp_path / f"{name}.ext").write_text(ext + "\n")
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            f"{name}.ext",
-            "-out",
-            f"{name}.crt",
-            cwd=tmp_path,
-        )
-    return {p.name: p for p in tmp_path.iterdir()}
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 def test_mtls(tmp_path):
-    files = _make_certs(tmp_path)
+    certs = write_certs(tmp_path, [EXECUTOR_DNS], days=1)  # a CA, a server and a client certificate
     creds = grpc.ssl_server_credentials(
-        [(files["server.key"].read_bytes(), files["server.crt"].read_bytes())],
-        root_certificates=files["ca.crt"].read_bytes(),
+        [(certs.server_key.read_bytes(), certs.server_cert.read_bytes())],
+        root_certificates=certs.ca.read_bytes(),
         require_client_auth=True,
     )
     server, servicer, port = _server(creds)
-    tls = [
-        "--port",
-        str(port),
-        "--tls-ca",
-        str(files["ca.crt"]),
-        "--server-name",
-        "pagoda-executor.pagoda.svc.cluster.local",
-    ]
+    tls = ["--port", str(port), "--tls-ca", str(certs.ca), "--server-name", EXECUTOR_DNS]
     try:
         servicer.set("", SERVING)
-        assert (
-            health_probe.main(tls + ["--tls-cert", str(files["client.crt"]), "--tls-key", str(files["client.key"])])
-            == 0
-        )
+        assert health_probe.main(tls + ["--tls-cert", str(certs.client_cert), "--tls-key", str(certs.client_key)]) == 0
         assert health_probe.main(tls + ["--timeout-s", "1"]) == 1  # no client certificate
         assert health_probe.main(["--port", str(port), "--timeout-s", "1"]) == 1  # plaintext
     finally:

@@ -35,8 +35,3 @@ def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05, mes
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {message}")
         time.sleep(interval_s)
-
-
-def pool_is_whole(client) -> bool:
-    status = client.status()
-    return status.num_running == 0 and all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors)

@@ -6,25 +6,13 @@ non-default value for every row: a new row is covered with no new test code.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
+from support.executor_info import executor_info
 
-from pagoda import params
+from pagoda import params, step
 from pagoda.params_pb import given_from_pb, params_from_pb, params_to_pb
-from pagoda.step import (
-    ExecutorInfo,
-    LogprobEntry,
-    NewSequence,
-    ScheduledSequence,
-    SeqError,
-    SeqOutput,
-    StepPlan,
-    StepResult,
-    StepTimings,
-    TokenLogprob,
-)
 from pagoda.step_pb import info_from_pb, info_to_pb, plan_from_pb, plan_to_pb, result_from_pb, result_to_pb
 
 
@@ -62,26 +50,26 @@ def test_logprobs_unset_stays_unset_and_zero_stays_zero():
 
 def test_plan_round_trips():
     sampling = params.SamplingParams(temperature=0.5, top_k=7, seed=2**63 - 1, logprobs=2)
-    plan = StepPlan(
+    plan = step.StepPlan(
         step_id=9,
         new_seqs=(
-            NewSequence(1, "req-1", (5, 6, 7), 2, sampling, (3, 4), 1, 2),
-            NewSequence(2, "req-2", (8,), 1, params.SamplingParams(), (), 0, 1),
+            step.NewSequence(1, "req-1", (5, 6, 7), 2, sampling, (3, 4), 1, 2),
+            step.NewSequence(2, "req-2", (8,), 1, params.SamplingParams(), (), 0, 1),
         ),
-        scheduled_seqs=(ScheduledSequence(3, 1), ScheduledSequence(4, 16, (9, 10))),
+        scheduled_seqs=(step.ScheduledSequence(3, 1), step.ScheduledSequence(4, 16, (9, 10))),
         dropped_seq_ids=(11, 12),
     )
     assert plan_from_pb(plan_to_pb(plan)) == plan
 
 
 def test_result_round_trips():
-    entry = LogprobEntry(TokenLogprob(5, -0.5), (TokenLogprob(5, -0.5), TokenLogprob(6, -1.25)))
-    result = StepResult(
+    entry = step.LogprobEntry(step.TokenLogprob(5, -0.5), (step.TokenLogprob(5, -0.5), step.TokenLogprob(6, -1.25)))
+    result = step.StepResult(
         step_id=3,
         incarnation_id="inc",
-        outputs=(SeqOutput(1, (5,), (entry,)), SeqOutput(2, (7,))),
-        errors=(SeqError(9, "bad block"),),
-        timings=StepTimings(1, 2, 3, 4, 5),
+        outputs=(step.SeqOutput(1, (5,), (entry,)), step.SeqOutput(2, (7,))),
+        errors=(step.SeqError(9, "bad block"),),
+        timings=step.StepTimings(1, 2, 3, 4, 5),
         num_scheduled_tokens=17,
         draining=True,
     )
@@ -89,13 +77,7 @@ def test_result_round_trips():
 
 
 def test_executor_info_round_trips_with_its_kernels():
-    values = {f.name: _info_value(f) for f in dataclasses.fields(ExecutorInfo)}
-    info = ExecutorInfo(**{**values, "kernels": (("attention", "cpp"), ("gemm", "amx-panel"))})
+    info = executor_info(kernels=(("attention", "cpp"), ("gemm", "amx-panel")))
     msg = info_to_pb(info)
     assert dict(msg.kernels) == {"attention": "cpp", "gemm": "amx-panel"}
     assert info_from_pb(msg) == info
-
-
-def _info_value(f: dataclasses.Field) -> Any:
-    kind = str(f.type)
-    return {"str": f.name, "int": 7, "bool": True}.get(kind, (1, 2))

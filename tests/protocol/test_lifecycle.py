@@ -10,7 +10,9 @@ import threading
 
 import grpc
 import pytest
-from protocol.conftest import pool_is_whole, scrape, wait_until
+from protocol.conftest import scrape, wait_until
+from support.pool import pool_is_whole
+from support.system import fp32_launcher
 
 from pagoda.launch.health import ServingStatus, check_health
 from pagoda.launch.launcher import Launcher, free_port, service_command
@@ -27,13 +29,13 @@ def _prompt(i: int) -> list[int]:
 @pytest.fixture(scope="module")
 def system(tiny_model_dir, tmp_path_factory):
     executor_metrics, scheduler_metrics = free_port(), free_port()
-    with Launcher(
-        str(tiny_model_dir),
-        dtype="float32",
-        kv_cache_memory="1MiB",
+    with fp32_launcher(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("logs"),
+        "1MiB",
         metrics_port=scheduler_metrics,
         extra_executor_args=["--metrics-port", str(executor_metrics)],
-        log_dir=tmp_path_factory.mktemp("logs"),
+        startup_timeout_s=300,
     ) as launched:
         launched.executor_metrics_port = executor_metrics
         launched.metrics_port = scheduler_metrics
@@ -77,7 +79,7 @@ def test_cancelling_half_the_streams_frees_them_and_keeps_the_rest_unchanged(sys
             results = {i: f.result() for i, f in futures.items()}
         for i in keep:
             assert results[i] == expected[i]
-        wait_until(lambda: pool_is_whole(client), 5, message="KV pool whole")
+        wait_until(lambda: pool_is_whole(client.status()), 5, message="KV pool whole")
         wait_until(lambda: _executor_sequences(system) == 0, 5, message="executor to hold nothing")
 
 
@@ -86,7 +88,7 @@ def test_client_deadline_aborts_and_frees(system):
         with pytest.raises(PagodaError) as info:
             client.generate(token_ids=_prompt(1), max_tokens=900, temperature=0, ignore_eos=True, timeout=0.3)
         assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        wait_until(lambda: pool_is_whole(client), 5, message="KV pool whole after deadline")
+        wait_until(lambda: pool_is_whole(client.status()), 5, message="KV pool whole after deadline")
 
 
 def test_metrics_count_what_was_sent(system):

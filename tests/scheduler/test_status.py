@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from support.executor_info import executor_info
+
 from pagoda.step import ExecutorInfo
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.engine import Engine
@@ -11,24 +13,7 @@ from scheduler_svc.executor_handle import ExecutorHandle
 from scheduler_svc.scheduler import SchedulerConfig
 from scheduler_svc.server import status_to_pb
 
-INFO = ExecutorInfo(
-    incarnation_id="inc-1",
-    model_name="m",
-    architecture="LlamaForCausalLM",
-    dtype="bfloat16",
-    kv_cache_dtype="bfloat16",
-    device="cpu",
-    block_size=16,
-    num_kv_blocks=64,
-    max_model_len=512,
-    vocab_size=100,
-    eos_token_ids=(2,),
-    tokenizer_json="{}",
-    chat_template="",
-    bos_token="",
-    eos_token="",
-    kernels=(("attention", "cpp"), ("gemm", "amx-panel")),
-)
+INFO = executor_info(incarnation_id="inc-1", kernels=(("attention", "cpp"), ("gemm", "amx-panel")))
 
 
 def _never_connects(info: ExecutorInfo) -> SchedulerConfig:

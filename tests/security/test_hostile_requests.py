@@ -8,13 +8,13 @@ normal request exactly as before, and the KV pool must be whole.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import grpc
 import pytest
+from support.pool import wait_pool_whole
+from support.system import fp32_launcher
 
-from pagoda.launch.launcher import Launcher
 from pagoda.v1 import generation_pb2 as g
 from pagoda.v1 import generation_pb2_grpc
 from pagoda_client import Client
@@ -30,13 +30,8 @@ GENERATE = "/pagoda.v1.Generation/Generate"
 @pytest.fixture(scope="module")
 def system(security_model_dir, tmp_path_factory):
     args = ["--max-message-bytes", "64KiB", "--max-new-tokens", str(MAX_NEW)]
-    with Launcher(
-        str(security_model_dir),
-        dtype="float32",
-        kv_cache_memory="256KiB",
-        extra_scheduler_args=args,
-        log_dir=tmp_path_factory.mktemp("hostile-logs"),
-        startup_timeout_s=120,
+    with fp32_launcher(
+        security_model_dir, tmp_path_factory.mktemp("hostile-logs"), extra_scheduler_args=args
     ) as launched:
         yield launched
 
@@ -197,16 +192,6 @@ def _greedy(client: Client) -> list[int]:
     return client.generate(token_ids=PROMPT, max_tokens=16, temperature=0, ignore_eos=True).token_ids
 
 
-def _wait_pool_whole(client: Client, timeout_s: float = 10) -> None:
-    end = time.monotonic() + timeout_s
-    while True:
-        status = client.status()
-        if status.num_running == 0 and all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors):
-            return
-        assert time.monotonic() < end, f"KV pool not whole: {status}"
-        time.sleep(0.05)
-
-
 def test_the_table_is_big_enough():
     assert len(CASES) >= 40 and len({name for name, _, _ in CASES}) == len(CASES)
 
@@ -223,7 +208,7 @@ def test_hostile_requests_get_their_status_and_change_nothing(system):
                 assert responses and responses[-1].finish_reason != g.FINISH_REASON_UNSPECIFIED, name
         assert not wrong, f"wrong status (got, expected): {wrong}"
         assert _greedy(client) == before
-        _wait_pool_whole(client)
+        wait_pool_whole(client, 10)
         assert system.dead_child() is None
         assert "Traceback" not in system.logs()["scheduler"]
 

@@ -9,8 +9,9 @@ import time
 
 import grpc
 import pytest
+from support.pool import wait_pool_whole
+from support.system import fp32_launcher
 
-from pagoda.launch.launcher import Launcher
 from pagoda.v1 import generation_pb2 as g
 from pagoda_client import Client
 
@@ -43,31 +44,14 @@ def _timed_generate(target: str, request: g.GenerateRequest, timeout_s: float = 
 
 
 def _assert_pool_whole(target: str, timeout_s: float = 10) -> None:
-    end = time.monotonic() + timeout_s
     with Client(target, timeout=10) as client:
-        while True:
-            status = client.status()
-            if (
-                status.num_running == 0
-                and status.num_waiting == 0
-                and all(e.num_free_kv_blocks == e.num_kv_blocks for e in status.executors)
-            ):
-                return
-            assert time.monotonic() < end, f"KV pool not whole: {status}"
-            time.sleep(0.05)
+        wait_pool_whole(client, timeout_s, nothing_waiting=True)
 
 
 def test_full_waiting_queue_refuses_at_once(security_model_dir, tmp_path):
     args = ["--max-waiting-requests", "4", "--max-num-seqs", "2"]
     prompts = [[random.Random(i).randrange(3, 384) for _ in range(12)] for i in range(24)]
-    with Launcher(
-        str(security_model_dir),
-        dtype="float32",
-        kv_cache_memory="256KiB",
-        extra_scheduler_args=args,
-        log_dir=tmp_path,
-        startup_timeout_s=120,
-    ) as system:
+    with fp32_launcher(security_model_dir, tmp_path, extra_scheduler_args=args) as system:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             results = list(pool.map(lambda p: _timed_generate(system.target, _request(p, 120)), prompts))
         refused = [r for r in results if r[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
@@ -81,14 +65,7 @@ def test_full_waiting_queue_refuses_at_once(security_model_dir, tmp_path):
 
 
 def test_burst_of_ten_times_kv_capacity_completes_exactly(security_model_dir, tmp_path):
-    with Launcher(
-        str(security_model_dir),
-        dtype="float32",
-        kv_cache_memory="64KiB",
-        block_size=16,
-        log_dir=tmp_path,
-        startup_timeout_s=120,
-    ) as system:
+    with fp32_launcher(security_model_dir, tmp_path, "64KiB", block_size=16) as system:
         with Client(system.target, timeout=120) as client:
             executor = client.status().executors[0]
             capacity_tokens = executor.num_kv_blocks * 16

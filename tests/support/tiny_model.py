@@ -22,8 +22,8 @@ CORPUS = [
 ] * 20
 
 
-def train_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer; ids 0..2 are the special tokens."""
+def train_tokenizer(vocab_size: int, corpus: list[str] = CORPUS, special_tokens: list[str] = SPECIAL_TOKENS):
+    """A byte-level BPE tokenizer trained on ``corpus``; the first ids are the special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -31,11 +31,11 @@ def train_tokenizer(vocab_size: int):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.train_from_iterator(corpus, trainer)
     return tokenizer
 
 

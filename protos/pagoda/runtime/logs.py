@@ -3,8 +3,11 @@ readable console format on a terminal; `request_id` travels in contextvars."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 import structlog
 
@@ -33,3 +36,12 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=numeric_level, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+
+
+def run_logged(main: Coroutine[Any, Any, None], log: Any, failed_event: str) -> None:
+    """Runs a service's main coroutine; an exception ends the process with status 1 after one log line."""
+    try:
+        asyncio.run(main)
+    except Exception:
+        log.exception(failed_event)
+        sys.exit(1)

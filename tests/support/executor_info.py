@@ -1,0 +1,17 @@
+"""An ``ExecutorInfo`` for tests that need one without an executor."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pagoda.step import ExecutorInfo
+
+
+def executor_info(**overrides: Any) -> ExecutorInfo:
+    """Every field set, none to its default (str fields hold their name, ints 7, tuples (1, 2)), then ``overrides``."""
+    values = {
+        f.name: {"str": f.name, "int": 7, "bool": True}.get(str(f.type), (1, 2))
+        for f in dataclasses.fields(ExecutorInfo)
+    }
+    return ExecutorInfo(**{**values, **overrides})
