@@ -178,3 +178,21 @@ def test_thread_restarts_in_real_time_and_stop_ends_it(children):
     _wait_exit(child)
     time.sleep(0.3)
     assert child.pid == 0  # stopped supervisors restart nothing
+
+
+def test_a_start_by_hand_cancels_a_pending_restart(children):
+    """``Launcher.restart`` of a child the supervisor was about to restart: one process, not two."""
+    clock = FakeClock()
+    child = _started("executor-0", SLEEP)
+    children.append(child)
+    supervisor = Supervisor([child], policy=RestartPolicy(), is_healthy=lambda c: True, clock=clock)
+    os.kill(child.pid, signal.SIGKILL)
+    _wait_exit(child)
+    supervisor.tick()  # exit seen, restart due in 1 s
+    supervisor.unwatch(child)
+    child.spawn()
+    supervisor.watch(child)
+    by_hand = child.pid
+    clock.now += 5
+    supervisor.tick()
+    assert child.pid == by_hand and child.num_restarts == 0

@@ -1,4 +1,4 @@
-"""The command lines of the launcher's children, and the ports they listen on."""
+"""The command lines of the launcher's children, their environment, and the ports they listen on."""
 
 from __future__ import annotations
 
@@ -102,3 +102,11 @@ class SchedulerPlan:
 def _nth_port(first: int | None, index: int) -> int | None:
     """The ``index``-th consecutive port from ``first`` (None and 0, meaning off, stay as they are)."""
     return first + index if first else first
+
+
+def child_env(extra: Mapping[str, str] | None, *, echo: bool) -> dict[str, str]:
+    """This environment plus ``extra``; console logs when the echoed output lands on a terminal."""
+    env = {**os.environ, **(extra or {})}
+    if echo and sys.stderr is not None and sys.stderr.isatty():
+        env.setdefault("PAGODA_LOG_FORMAT", "console")
+    return env

@@ -12,9 +12,7 @@ schedulers first, then the executors (SIGTERM, SIGKILL after a grace period).
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +25,7 @@ from pagoda.launch.child import Child, describe_exit
 from pagoda.launch.commands import (
     LOOPBACK,
     SchedulerPlan,
+    child_env,
     executor_argv,
     free_port,
     scheduler_ports,
@@ -110,7 +109,7 @@ class Launcher:
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.client_tls = client_tls
         self.client_api_key = client_api_key
-        self._env = _child_env(env, echo=self.log_dir is None)
+        self._env = child_env(env, echo=self.log_dir is None)
         self.executors = [
             self._child(
                 f"executor-{i}", executor_argv(p, model, dtype, kv_cache_memory, block_size, extra_executor_args), p
@@ -224,6 +223,9 @@ class Launcher:
     def _is_healthy(self, child: Child) -> bool:
         return check_health(child.address, tls=child.tls, timeout=_HEALTH_TIMEOUT_S) in child.healthy_statuses
 
+    def _is_serving(self, child: Child) -> bool:
+        return check_health(child.address, tls=child.tls, timeout=_HEALTH_TIMEOUT_S) == ServingStatus.SERVING
+
     def _wait_healthy(self, children: Sequence[Child], timeout_s: float | None = None) -> None:
         """Poll each child's health Check until it is up, bounded by ``timeout_s`` (default: startup)."""
         timeout_s = self.startup_timeout_s if timeout_s is None else timeout_s
@@ -268,8 +270,15 @@ class Launcher:
             ready |= {e.address for e in status.executors if e.state == "READY"}
         return ready
 
-    def wait_restarted(self, child: Child, old_pid: int, timeout_s: float = 120.0) -> int:
+    def wait_restarted(self, child: Child, old_pid: int, timeout_s: float = 120.0, *, serving: bool = False) -> int:
         """Wait (bounded) until the supervisor has restarted ``child`` and it is healthy; its new pid.
+
+        Args:
+            child: one of ``children``.
+            old_pid: its pid before it died.
+            timeout_s: the bound.
+            serving: require SERVING (one of several schedulers is otherwise
+                up while NOT_SERVING, before it holds an executor again).
 
         Raises:
             LauncherError: a crash loop, or not back within ``timeout_s``.
@@ -281,7 +290,7 @@ class Launcher:
         while time.monotonic() < end:
             self.check([])
             pid = child.pid
-            if pid not in (0, old_pid) and self._is_healthy(child):
+            if pid not in (0, old_pid) and (self._is_serving(child) if serving else self._is_healthy(child)):
                 return pid
             time.sleep(0.1)
         raise LauncherError(f"{child.name} not restarted and healthy within {timeout_s:.0f}s")
@@ -331,6 +340,8 @@ class Launcher:
 
     def restart(self, child: Child, *, wait: bool = True) -> None:
         """Start ``child`` again on its port (killing it first if alive); supervised again."""
+        if self.supervisor is not None:
+            self.supervisor.unwatch(child)  # no restart of its own meanwhile
         if child.poll() is None and child.process is not None:
             self.kill(child)
         child.spawn()
@@ -374,11 +385,3 @@ class Launcher:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def _child_env(extra: Mapping[str, str] | None, *, echo: bool) -> dict[str, str]:
-    """This environment plus ``extra``; console logs when the echoed output lands on a terminal."""
-    env = {**os.environ, **(extra or {})}
-    if echo and sys.stderr is not None and sys.stderr.isatty():
-        env.setdefault("PAGODA_LOG_FORMAT", "console")
-    return env

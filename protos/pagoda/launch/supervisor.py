@@ -141,8 +141,7 @@ class Supervisor:
     def watch(self, child: Child) -> None:
         """Watch ``child`` again (the launcher has just started it)."""
         with self.lock:
-            self._watches[child.name].watched = True
-            self._watches[child.name].healthy = False
+            self._watches[child.name] = _Watch(self._watches[child.name].tracker)
 
     def tick(self) -> None:
         """Look at every child once: handle an exit, a due restart, or a first healthy answer."""
