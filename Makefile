@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 MODEL ?=
 EXECUTORS ?= 1
+# Schedulers on ports PORT, PORT+1, ... over the same executors (HTTP on HTTP_PORT, HTTP_PORT+1, ...).
+SCHEDULERS ?= 1
 PORT ?= 50051
 HTTP_PORT ?= 8000
 # float32 by default: answers match Hugging Face fp32 exactly (DTYPE=bfloat16 is ~3x faster on AMX CPUs).
@@ -64,7 +66,7 @@ model: $(STAMP)
 	$(BIN)/python -m executor_svc.model_cache
 
 run: $(STAMP)
-	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --port $(PORT) --http-port $(HTTP_PORT) --dtype $(DTYPE)
+	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --schedulers $(SCHEDULERS) --port $(PORT) --http-port $(HTTP_PORT) --dtype $(DTYPE)
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -1,74 +1,55 @@
-"""Local launcher: N ``pagoda-executor`` processes and one ``pagoda-scheduler``.
+"""Local launcher: M ``pagoda-executor`` processes and N ``pagoda-scheduler`` processes.
 
-Every child runs in its own process group on 127.0.0.1; ``Launcher`` waits
-until all are healthy and stops them all (SIGTERM, then SIGKILL after a grace
-period). ``pagoda serve`` and the integration tests use it.
+Every child runs in its own process group on 127.0.0.1 (``child.Child``).
+``Launcher.start`` waits until all are healthy; a child that exits before that
+fails the start (a wrong flag or model path does not heal by retrying). After
+that, with ``restart=True``, a ``Supervisor`` restarts a child that exits (same
+command, same port) and gives up on a crash loop. ``stop`` drains the
+schedulers first, then the executors (SIGTERM, SIGKILL after a grace period).
+``pagoda serve`` and the integration tests use it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import grpc
 
 from pagoda.channel import Tls, auth_metadata, open_channel
+from pagoda.launch.child import Child, describe_exit
+from pagoda.launch.commands import (
+    LOOPBACK,
+    SchedulerPlan,
+    child_env,
+    executor_argv,
+    free_port,
+    scheduler_ports,
+    service_command,
+)
 from pagoda.launch.health import ServingStatus, check_health
+from pagoda.launch.restart_policy import RestartPolicy
+from pagoda.launch.supervisor import CRASH_LOOP_LINES, Supervisor
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
-LOOPBACK = "127.0.0.1"
-# A SIGKILLed process is gone within milliseconds unless stuck in the kernel (D state).
-_KILL_WAIT_S = 10.0
+__all__ = ["LOOPBACK", "Launcher", "LauncherError", "free_port", "service_command"]
+
 logger = logging.getLogger(__name__)
 # The generated stub is untyped; this is the one call the launcher makes through it.
 _GenerationStub: Callable[[grpc.Channel], Any] = generation_pb2_grpc.GenerationStub
+_HEALTH_TIMEOUT_S = 1.0
 
 
 class LauncherError(RuntimeError):
-    """A child failed to start or died; ``exit_code`` is its exit status."""
+    """A child failed to start, died, or crash-looped; ``exit_code`` is for the shell."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def service_command(script: str, module: str) -> list[str]:
-    """The console script next to ``sys.executable``, else ``python -m module``."""
-    candidate = Path(sys.executable).parent / script
-    if candidate.exists() and os.access(candidate, os.X_OK):
-        return [str(candidate)]
-    found = shutil.which(script)
-    return [found] if found else [sys.executable, "-m", module]
-
-
-@dataclass
-class _Child:
-    """One child process and how to restart it."""
-
-    name: str
-    argv: list[str]
-    address: str
-    process: subprocess.Popen[bytes] | None = None
-    log_file: IO[bytes] | None = None
 
 
 class Launcher:
@@ -77,22 +58,23 @@ class Launcher:
     Args:
         model: checkpoint folder, ``.gguf`` file, or None for ``default``.
         num_executors: executor processes to start.
-        port: scheduler port (0: a free port).
+        num_schedulers: scheduler processes, on consecutive ports from ``port``;
+            each is given every executor (and ``--scheduler-id`` when several).
+        port: first scheduler's port (0: a free port for each).
         host: scheduler bind address.
-        dtype: executor ``--dtype`` (None: the executor's default).
-        kv_cache_memory: executor ``--kv-cache-memory`` (e.g. ``"64MiB"``).
-        block_size: executor ``--block-size``.
-        metrics_port, http_port: scheduler ports (None: off).
+        dtype, kv_cache_memory, block_size: executor flags (None: its default).
+        metrics_port, http_port: first scheduler's ports (None: off).
         extra_executor_args, extra_scheduler_args: flags passed through.
         env: extra environment of every child.
         log_dir: write each child's output to ``log_dir/<name>.log``
-            (None: inherit this process's stdout/stderr).
+            (None: echo it to this process's stderr).
         startup_timeout_s: how long ``start`` waits for health.
-        stop_grace_s: SIGTERM → SIGKILL grace per child.
-        client_tls: TLS settings for the launcher's own calls to the
-            scheduler when it serves TLS (``--tls-cert``/``--tls-key``).
-        client_api_key: API key for the launcher's own calls when the
-            scheduler requires keys.
+        stop_grace_s: SIGTERM → SIGKILL grace per group (schedulers, then executors).
+        client_tls, client_api_key: for the launcher's own calls to schedulers
+            that serve TLS or require keys.
+        restart: restart a child that exits after ``start`` (False: it stays
+            down, ``check`` reports it).
+        restart_policy: backoff and crash-loop rules of ``restart``.
     """
 
     def __init__(
@@ -100,6 +82,7 @@ class Launcher:
         model: str | None = None,
         *,
         num_executors: int = 1,
+        num_schedulers: int = 1,
         port: int = 0,
         host: str = LOOPBACK,
         dtype: str | None = None,
@@ -115,68 +98,108 @@ class Launcher:
         stop_grace_s: float = 10.0,
         client_tls: Tls = False,
         client_api_key: str | None = None,
+        restart: bool = False,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
-        if num_executors < 1:
-            raise ValueError("num_executors must be at least 1")
-        self.port = port or free_port()
+        if num_executors < 1 or num_schedulers < 1:
+            raise ValueError("num_executors and num_schedulers must be at least 1")
         self.host = host
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.client_tls = client_tls
         self.client_api_key = client_api_key
-        self._env = {**os.environ, **(env or {})}
+        self._env = child_env(env, echo=self.log_dir is None)
         self.executors = [
-            self._executor_child(i, model, dtype, kv_cache_memory, block_size, extra_executor_args)
-            for i in range(num_executors)
+            self._child(
+                f"executor-{i}", executor_argv(p, model, dtype, kv_cache_memory, block_size, extra_executor_args), p
+            )
+            for i, p in enumerate(free_port() for _ in range(num_executors))
         ]
-        self.scheduler = self._scheduler_child(metrics_port, http_port, extra_scheduler_args)
+        plan = SchedulerPlan(
+            host,
+            scheduler_ports(port, num_schedulers),
+            self.executor_addresses,
+            metrics_port,
+            http_port,
+            extra_scheduler_args,
+        )
+        # A lone scheduler is up once it serves; one of several may rightly hold no executor (NOT_SERVING).
+        up = {ServingStatus.SERVING} | ({ServingStatus.NOT_SERVING} if num_schedulers > 1 else set())
+        self.ports = list(plan.ports)
+        self.schedulers = [
+            self._child(plan.name(i), plan.argv(i), p, frozenset(up), client_tls) for i, p in enumerate(plan.ports)
+        ]
+        policy = restart_policy or RestartPolicy()
+        self.supervisor = (
+            Supervisor(self.children, policy=policy, is_healthy=self._is_healthy, slow_start_s=startup_timeout_s)
+            if restart
+            else None
+        )
 
-    def _executor_child(
+    def _child(
         self,
-        index: int,
-        model: str | None,
-        dtype: str | None,
-        kv_cache_memory: str | None,
-        block_size: int | None,
-        extra: Sequence[str],
-    ) -> _Child:
-        executor_port = free_port()
-        argv = service_command("pagoda-executor", "executor_svc.main")
-        argv += ["--host", LOOPBACK, "--port", str(executor_port), "--model", model or "default"]
-        argv += _optional_flags({"--dtype": dtype, "--kv-cache-memory": kv_cache_memory, "--block-size": block_size})
-        return _Child(f"executor-{index}", argv + list(extra), f"{LOOPBACK}:{executor_port}")
+        name: str,
+        argv: list[str],
+        port: int,
+        healthy: frozenset[ServingStatus] = frozenset({ServingStatus.SERVING}),
+        tls: Tls = False,
+    ) -> Child:
+        address = f"{LOOPBACK}:{port}"
+        return Child(name, argv, address, env=self._env, log_dir=self.log_dir, healthy_statuses=healthy, tls=tls)
 
-    def _scheduler_child(self, metrics_port: int | None, http_port: int | None, extra: Sequence[str]) -> _Child:
-        argv = service_command("pagoda-scheduler", "scheduler_svc.main")
-        argv += ["--host", self.host, "--port", str(self.port)]
-        argv += ["--executors", ",".join(child.address for child in self.executors)]
-        argv += _optional_flags({"--metrics-port": metrics_port, "--http-port": http_port})
-        return _Child("scheduler", argv + list(extra), f"{LOOPBACK}:{self.port}")
+    # ----- what tests and ``pagoda serve`` read ------------------------------
+
+    @property
+    def port(self) -> int:
+        """The first scheduler's port."""
+        return self.ports[0]
+
+    @property
+    def scheduler(self) -> Child:
+        """The first scheduler."""
+        return self.schedulers[0]
+
+    @property
+    def children(self) -> list[Child]:
+        """Schedulers first, then executors."""
+        return [*self.schedulers, *self.executors]
+
+    @property
+    def targets(self) -> list[str]:
+        """``host:port`` of each scheduler, for clients."""
+        host = LOOPBACK if self.host in ("0.0.0.0", "", "::") else self.host
+        return [f"{host}:{port}" for port in self.ports]
 
     @property
     def target(self) -> str:
-        """``host:port`` for clients."""
-        host = LOOPBACK if self.host in ("0.0.0.0", "", "::") else self.host
-        return f"{host}:{self.port}"
+        """``host:port`` of the first scheduler."""
+        return self.targets[0]
 
     @property
     def executor_pids(self) -> list[int]:
         """Process ids of the executors (0 for one not running)."""
-        return [c.process.pid if c.process and c.process.poll() is None else 0 for c in self.executors]
+        return [child.pid for child in self.executors]
+
+    @property
+    def scheduler_pids(self) -> list[int]:
+        """Process ids of the schedulers (0 for one not running)."""
+        return [child.pid for child in self.schedulers]
 
     @property
     def scheduler_pid(self) -> int:
-        """Process id of the scheduler."""
-        return self.scheduler.process.pid if self.scheduler.process else 0
+        """Process id of the first scheduler."""
+        return self.scheduler.pid
 
     @property
     def executor_addresses(self) -> list[str]:
         """``127.0.0.1:port`` of each executor."""
-        return [c.address for c in self.executors]
+        return [child.address for child in self.executors]
+
+    # ----- start ---------------------------------------------------------------
 
     def start(self) -> Launcher:
-        """Start every child and wait until all are healthy.
+        """Start every child, wait until all are healthy, then supervise (with ``restart``).
 
         Raises:
             LauncherError: a child exited, or health did not come in time
@@ -184,121 +207,177 @@ class Launcher:
         """
         try:
             for child in self.executors:
-                self._spawn(child)
+                child.spawn()
             self._wait_healthy(self.executors)
-            self._spawn(self.scheduler)
-            self._wait_healthy([self.scheduler], self.client_tls)
+            for child in self.schedulers:
+                child.spawn()
+            self._wait_healthy(self.schedulers)
             self._wait_executors_ready()
         except BaseException:
             self.stop()
             raise
+        if self.supervisor is not None:
+            self.supervisor.start()
         return self
 
-    def _spawn(self, child: _Child) -> None:
-        output: IO[bytes] | None = None
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self.log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 (closed in _reap)
-        child.log_file = output
-        child.process = subprocess.Popen(
-            child.argv,
-            env=self._env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT if output else None,
-            start_new_session=True,
-        )
+    def _is_healthy(self, child: Child) -> bool:
+        return check_health(child.address, tls=child.tls, timeout=_HEALTH_TIMEOUT_S) in child.healthy_statuses
 
-    def _wait_healthy(self, children: Sequence[_Child], tls: Tls = False) -> None:
-        """Poll each child's health Check until SERVING, up to ``startup_timeout_s``."""
-        end = time.monotonic() + self.startup_timeout_s
+    def _is_serving(self, child: Child) -> bool:
+        return check_health(child.address, tls=child.tls, timeout=_HEALTH_TIMEOUT_S) == ServingStatus.SERVING
+
+    def _wait_healthy(self, children: Sequence[Child], timeout_s: float | None = None) -> None:
+        """Poll each child's health Check until it is up, bounded by ``timeout_s`` (default: startup)."""
+        timeout_s = self.startup_timeout_s if timeout_s is None else timeout_s
+        end = time.monotonic() + timeout_s
         pending = list(children)
-        logger.info("waiting up to %.0fs for %s to be SERVING", self.startup_timeout_s, [c.name for c in pending])
+        logger.info("waiting up to %.0fs for %s to be healthy", timeout_s, [c.name for c in pending])
         while pending:
-            self.raise_if_dead(children)
-            pending = [c for c in pending if check_health(c.address, tls=tls) != ServingStatus.SERVING]
+            self.check(children)
+            pending = [c for c in pending if not self._is_healthy(c)]
             if pending and time.monotonic() > end:
                 names = ", ".join(c.name for c in pending)
-                raise LauncherError(f"not healthy after {self.startup_timeout_s:.0f}s: {names}")
+                raise LauncherError(f"not healthy after {timeout_s:.0f}s: {names}")
             if pending:
                 time.sleep(0.2)
 
     def _wait_executors_ready(self) -> None:
-        """Wait (bounded) until the scheduler reports every executor READY."""
+        """Wait (bounded) until the schedulers together report every executor READY."""
         end = time.monotonic() + min(30.0, self.startup_timeout_s)
-        logger.info("waiting up to %.0fs for the scheduler to report the executors READY", end - time.monotonic())
-        states: list[str] | None = []
-        with open_channel(self.target, self.client_tls) as channel:
-            stub = _GenerationStub(channel)
-            while time.monotonic() < end:
-                self.raise_if_dead()
-                states = self._executor_states(stub)
-                if states is None or states.count("READY") >= len(self.executors):
-                    return
-                time.sleep(0.2)
-        raise LauncherError(f"the scheduler did not report {len(self.executors)} executors READY: {states}")
+        logger.info("waiting up to %.0fs for the schedulers to report the executors READY", end - time.monotonic())
+        ready: set[str] | None = set()
+        while time.monotonic() < end:
+            self.check()
+            ready = self._ready_executors()
+            if ready is None or len(ready) >= len(self.executors):
+                return
+            time.sleep(0.2)
+        raise LauncherError(f"the schedulers did not report {len(self.executors)} executors READY: {ready}")
 
-    def _executor_states(self, stub: Any) -> list[str] | None:
-        """Executor states from one ``GetStatus`` (2 s bound); None when the scheduler has no such RPC."""
-        try:
-            status = stub.GetStatus(
-                generation_pb2.GetStatusRequest(), timeout=2.0, metadata=auth_metadata(self.client_api_key)
-            )
-        except grpc.RpcError as error:
-            return None if error.code() == grpc.StatusCode.UNIMPLEMENTED else []
-        return [e.state for e in status.executors]
+    def _ready_executors(self) -> set[str] | None:
+        """Addresses some scheduler reports READY; None when the schedulers have no ``GetStatus``."""
+        ready: set[str] = set()
+        for child in self.schedulers:
+            with open_channel(child.address, self.client_tls) as channel:
+                try:
+                    status = _GenerationStub(channel).GetStatus(
+                        generation_pb2.GetStatusRequest(), timeout=2.0, metadata=auth_metadata(self.client_api_key)
+                    )
+                except grpc.RpcError as error:
+                    if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        return None
+                    continue
+            ready |= {e.address for e in status.executors if e.state == "READY"}
+        return ready
 
-    def dead_child(self, children: Sequence[_Child] | None = None) -> tuple[str, int] | None:
-        """``(name, exit code)`` of the first child (of ``children``, default all) that has exited, or None."""
-        for child in children if children is not None else [*self.executors, self.scheduler]:
-            if child.process is not None and child.process.poll() is not None:
-                return child.name, child.process.returncode
+    def wait_restarted(self, child: Child, old_pid: int, timeout_s: float = 120.0, *, serving: bool = False) -> int:
+        """Wait (bounded) until the supervisor has restarted ``child`` and it is healthy; its new pid.
+
+        Args:
+            child: one of ``children``.
+            old_pid: its pid before it died.
+            timeout_s: the bound.
+            serving: require SERVING (one of several schedulers is otherwise
+                up while NOT_SERVING, before it holds an executor again).
+
+        Raises:
+            LauncherError: a crash loop, or not back within ``timeout_s``.
+        """
+        end = time.monotonic() + timeout_s
+        logger.info(
+            "waiting up to %.0fs for %s (was pid %d) to be restarted and healthy", timeout_s, child.name, old_pid
+        )
+        while time.monotonic() < end:
+            self.check([])
+            pid = child.pid
+            if pid not in (0, old_pid) and (self._is_serving(child) if serving else self._is_healthy(child)):
+                return pid
+            time.sleep(0.1)
+        raise LauncherError(f"{child.name} not restarted and healthy within {timeout_s:.0f}s")
+
+    # ----- failures --------------------------------------------------------------
+
+    def dead_child(self, children: Sequence[Child] | None = None) -> tuple[str, int] | None:
+        """``(name, exit status)`` of the first child (of ``children``, default all) that has exited, or None."""
+        for child in self.children if children is None else children:
+            returncode = child.poll()
+            if returncode is not None:
+                return child.name, returncode
         return None
 
-    def raise_if_dead(self, children: Sequence[_Child] | None = None) -> None:
-        """Raise ``LauncherError`` (with the child's exit code) if one (of ``children``) exited."""
+    def raise_if_dead(self, children: Sequence[Child] | None = None) -> None:
+        """Raise ``LauncherError`` (with the child's exit code and last lines) if one (of ``children``) exited."""
         dead = self.dead_child(children)
-        if dead is not None:
-            name, code = dead
-            hint = f"; see {self.log_dir / (name + '.log')}" if self.log_dir else ""
-            raise LauncherError(f"{name} exited with code {code}{hint}", exit_code=code or 1)
-
-    def kill_executor(self, index: int, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to executor ``index``'s process group and reap it."""
-        child = self.executors[index]
-        if child.process is None:
+        if dead is None:
             return
-        _signal_group(child.process, sig)
-        _reap(child.process, self.stop_grace_s)
-        _close_log(child)
+        name, returncode = dead
+        child = next(c for c in self.children if c.name == name)
+        child.join_output()
+        what = f"exited with code {returncode}" if returncode >= 0 else f"was killed by {describe_exit(returncode)}"
+        hint = f"; see {child.log_path}" if child.log_path else ""
+        lines = [f"  | {line}" for line in child.last_lines(CRASH_LOOP_LINES)]
+        message = "\n".join([f"{name} {what}{hint}", *(["Last log lines:", *lines] if lines else [])])
+        raise LauncherError(message, exit_code=returncode if returncode > 0 else 1)
 
-    def restart_executor(self, index: int, *, wait: bool = True) -> None:
-        """Start executor ``index`` again on its port (killing it first if alive)."""
-        child = self.executors[index]
-        if child.process is not None and child.process.poll() is None:
-            self.kill_executor(index)
-        self._spawn(child)
+    def check(self, children: Sequence[Child] | None = None) -> None:
+        """Raise ``LauncherError`` if the system failed: a crash loop, or (while
+        not supervised) a child (of ``children``, default all) that exited."""
+        crash = self.supervisor.crash_loop if self.supervisor is not None else None
+        if crash is not None:
+            raise LauncherError(crash.message(), exit_code=crash.returncode if crash.returncode > 0 else 1)
+        if self.supervisor is None or not self.supervisor.running:
+            self.raise_if_dead(children)
+
+    # ----- stop and restart on purpose -------------------------------------------
+
+    def kill(self, child: Child, sig: int = signal.SIGKILL) -> None:
+        """Stop ``child`` on purpose (it is not restarted): ``sig`` to its group, then reap it."""
+        if self.supervisor is not None:
+            self.supervisor.unwatch(child)
+        child.signal(sig)
+        child.reap(self.stop_grace_s)
+        child.join_output()
+
+    def restart(self, child: Child, *, wait: bool = True) -> None:
+        """Start ``child`` again on its port (killing it first if alive); supervised again."""
+        if self.supervisor is not None:
+            self.supervisor.unwatch(child)  # no restart of its own meanwhile
+        if child.poll() is None and child.process is not None:
+            self.kill(child)
+        child.spawn()
+        if self.supervisor is not None:
+            self.supervisor.watch(child)
         if wait:
             self._wait_healthy([child])
 
+    def kill_executor(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """``kill`` executor ``index``."""
+        self.kill(self.executors[index], sig)
+
+    def restart_executor(self, index: int, *, wait: bool = True) -> None:
+        """``restart`` executor ``index``."""
+        self.restart(self.executors[index], wait=wait)
+
     def stop(self) -> None:
-        """SIGTERM every child, SIGKILL what is left after the grace period."""
-        processes = [(c, c.process) for c in [self.scheduler, *self.executors] if c.process is not None]
-        for _, process in processes:
-            _signal_group(process, signal.SIGTERM)
-        end = time.monotonic() + self.stop_grace_s
-        for child, process in processes:
-            _reap(process, max(0.0, end - time.monotonic()))
-            _close_log(child)
+        """Stop supervising; SIGTERM the schedulers (they drain) and wait, then the executors."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        for group in (self.schedulers, self.executors):
+            running = [c for c in group if c.process is not None]
+            for child in running:
+                child.signal(signal.SIGTERM)
+            end = time.monotonic() + self.stop_grace_s
+            for child in running:
+                child.reap(max(0.0, end - time.monotonic()))
+                child.join_output()
 
     def logs(self) -> dict[str, str]:
         """Each child's log text (only with ``log_dir``)."""
-        if self.log_dir is None:
-            return {}
         out = {}
-        for child in [*self.executors, self.scheduler]:
-            path = self.log_dir / f"{child.name}.log"
-            out[child.name] = path.read_text(errors="replace") if path.exists() else ""
+        for child in self.children:
+            path = child.log_path
+            if path is not None:
+                out[child.name] = path.read_text(errors="replace") if path.exists() else ""
         return out
 
     def __enter__(self) -> Launcher:
@@ -306,38 +385,3 @@ class Launcher:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def _optional_flags(flags: Mapping[str, object]) -> list[str]:
-    out: list[str] = []
-    for flag, value in flags.items():
-        if value is not None:
-            out += [flag, str(value)]
-    return out
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
-    """Signal the child's process group (it leads its own session)."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
-
-
-def _reap(process: subprocess.Popen[bytes], grace_s: float) -> None:
-    """Wait ``grace_s`` for the child to exit, then SIGKILL its group and wait (bounded) again."""
-    try:
-        process.wait(timeout=grace_s)
-        return
-    except subprocess.TimeoutExpired:
-        _signal_group(process, signal.SIGKILL)
-    try:
-        process.wait(timeout=_KILL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        logger.warning("pid %d still running %.0fs after SIGKILL; not reaped", process.pid, _KILL_WAIT_S)
-
-
-def _close_log(child: _Child) -> None:
-    if child.log_file is not None:
-        child.log_file.close()
-        child.log_file = None

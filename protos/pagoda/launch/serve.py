@@ -7,13 +7,15 @@ subcommand and calls ``cmd_serve``; the launcher is imported only then.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import shlex
 import shutil
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -39,7 +41,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``pagoda serve``; unknown ``--flags`` go to the scheduler."""
     parser.add_argument("--model", default=None, help="checkpoint folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--executors", type=int, default=1, help="number of executor processes")
-    parser.add_argument("--port", type=int, default=50051, help="scheduler (client API) port")
+    parser.add_argument("--schedulers", type=int, default=1, help="number of schedulers, on ports from --port up")
+    parser.add_argument("--port", type=int, default=50051, help="first scheduler's (client API) port")
     parser.add_argument("--host", default="127.0.0.1", help="scheduler bind address")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto")
     parser.add_argument("--kv-cache-memory", default=None, help="KV cache bytes per executor, e.g. 1GiB")
@@ -49,15 +52,30 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor-args", default="", help="extra executor flags, one quoted string")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
     parser.add_argument("--log-dir", default=None, help="write child logs here instead of the terminal")
+    parser.add_argument("--stop-grace-s", type=float, default=35.0, help="drain time per group on Ctrl-C/SIGTERM")
+    supervision = parser.add_argument_group("supervision (a child that exits is restarted on its port)")
+    supervision.add_argument("--no-restart", action="store_true", help="stop everything when a child exits")
+    supervision.add_argument("--restart-backoff-s", type=float, default=1.0, help="first delay; doubles per restart")
+    supervision.add_argument("--restart-backoff-max-s", type=float, default=30.0)
+    supervision.add_argument("--crash-loop-exits", type=int, default=5, help="this many exits of one child ...")
+    supervision.add_argument("--crash-loop-window-s", type=float, default=60.0, help="... in this time stop all")
 
 
 def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> Launcher:
     """A ``Launcher`` configured by the ``serve`` flags."""
     from pagoda.launch.launcher import Launcher
+    from pagoda.launch.restart_policy import RestartPolicy
 
+    policy = RestartPolicy(
+        initial_backoff_s=args.restart_backoff_s,
+        max_backoff_s=args.restart_backoff_max_s,
+        crash_loop_exits=args.crash_loop_exits,
+        crash_loop_window_s=args.crash_loop_window_s,
+    )
     return Launcher(
         args.model,
         num_executors=args.executors,
+        num_schedulers=args.schedulers,
         port=args.port,
         host=args.host,
         dtype=args.dtype,
@@ -69,6 +87,9 @@ def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence
         extra_scheduler_args=list(scheduler_passthrough),
         log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout_s,
+        stop_grace_s=args.stop_grace_s,
+        restart=not args.no_restart,
+        restart_policy=policy,
     )
 
 
@@ -81,25 +102,51 @@ def _pagoda_command() -> str:
 
 
 def _ready_message(launcher: Launcher, args: argparse.Namespace) -> str:
+    targets = ",".join(launcher.targets)
+    pids = " ".join(str(pid) for pid in launcher.scheduler_pids)
+    executors = ", ".join(f"{c.address} (pid {c.pid})" for c in launcher.executors)
     lines = [
-        f"Pagoda is serving {args.model or 'default'} on {launcher.target} "
-        f"(scheduler pid {launcher.scheduler_pid}, executors {launcher.executor_addresses})",
+        f"Pagoda is serving {args.model or 'default'} on {targets} "
+        f"(scheduler pid{'s' if len(launcher.schedulers) > 1 else ''} {pids}; executors {executors})",
     ]
     if args.http_port:
-        lines.append(f"OpenAI-compatible API: http://{launcher.target.rsplit(':', 1)[0]}:{args.http_port}/v1")
+        host = launcher.target.rsplit(":", 1)[0]
+        urls = ", ".join(f"http://{host}:{args.http_port + i}/v1" for i in range(len(launcher.schedulers)))
+        lines.append(f"OpenAI-compatible API: {urls}")
     lines += [
         "Try:",
-        f'  {_pagoda_command()} chat "What is the capital of France?" --target {launcher.target}',
+        f'  {_pagoda_command()} chat "What is the capital of France?" --target {targets}',
+        "A child that exits is restarted." if launcher.supervisor else "A child that exits stops everything.",
         "Press Ctrl-C to stop.",
     ]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _launcher_events_on_stderr() -> Iterator[None]:
+    """The launcher's log lines (child exits, restarts, waits) on stderr while serving."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s launcher %(levelname)s %(message)s"))
+    log = logging.getLogger("pagoda.launch")
+    previous_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(previous_level)
 
 
 def cmd_serve(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> int:
     """Start, wait for a signal or a dead child, stop everything."""
     from pagoda.launch.launcher import LauncherError
 
-    launcher = launcher_from_args(args, scheduler_passthrough)
+    try:
+        launcher = launcher_from_args(args, scheduler_passthrough)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     state = {"ready": False}
 
@@ -111,7 +158,8 @@ def cmd_serve(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) ->
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _serve_until_stopped(launcher, args, stop, state)
+        with _launcher_events_on_stderr():
+            return _serve_until_stopped(launcher, args, stop, state)
     except _Interrupted:
         return 0
     except LauncherError as error:
@@ -130,11 +178,7 @@ def _serve_until_stopped(
     print(_ready_message(launcher, args), flush=True)
     try:
         while not stop.wait(0.5):
-            dead = launcher.dead_child()
-            if dead is not None:
-                name, code = dead
-                print(f"error: {name} exited unexpectedly with code {code}; stopping", file=sys.stderr)
-                return code or 1
+            launcher.check()
         print("stopping...", file=sys.stderr, flush=True)
         return 0
     finally:
