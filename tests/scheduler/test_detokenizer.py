@@ -28,6 +28,11 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def train_tiny_tokenizer() -> Tokenizer:
     """Byte-level BPE trained on ASCII only, so non-ASCII characters split into bytes."""
+    return Tokenizer.from_info(train_tiny_tokenizer_json(), None, None, None)
+
+
+def train_tiny_tokenizer_json() -> str:
+    """``tokenizer.json`` of ``train_tiny_tokenizer``."""
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -38,7 +43,7 @@ def train_tiny_tokenizer() -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(["Hello world, the quick brown fox. def f(x): return 42"] * 10, trainer)
-    return Tokenizer.from_info(tok.to_str(), None, None, None)
+    return tok.to_str()
 
 
 def load_smollm2() -> Tokenizer:
