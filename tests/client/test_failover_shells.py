@@ -73,10 +73,11 @@ def _check_one_stream(deltas: list[GenerationDelta], servicers: list[BreakingSch
     assert [d.seed for d in deltas] == [SEED] + [None] * (NUM_TOKENS - 1)
     assert [bool(d.prompt_token_ids) for d in deltas] == [True] + [False] * (NUM_TOKENS - 1)
     first, second = servicers
-    # a: 0-2, b: 3-5 (resume after 3), a: 6-8 (after 6), b: 9 (after 9).
-    assert [len(r.resume.delivered_token_ids) for r in first.requests] == [0, 6]
-    assert [len(r.resume.delivered_token_ids) for r in second.requests] == [3, 9]
-    for resumed in (first.requests[1], *second.requests):
+    # a: 0-2, then b (up) at once: 3-5; then both have just failed, so whichever is back first: 6-8, then 9.
+    requests = sorted(first.requests + second.requests, key=lambda r: len(r.resume.delivered_token_ids))
+    assert [len(r.resume.delivered_token_ids) for r in requests] == [0, 3, 6, 9]
+    assert requests[0] is first.requests[0] and requests[1] is second.requests[0]
+    for resumed in requests[1:]:
         assert (resumed.request_id, resumed.resume.request_id, resumed.sampling.seed) == ("req-7", "req-7", SEED)
         assert list(resumed.resume.delivered_token_ids) == [
             100 + i for i in range(len(resumed.resume.delivered_token_ids))
