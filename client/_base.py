@@ -178,3 +178,8 @@ class StreamDriver(CallDriver[GenerationDelta]):
     def result(self) -> GenerationResult:
         """The deltas received so far, folded into one result."""
         return self._stream.result
+
+    @property
+    def num_resumes(self) -> int:
+        """Times the stream broke and was resumed (on another address, or the same one once back)."""
+        return self._stream.num_resumes
