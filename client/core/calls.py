@@ -37,6 +37,8 @@ from pagoda_client.results import ModelInfo, ServerStatus
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
+# Names are looked up again when every address failed, at most this often.
+_MIN_RESOLVE_INTERVAL_S = 1.0
 
 
 class CallState(Generic[T]):
@@ -141,7 +143,7 @@ class CallState(Generic[T]):
         """The failed attempt's endpoint is down: seconds until one is up (names resolved again when none is)."""
         self._targets.mark_down(self.endpoint, self._policy, self._jitter())
         if self._targets.wait_s() > 0:
-            self._targets.refresh()
+            self._targets.refresh(min_interval_s=_MIN_RESOLVE_INTERVAL_S)
         return self._targets.wait_s()
 
     def _count_retry(self, code: grpc.StatusCode, delay_s: float) -> None:

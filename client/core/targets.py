@@ -109,6 +109,7 @@ class Targets:
         self._failures: dict[str, int] = {}
         self._down_until: dict[str, float] = {}
         self._next = 0
+        self._resolved_at = float("-inf")
         self.refresh()
 
     @property
@@ -116,8 +117,14 @@ class Targets:
         """Every endpoint, in the order given (a resolved name's addresses in the resolver's order)."""
         return list(self._endpoints)
 
-    def refresh(self) -> None:
-        """Resolve the names again; what is known of addresses that stay is kept."""
+    def refresh(self, min_interval_s: float = 0.0) -> None:
+        """Resolve the names again (unless they were less than ``min_interval_s`` ago); what is known
+        of addresses that stay is kept. The lookup blocks: the interval bounds how often a client in an
+        outage (every address failing) waits on DNS."""
+        now = self._clock()
+        if now - self._resolved_at < min_interval_s:
+            return
+        self._resolved_at = now
         endpoints = list({e.address: e for target in self.given for e in self._expand(target)}.values())
         with self._lock:
             self._endpoints = endpoints

@@ -244,14 +244,17 @@ def test_names_are_resolved_again_when_every_address_failed():
     clock = FakeClock()
     resolver = FakeResolver({"sched": ["10.0.0.1", "10.0.0.2"]})
     targets = Targets("sched:50051", resolve=resolver, clock=clock)
+    clock.now += 1.0
     state = _started(targets, clock)
     assert state.endpoint == Endpoint("10.0.0.1:50051", "sched:50051")
     assert state.backoff_s(UNAVAILABLE) == 0.0 and resolver.lookups == 1  # 10.0.0.2 is up
     state.next_endpoint()
     resolver.names["sched"] = ["10.0.0.2", "10.0.0.3"]
+    clock.now += 0.4  # 10.0.0.1 is down for 0.5 s
     assert state.backoff_s(UNAVAILABLE) == 0.0 and resolver.lookups == 2  # both down: looked up again
     assert state.next_endpoint() == Endpoint("10.0.0.3:50051", "sched:50051")
     assert [e.address for e in targets.endpoints] == ["10.0.0.2:50051", "10.0.0.3:50051"]
+    assert state.backoff_s(UNAVAILABLE) > 0 and resolver.lookups == 2  # all down, but looked up just now
 
 
 def test_a_unary_call_retries_on_the_next_address():
