@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import string
-import subprocess
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -20,6 +19,7 @@ import pytest
 
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from pagoda_client import AsyncClient, Client, GenerationDelta, PagodaError, TlsConfig
+from scripts.make_certs import Issued, issue, make_ca
 
 NUM_TOKENS = 10
 SEED = 42
@@ -114,24 +114,19 @@ def test_a_stream_that_breaks_more_often_than_allowed_fails(schedulers):
     assert stream.result.token_ids == [100 + i for i in range(9)]
 
 
-def _certificate(folder, name: str) -> tuple[bytes, bytes, str]:
-    """A self-signed certificate valid for the DNS name ``name`` only: (cert PEM, key PEM, cert path)."""
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}"]
-        + ["-addext", f"subjectAltName=DNS:{name}", "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return cert.read_bytes(), key.read_bytes(), str(cert)
+def _certificate_for(name: str) -> tuple[bytes, Issued]:
+    """A fresh CA's certificate, and a server certificate it signed for the DNS name ``name`` only."""
+    ca = make_ca("failover test CA")
+    return ca.cert_pem, issue(ca, name, hosts=[name])
 
 
 def test_a_name_resolved_to_several_addresses_keeps_tls_checking_that_name(tmp_path, monkeypatch):
-    cert, key, cert_path = _certificate(tmp_path, "scheduler.test")
+    ca, leaf = _certificate_for("scheduler.test")
+    ca_path = tmp_path / "ca.pem"
+    ca_path.write_bytes(ca)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     generation_pb2_grpc.add_GenerationServicer_to_server(BreakingScheduler(break_after=NUM_TOKENS), server)
-    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(leaf.key_pem, leaf.cert_pem)]))
     server.start()
     # The name has two addresses; nothing listens on the first, so the call fails over to the second.
     lookups: list[tuple[str, int]] = []
@@ -140,7 +135,7 @@ def test_a_name_resolved_to_several_addresses_keeps_tls_checking_that_name(tmp_p
         "pagoda_client._base.resolve_addresses", lambda *host_port: lookups.append(host_port) or resolved
     )
     try:
-        with Client(f"scheduler.test:{port}", tls=TlsConfig(cert_path), timeout=30, retry_backoff_s=0.05) as client:
+        with Client(f"scheduler.test:{port}", tls=TlsConfig(str(ca_path)), timeout=30, retry_backoff_s=0.05) as client:
             assert [e.address for e in client.targets.endpoints] == resolved
             result = client.generate(token_ids=[1, 2], max_tokens=NUM_TOKENS)
     finally:
