@@ -55,7 +55,7 @@ class _AsyncResponses(CallDriver[T]):
                 await asyncio.sleep(self._state.backoff_s(error))
             else:
                 if response is not grpc.aio.EOF:
-                    return self._state.on_response(response)
+                    return self._deliver(response)
                 self._call = None
                 self._state.on_end()
         raise StopAsyncIteration
@@ -66,8 +66,9 @@ class AsyncGenerationStream(StreamDriver, _AsyncResponses[GenerationDelta], Asyn
 
     ``await stream.aclose()`` (or leaving ``async with``) cancels the RPC,
     which aborts the request on the server. UNAVAILABLE before the first
-    response is retried with backoff. ``result`` holds every delta received
-    so far, folded.
+    response is retried with backoff; after one, the stream is resumed (on
+    another address when there is one) and reads on as one stream. ``result``
+    holds every delta received so far, folded.
     """
 
     def __aiter__(self) -> AsyncGenerationStream:
@@ -97,7 +98,7 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
 
     def stream(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> AsyncGenerationStream:
         """Start a generation; ``async for`` over the result (arguments and errors: ``Client.stream``)."""
-        return AsyncGenerationStream(self._stub.Generate, self._core.generate(prompt, options))
+        return AsyncGenerationStream(self._method("Generate"), self._core.generate(prompt, options))
 
     async def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerationResult:
         """Generate and return the whole result; arguments as in ``Client.stream``."""
@@ -129,14 +130,14 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
         return await self._unary(calls.status_call(), timeout)
 
     async def _unary(self, call: UnaryCall[T], timeout: float | None) -> T:
-        method = getattr(self._stub, call.method)
+        method = self._method(call.method)
         return await _AsyncResponses(
-            lambda *args, **kw: _Once(method(*args, **kw)), self._core.unary(call, timeout)
+            lambda endpoint: lambda *args, **kw: _Once(method(endpoint)(*args, **kw)), self._core.unary(call, timeout)
         ).__anext__()
 
     async def close(self) -> None:
-        """Close the channel (cancels calls in flight)."""
-        await self._channel.close()
+        """Close the channels (cancels calls in flight)."""
+        await asyncio.gather(*(channel.close() for channel in self._take_channels()))
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -25,7 +25,8 @@ def _connection_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--target",
         default=os.environ.get("PAGODA_TARGET", DEFAULT_TARGET),
-        help="scheduler host:port (default $PAGODA_TARGET or %(default)s)",
+        help="scheduler host:port; several comma-separated (a:50051,b:50051) or a name with several addresses, "
+        "over which calls spread and broken streams resume (default $PAGODA_TARGET or %(default)s)",
     )
     group.add_argument("--api-key", default=os.environ.get("PAGODA_API_KEY"), help="default $PAGODA_API_KEY")
     group.add_argument("--tls", action="store_true", help="use TLS (system roots unless --tls-ca)")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -31,12 +31,14 @@ class _Responses(CallDriver[T]):
     def __next__(self) -> T:
         while not self._state.done:
             try:
-                return self._state.on_response(next(self._attempt()))
+                response = next(self._attempt())
             except StopIteration:
                 self._state.on_end()
             except grpc.RpcError as error:
                 self._call = None
                 time.sleep(self._state.backoff_s(error))
+            else:
+                return self._deliver(response)
         raise StopIteration
 
 
@@ -45,8 +47,9 @@ class GenerationStream(StreamDriver, _Responses[GenerationDelta], Iterator[Gener
 
     Iterate it; ``close()`` (or leaving a ``with`` block, or breaking out and
     dropping it) cancels the RPC, which aborts the request on the server.
-    UNAVAILABLE before the first response is retried with backoff.
-    ``result`` holds every delta received so far, folded.
+    UNAVAILABLE before the first response is retried with backoff; after one,
+    the stream is resumed (on another address when there is one) and reads on
+    as one stream. ``result`` holds every delta received so far, folded.
     """
 
     def __iter__(self) -> GenerationStream:
@@ -65,6 +68,11 @@ class GenerationStream(StreamDriver, _Responses[GenerationDelta], Iterator[Gener
     def __del__(self) -> None:
         if getattr(self, "_call", None) is not None:
             self._call.cancel()
+
+
+def _as_stream(method: Callable[..., Any]) -> Callable[..., Iterator[Any]]:
+    """A unary multi-callable read like a stream: its response, then the end."""
+    return lambda *args, **kw: iter((method(*args, **kw),))
 
 
 class Client(BaseClient[grpc.Channel]):
@@ -95,7 +103,7 @@ class Client(BaseClient[grpc.Channel]):
             TypeError: an unknown option (named) or a value of the wrong type.
             ValueError: when not exactly one input is given.
         """
-        return GenerationStream(self._stub.Generate, self._core.generate(prompt, options))
+        return GenerationStream(self._method("Generate"), self._core.generate(prompt, options))
 
     def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerationResult:
         """Generate and return the whole result; arguments as in ``stream``."""
@@ -127,12 +135,13 @@ class Client(BaseClient[grpc.Channel]):
         return self._unary(calls.status_call(), timeout)
 
     def _unary(self, call: UnaryCall[T], timeout: float | None) -> T:
-        method = getattr(self._stub, call.method)
-        return next(_Responses(lambda *args, **kw: iter((method(*args, **kw),)), self._core.unary(call, timeout)))
+        method = self._method(call.method)
+        return next(_Responses(lambda endpoint: _as_stream(method(endpoint)), self._core.unary(call, timeout)))
 
     def close(self) -> None:
-        """Close the channel (cancels calls in flight)."""
-        self._channel.close()
+        """Close the channels (cancels calls in flight)."""
+        for channel in self._take_channels():
+            channel.close()
 
     def __enter__(self) -> Client:
         return self

@@ -48,7 +48,9 @@ class GenerationDelta:
     """One streamed piece of a generation.
 
     The last delta of a request carries ``finish_reason``, ``usage`` and
-    ``timings``; the first carries ``prompt_token_ids``.
+    ``timings``; the first carries ``prompt_token_ids`` and ``seed``. A stream
+    the client resumed after a break reads as one: contiguous ``output_index``,
+    the prompt and the seed once.
     """
 
     request_id: str
@@ -60,6 +62,10 @@ class GenerationDelta:
     usage: Usage | None = None
     timings: Timings | None = None
     prompt_token_ids: tuple[int, ...] = ()
+    output_index: int = 0
+    """Index in the request's output of ``token_ids[0]``: output tokens delivered before this delta."""
+    seed: int | None = None
+    """The effective sampling seed (the server's draw when none was given); first delta only."""
 
 
 @dataclass
@@ -75,6 +81,8 @@ class GenerationResult:
     timings: Timings = field(default_factory=Timings)
     logprobs: list[LogprobEntry] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    """The effective sampling seed: pass it as ``seed`` to reproduce the generation."""
 
     def add(self, delta: GenerationDelta) -> None:
         """Fold one delta into this result."""
@@ -84,6 +92,8 @@ class GenerationResult:
         self.logprobs.extend(delta.logprobs)
         if delta.prompt_token_ids:
             self.prompt_token_ids = list(delta.prompt_token_ids)
+        if delta.seed is not None:
+            self.seed = delta.seed
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.stop_reason

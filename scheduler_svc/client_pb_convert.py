@@ -11,7 +11,7 @@ from pagoda.params_pb import given_from_pb
 from pagoda.step import FinishReason
 from pagoda.step_pb import logprobs_to_pb
 from pagoda.v1 import generation_pb2
-from scheduler_svc.request import ChatMessage, GenerationRequest, PromptInput, RequestOutput
+from scheduler_svc.request import ChatMessage, GenerationRequest, PromptInput, RequestOutput, ResumeFrom
 
 _FINISH_TO_PB = {
     FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
@@ -47,7 +47,15 @@ def request_from_pb(msg: generation_pb2.GenerateRequest, request_id: str, timeou
         cache_salt=msg.cache_salt,
         skip_special_tokens=skip,
         timeout_s=timeout_s,
+        resume=resume_from_pb(msg),
     )
+
+
+def resume_from_pb(msg: generation_pb2.GenerateRequest) -> ResumeFrom | None:
+    """The resume part, when the request has one."""
+    if not msg.HasField("resume"):
+        return None
+    return ResumeFrom(msg.resume.request_id, tuple(msg.resume.delivered_token_ids))
 
 
 def output_to_pb(out: RequestOutput) -> generation_pb2.GenerateResponse:
@@ -58,7 +66,10 @@ def output_to_pb(out: RequestOutput) -> generation_pb2.GenerateResponse:
         token_ids=out.token_ids,
         prompt_token_ids=out.prompt_token_ids,
         logprobs=logprobs_to_pb(out.logprobs),
+        output_index=out.output_index,
     )
+    if out.seed is not None:
+        msg.seed = out.seed
     if out.finish_reason is not None:
         msg.finish_reason = _FINISH_TO_PB[out.finish_reason]
         msg.stop_reason = "" if out.stop_reason is None else str(out.stop_reason)

@@ -152,13 +152,7 @@ class Engine:
         deadline = time.monotonic() + (request.timeout_s or self.config.request_timeout_s)
         await self._wait_for_model(deadline)
         state = self._admit(request, arrival_ns)
-        log.info(
-            "request_admitted",
-            request_id=request.request_id,
-            seq_id=state.seq.seq_id,
-            num_prompt_tokens=state.seq.num_prompt_tokens,
-            max_tokens=state.seq.stopping.max_tokens,
-        )
+        self._log_admitted(state, resumed=request.resume is not None)
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -183,11 +177,15 @@ class Engine:
             raise Unavailable("no executor has connected yet") from None
 
     def _admit(self, request: GenerationRequest, arrival_ns: int) -> RequestState:
-        assert self.limits is not None and self.tokenizer is not None
+        assert self.limits is not None and self.tokenizer is not None and self.model is not None
         token_ids = self._tokenize(request.prompt)
         validation.check_prompt_tokens(token_ids, self.limits)
         sampling = validation.sampling_params(request.sampling, self.limits)
         stopping = validation.stopping_criteria(request.stopping, len(token_ids), self.limits)
+        delivered: tuple[int, ...] = ()
+        if request.resume is not None:
+            validation.check_resume(request.resume, len(token_ids), stopping, self.limits)
+            delivered = request.resume.delivered_token_ids
         if self.num_waiting >= self.config.max_waiting_requests:
             self.metrics.rejected.inc()
             raise Overloaded(f"{self.num_waiting} requests are waiting (limit {self.config.max_waiting_requests})")
@@ -200,13 +198,33 @@ class Engine:
             priority=request.priority,
             cache_salt=request.cache_salt,
             arrival_time_s=arrival_ns / 1e9,
+            output_token_ids=delivered,
         )
         self._check_fits(seq)
         state = RequestState(seq, self.tokenizer, request.skip_special_tokens, arrival_ns)
         self._requests[seq.seq_id] = state
-        self._place(state)
         self.metrics.on_admitted(len(token_ids))
+        if state.replay(tuple(self.model.eos_token_ids), self.limits.max_model_len):
+            self.metrics.on_finished(state, seq.finish_reason or FinishReason.STOP)
+        else:
+            self._place(state)
         return state
+
+    def _log_admitted(self, state: RequestState, resumed: bool) -> None:
+        seq = state.seq
+        fields = {"request_id": seq.request_id, "seq_id": seq.seq_id, "num_prompt_tokens": seq.num_prompt_tokens}
+        if not resumed:
+            log.info("request_admitted", max_tokens=seq.stopping.max_tokens, **fields)
+            return
+        scheduler = state.executor.scheduler if state.executor is not None else None
+        cached = scheduler.peek_prefix_hit_tokens(seq.token_ids, seq.cache_salt) if scheduler is not None else 0
+        log.info(
+            "request_resumed",
+            num_delivered=len(seq.output_token_ids),
+            num_cached_tokens=cached,
+            finished=state.finished,
+            **fields,
+        )
 
     def _tokenize(self, prompt: PromptInput) -> list[int]:
         assert self.tokenizer is not None

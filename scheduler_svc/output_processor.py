@@ -2,6 +2,13 @@
 
 A RequestState turns the scheduler's token-level SeqUpdates into text deltas
 for the client, and tells the engine when a stop string ends the request.
+
+A resumed request starts with the delivered tokens as its outputs. The
+detokenizer and the stop checker are functions of the token sequence alone
+(not of how tokens were grouped into responses), so `replay` runs them over the
+delivered tokens and drops their text, which the client has: they are then in
+the state the original server left them in, held-back text included, and the
+stream goes on without a repeated or a missing character.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ class RequestState:
         self._detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_token_ids, skip_special_tokens)
         self._stop_checker = StopChecker(seq.stopping.stop, seq.stopping.include_stop_str_in_output)
         self._sent_prompt = False
+        # Output tokens the client has: the next response's output_index.
+        self._num_sent_tokens = 0
 
     @property
     def request_id(self) -> str:
@@ -63,6 +72,27 @@ class RequestState:
         else:
             self._put(emitted, update)
         return None
+
+    def replay(self, eos_token_ids: tuple[int, ...], max_model_len: int) -> bool:
+        """A resume: runs the delivered tokens (the outputs the sequence starts with) through
+        the detokenizer and the stop checker, dropping their text.
+
+        Returns:
+            True when the delivered tokens already end the request (a stop string, the
+            last one EOS or a stop token id, max_tokens, the context): the final response,
+            without text or tokens, is queued then.
+        """
+        delivered = self.seq.output_token_ids
+        self._num_sent_tokens = len(delivered)
+        if not delivered:
+            return False
+        _, matched = self._stop_checker.process(self._detokenizer.add(delivered))
+        nothing = SeqUpdate(self.seq, (), (), True)
+        if matched is not None:
+            self._finish("", nothing, FinishReason.STOP, matched)
+        elif self.seq.check_stop(delivered[-1], eos_token_ids, max_model_len):
+            self._finish("", nothing, self.seq.finish_reason, self.seq.stop_reason)
+        return self.finished
 
     def fail(self, reason: FinishReason, message: str = "") -> None:
         """End the stream without further tokens (abort, executor error)."""
@@ -89,12 +119,14 @@ class RequestState:
         stop_reason: str | int | None,
         error: str = "",
     ) -> RequestOutput:
-        prompt_ids = () if self._sent_prompt else tuple(self.seq.prompt_token_ids)
+        first = not self._sent_prompt
         self._sent_prompt = True
+        output_index = self._num_sent_tokens
+        self._num_sent_tokens += len(token_ids)
         usage: Usage | None = None
         timings: RequestTimings | None = None
         if reason is not None:
-            usage = Usage(self.seq.num_prompt_tokens, len(self.seq.output_token_ids), self.seq.num_cached_tokens)
+            usage = self._usage()
             timings = self._timings()
         return RequestOutput(
             self.request_id,
@@ -105,8 +137,18 @@ class RequestState:
             stop_reason,
             usage,
             timings,
-            prompt_ids,
+            tuple(self.seq.prompt_token_ids) if first else (),
             error,
+            output_index,
+            self.seq.sampling.seed if first else None,
+        )
+
+    def _usage(self) -> Usage:
+        """The whole request's counts: a resumed request's outputs include the delivered tokens."""
+        seq = self.seq
+        # A resume may hit cached blocks of delivered tokens too; only the prompt's count here.
+        return Usage(
+            seq.num_prompt_tokens, len(seq.output_token_ids), min(seq.num_cached_tokens, seq.num_prompt_tokens)
         )
 
     def _timings(self) -> RequestTimings:

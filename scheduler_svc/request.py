@@ -37,6 +37,14 @@ class PromptInput:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResumeFrom:
+    """Continue the request `request_id`, whose output so far is `delivered_token_ids`."""
+
+    request_id: str
+    delivered_token_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     """One Generate call."""
 
@@ -50,6 +58,8 @@ class GenerationRequest:
     skip_special_tokens: bool = True
     # Seconds the client allows (None: the server's default request timeout).
     timeout_s: float | None = None
+    # Set when the client resumes a broken stream (the sampling seed is then given too).
+    resume: ResumeFrom | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +97,10 @@ class RequestOutput:
     prompt_token_ids: tuple[int, ...] = ()
     # Set when finish_reason is ERROR.
     error: str = ""
+    # Index in the request's output of token_ids[0]: tokens sent before, delivered ones included.
+    output_index: int = 0
+    # The effective sampling seed, sent once with the first delta of every stream.
+    seed: int | None = None
 
     @property
     def finished(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import FinishReason
@@ -37,15 +38,17 @@ class SchedulerSequence:
         priority: int = 0,
         arrival_time_s: float | None = None,
         cache_salt: str = "",
+        output_token_ids: Sequence[int] = (),
     ) -> None:
+        """``output_token_ids``: outputs it starts with (a resumed request's delivered tokens)."""
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids must not be empty")
         self.seq_id = seq_id
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.output_token_ids: list[int] = []
+        self.output_token_ids = list(output_token_ids)
         # Prompt then outputs: the text blocks are hashed over.
-        self.token_ids = list(prompt_token_ids)
+        self.token_ids = self.prompt_token_ids + self.output_token_ids
         self.sampling = sampling
         self.stopping = stopping
         self.priority = priority

@@ -64,7 +64,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Generate(
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> AsyncIterator[generation_pb2.GenerateResponse]:
-        request_id = request_id_of(request.request_id, context)
+        request_id = request_id_of(request.request_id or request.resume.request_id, context)
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
             gen_request = convert.request_from_pb(request, request_id, context.time_remaining())

@@ -19,7 +19,7 @@ from typing import Any
 
 from pagoda.params import RANDOM_SEED, Group, SamplingParams, StoppingCriteria, rows
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest
-from scheduler_svc.request import GenerationRequest, GivenParams, PromptInput
+from scheduler_svc.request import GenerationRequest, GivenParams, PromptInput, ResumeFrom
 
 MAX_PRIORITY = 2**31 - 1
 MAX_ID_CHARS = 256
@@ -160,3 +160,36 @@ def check_request_fields(request: GenerationRequest) -> None:
     if request.timeout_s is not None and request.timeout_s <= 0:
         raise DeadlineExceeded("the request's deadline passed before it arrived")
     check_prompt_input(request.prompt)
+    if request.resume is not None:
+        _check_resume_fields(request)
+
+
+def _check_resume_fields(request: GenerationRequest) -> None:
+    """The resume part's id, and the seed a resume needs to continue the same random stream."""
+    assert request.resume is not None
+    resume_id = request.resume.request_id
+    if not resume_id or len(resume_id) > MAX_ID_CHARS:
+        raise InvalidRequest("resume.request_id", f"must have 1 to {MAX_ID_CHARS} characters")
+    if resume_id != request.request_id:
+        raise InvalidRequest("resume.request_id", f"must equal the request's id {request.request_id!r}")
+    if "seed" not in request.sampling:
+        raise InvalidRequest("sampling.seed", "required with resume: the seed of the request's first response")
+
+
+def check_resume(resume: ResumeFrom, num_prompt_tokens: int, stopping: StoppingCriteria, limits: Limits) -> None:
+    """Delivered tokens of a resume: bounded, in the vocabulary, within the context and max_tokens."""
+    delivered = resume.delivered_token_ids
+    field = "resume.delivered_token_ids"
+    if len(delivered) > limits.max_new_tokens:
+        raise InvalidRequest(field, f"at most {limits.max_new_tokens} token ids, got {len(delivered)}")
+    bad = next((t for t in delivered if not 0 <= t < limits.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(field, f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})")
+    if num_prompt_tokens + len(delivered) > limits.max_model_len:
+        raise InvalidRequest(
+            field,
+            f"prompt ({num_prompt_tokens} tokens) + delivered ({len(delivered)} tokens) "
+            f"exceeds the model's context of {limits.max_model_len} tokens",
+        )
+    if len(delivered) > stopping.max_tokens:
+        raise InvalidRequest(field, f"{len(delivered)} delivered tokens, more than max_tokens ({stopping.max_tokens})")

@@ -4,10 +4,15 @@ Every call, unary or streaming, is driven the same way (a unary call is a
 stream of one response)::
 
     while not state.done:
-        open an attempt: method(state.next_request(), timeout=state.timeout_s(), metadata=state.metadata)
+        open an attempt: stub_of(state.next_endpoint()).method(
+            state.next_request(), timeout=state.timeout_s(), metadata=state.metadata)
         each response   -> state.on_response(response)  (returned to the caller)
         end of stream   -> state.on_end()
         grpc.RpcError   -> sleep state.backoff_s(error), which raises PagodaError when not retried
+
+An attempt that fails at the transport marks its endpoint down, so the next
+attempt goes to another address when there is one (at once), else to the same
+one after a backoff.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ from pagoda.v1 import generation_pb2
 from pagoda_client.core import convert
 from pagoda_client.core.requests import Metadata, detokenize_request, tokenize_request
 from pagoda_client.core.retry import Deadline, Jitter, RetryPolicy
+from pagoda_client.core.targets import DEFAULT_TARGET, Endpoint, Targets
 from pagoda_client.errors import PagodaError, rpc_status
 from pagoda_client.options import TokenizeOptions
 from pagoda_client.results import ModelInfo, ServerStatus
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
+# Names are looked up again when every address failed, at most this often.
+_MIN_RESOLVE_INTERVAL_S = 1.0
 
 
 class CallState(Generic[T]):
@@ -44,6 +52,7 @@ class CallState(Generic[T]):
         metadata: gRPC metadata of every attempt.
         request_id: named in errors.
         jitter: the random source of the backoff.
+        targets: the client's endpoints (None: one, the default target).
     """
 
     def __init__(
@@ -56,6 +65,7 @@ class CallState(Generic[T]):
         metadata: Metadata = (),
         request_id: str | None = None,
         jitter: Jitter = random.random,
+        targets: Targets | None = None,
     ) -> None:
         self.request = request
         self.metadata = metadata
@@ -67,10 +77,21 @@ class CallState(Generic[T]):
         self._policy = policy
         self._deadline = deadline
         self._jitter = jitter
+        self._targets = targets or Targets(DEFAULT_TARGET, clock=deadline.clock)
+        # The endpoint of the attempt in flight (of the first one until it starts), whether it answered.
+        self.endpoint = self._targets.pick()
+        self._started = self._answered = False
 
     def next_request(self) -> ProtoMessage:
         """The request of the next attempt."""
         return self.request
+
+    def next_endpoint(self) -> Endpoint:
+        """Where the next attempt goes (round-robin over the endpoints not known to be down)."""
+        if self._started:
+            self.endpoint = self._targets.pick()
+        self._started, self._answered = True, False
+        return self.endpoint
 
     def timeout_s(self) -> float | None:
         """The next attempt's timeout: what is left of the deadline.
@@ -86,6 +107,9 @@ class CallState(Generic[T]):
 
     def on_response(self, response: Any) -> T:
         """One response arrived: what the caller gets for it."""
+        if not self._answered:
+            self._answered = True
+            self._targets.mark_up(self.endpoint)
         self.num_responses += 1
         return self._convert(response)
 
@@ -111,10 +135,20 @@ class CallState(Generic[T]):
         if not self.retryable(code):
             self.done = True
             raise PagodaError(code, message, self.request_id) from None
-        delay_s = self._deadline.cap(self._policy.backoff_s(self.num_retries, self._jitter()))
+        delay_s = self._deadline.cap(self._mark_down())
+        self._count_retry(code, delay_s)
+        return delay_s
+
+    def _mark_down(self) -> float:
+        """The failed attempt's endpoint is down: seconds until one is up (names resolved again when none is)."""
+        self._targets.mark_down(self.endpoint, self._policy, self._jitter())
+        if self._targets.wait_s() > 0:
+            self._targets.refresh(min_interval_s=_MIN_RESOLVE_INTERVAL_S)
+        return self._targets.wait_s()
+
+    def _count_retry(self, code: grpc.StatusCode, delay_s: float) -> None:
         self.num_retries += 1
         logger.info("%s: retry %d of %d in %.2fs", code.name, self.num_retries, self._policy.max_retries, delay_s)
-        return delay_s
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ def delta_from_pb(pb: generation_pb2.GenerateResponse) -> GenerationDelta:
         if has_final or pb.HasField("timings")
         else None,
         prompt_token_ids=tuple(pb.prompt_token_ids),
+        output_index=pb.output_index,
+        seed=pb.seed if pb.HasField("seed") else None,
     )
 
 

@@ -81,6 +81,20 @@ def _set_param(message: ProtoMessage, row: params.ParamField, value: Any) -> Non
         raise TypeError(f"{row.name} must be {expected}, got {value!r}") from error
 
 
+def resume_request(
+    original: generation_pb2.GenerateRequest, request_id: str, seed: int, delivered_token_ids: Sequence[int]
+) -> generation_pb2.GenerateRequest:
+    """The request that continues ``original`` after ``delivered_token_ids``: same input and parameters,
+    the effective ``seed`` of its first response, and the ``resume`` part."""
+    request = generation_pb2.GenerateRequest()
+    request.CopyFrom(original)
+    request.request_id = request_id
+    request.sampling.seed = seed
+    request.resume.request_id = request_id
+    request.resume.delivered_token_ids.extend(delivered_token_ids)
+    return request
+
+
 def chat_input(messages: Sequence[Message], add_generation_prompt: bool | None) -> generation_pb2.ChatInput:
     """A ``ChatInput`` from mappings or objects with ``role`` and ``content``."""
     chat = generation_pb2.ChatInput()

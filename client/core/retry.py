@@ -21,20 +21,25 @@ Jitter = Callable[[], float]
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with jitter on UNAVAILABLE, before any response.
+    """Exponential backoff with jitter on UNAVAILABLE: retries before any response, resumes after.
 
     Attempt ``n`` (0-based) waits ``uniform(0.5, 1) * min(max_backoff_s,
     initial_backoff_s * 2**n)`` seconds. UNAVAILABLE is the one code where the
     request surely did not run to completion and a new channel attempt can
-    succeed (server starting, restarting, or a connection reset).
+    succeed (server starting, restarting, gone, draining, or a connection
+    reset): a call that failed before any response is retried (at most
+    ``max_retries`` times), a stream that broke after some is resumed from
+    what it delivered (at most ``max_resumes`` times).
     """
 
     max_retries: int = 3
     initial_backoff_s: float = 0.2
     max_backoff_s: float = 5.0
+    max_resumes: int = 8
 
     def __post_init__(self) -> None:
-        if self.max_retries < 0 or self.initial_backoff_s < 0 or self.max_backoff_s < 0:
+        settings = (self.max_retries, self.initial_backoff_s, self.max_backoff_s, self.max_resumes)
+        if min(settings) < 0:
             raise ValueError(f"retry settings must not be negative: {self}")
 
     def backoff_s(self, attempt: int, unit: float | None = None) -> float:
@@ -56,12 +61,12 @@ class Deadline:
     """An absolute deadline from a relative timeout (None: no deadline)."""
 
     def __init__(self, timeout_s: float | None, clock: Clock = time.monotonic) -> None:
-        self._clock = clock
+        self.clock = clock
         self._end = None if timeout_s is None else clock() + timeout_s
 
     def remaining(self) -> float | None:
         """Seconds left (may be <= 0), or None without a deadline."""
-        return None if self._end is None else self._end - self._clock()
+        return None if self._end is None else self._end - self.clock()
 
     def expired(self) -> bool:
         """True when the deadline has passed."""

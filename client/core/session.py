@@ -11,19 +11,21 @@ from pagoda_client.core.calls import CallState, UnaryCall
 from pagoda_client.core.requests import build_generate_request, call_metadata
 from pagoda_client.core.retry import Clock, Deadline, Jitter, RetryPolicy
 from pagoda_client.core.stream import StreamState
+from pagoda_client.core.targets import DEFAULT_TARGET, Targets
 
 T = TypeVar("T")
 
 
 class ClientCore:
-    """A client's defaults (deadline, API key, retry policy) and the state of each call it makes.
+    """A client's defaults (deadline, API key, retry policy), its endpoints, and the state of each call it makes.
 
     Args:
         timeout: default deadline of every call, in seconds (None: none).
         api_key: sent as ``authorization: Bearer <key>`` metadata.
-        retry: which failures are retried, and the backoff.
+        retry: which failures are retried or resumed, and the backoff.
         clock: the deadlines' clock (tests pass a fake one).
         jitter: the backoff's random source (tests pass a fixed one).
+        targets: the endpoints every call spreads over (None: the default target).
     """
 
     def __init__(
@@ -34,10 +36,12 @@ class ClientCore:
         retry: RetryPolicy | None = None,
         clock: Clock = time.monotonic,
         jitter: Jitter = random.random,
+        targets: Targets | None = None,
     ) -> None:
         self.timeout = timeout
         self.api_key = api_key
         self.retry = retry or RetryPolicy()
+        self.targets = targets or Targets(DEFAULT_TARGET, clock=clock)
         self._clock = clock
         self._jitter = jitter
 
@@ -62,6 +66,7 @@ class ClientCore:
             deadline=self.deadline(timeout),
             metadata=call_metadata(self.api_key, request.request_id or None),
             jitter=self._jitter,
+            targets=self.targets,
         )
 
     def unary(self, call: UnaryCall[T], timeout: float | None) -> CallState[T]:
@@ -73,4 +78,5 @@ class ClientCore:
             deadline=self.deadline(timeout),
             metadata=call_metadata(self.api_key),
             jitter=self._jitter,
+            targets=self.targets,
         )

@@ -26,8 +26,12 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def train_tiny_tokenizer() -> Tokenizer:
     """Byte-level BPE trained on ASCII only, so non-ASCII characters split into bytes."""
-    tok = train_tokenizer(350, ["Hello world, the quick brown fox. def f(x): return 42"] * 10, SPECIALS)
-    return Tokenizer.from_info(tok.to_str(), None, None, None)
+    return Tokenizer.from_info(train_tiny_tokenizer_json(), None, None, None)
+
+
+def train_tiny_tokenizer_json() -> str:
+    """``tokenizer.json`` of ``train_tiny_tokenizer``."""
+    return train_tokenizer(350, ["Hello world, the quick brown fox. def f(x): return 42"] * 10, SPECIALS).to_str()
 
 
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])
