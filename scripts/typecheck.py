@@ -25,6 +25,7 @@ PACKAGES = (
     "pagoda.step_pb",
     "pagoda.channel",
     "pagoda.launch",
+    "executor_svc.lease",
 )
 
 

@@ -76,6 +76,8 @@ def executor_status_from_pb(pb: generation_pb2.ExecutorStatus) -> ExecutorStatus
         num_free_kv_blocks=pb.num_free_kv_blocks,
         kv_cache_usage=pb.kv_cache_usage,
         kernels=dict(sorted(pb.kernels.items())),
+        lease_holder=pb.lease_holder,
+        lease_epoch=pb.lease_epoch,
     )
 
 
@@ -90,6 +92,8 @@ def status_from_pb(pb: generation_pb2.ServerStatus) -> ServerStatus:
         num_preemptions_total=pb.num_preemptions_total,
         prefix_cache_queries_total=pb.prefix_cache_queries_total,
         prefix_cache_hits_total=pb.prefix_cache_hits_total,
+        scheduler_id=pb.scheduler_id,
+        schedulers=tuple(pb.schedulers),
     )
 
 

@@ -82,7 +82,7 @@ def test_grace_period_shorter_than_drain(results):
 
 
 def test_unbroken_checks_still_pass(results):
-    for check in ("security", "metrics", "resources", "scheduler_singleton"):
+    for check in ("security", "metrics", "resources", "scheduler_replicas"):
         assert results[check] == [], check
 
 

@@ -70,6 +70,7 @@ def test_plan_round_trips():
         ),
         scheduled_seqs=(ScheduledSequence(3, 1), ScheduledSequence(4, 16, (9, 10))),
         dropped_seq_ids=(11, 12),
+        epoch=2**48 + 5,
     )
     assert plan_from_pb(plan_to_pb(plan)) == plan
 
@@ -98,4 +99,4 @@ def test_executor_info_round_trips_with_its_kernels():
 
 def _info_value(f: dataclasses.Field) -> Any:
     kind = str(f.type)
-    return {"str": f.name, "int": 7, "bool": True}.get(kind, (1, 2))
+    return {"str": f.name, "int": 7, "bool": True, "tuple[str, ...]": ("a", "b")}.get(kind, (1, 2))
