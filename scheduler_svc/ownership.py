@@ -84,17 +84,23 @@ class Ownership:
 
     def owner(self, views: Sequence[ExecutorView], address: str) -> str:
         """The owner of the executor at `address` among the schedulers it reports live (and me)."""
-        ordered = sorted(v.address for v in views)
-        view = next(v for v in views if v.address == address)
-        live = sorted({*view.schedulers, self.scheduler_id})  # my poll just reached it: I am live there
-        return live[ordered.index(address) % len(live)]
+        index = sorted(v.address for v in views).index(address)
+        return self._owner(next(v for v in views if v.address == address), index)
 
     def decide(
         self, views: Sequence[ExecutorView], held: set[str], now: float, draining: bool = False
     ) -> dict[str, Action]:
         """The action for each executor, given what I hold (`held`: addresses) at time `now`."""
         self._track(views, held, now)
-        return {v.address: self._action(views, v, v.address in held, now, draining) for v in views}
+        ordered = sorted(views, key=lambda v: v.address)
+        return {
+            v.address: self._action(v, self._owner(v, i), v.address in held, now, draining)
+            for i, v in enumerate(ordered)
+        }
+
+    def _owner(self, view: ExecutorView, index: int) -> str:
+        live = sorted({*view.schedulers, self.scheduler_id})  # my poll just reached it: I am live there
+        return live[index % len(live)]
 
     def _track(self, views: Sequence[ExecutorView], held: set[str], now: float) -> None:
         live = {s for v in views if v.reachable for s in v.schedulers}
@@ -102,12 +108,9 @@ class Ownership:
         free = {v.address for v in views if v.reachable and not v.holder_id and v.address not in held}
         self._free_since = {a: self._free_since.get(a, now) for a in free}
 
-    def _action(
-        self, views: Sequence[ExecutorView], view: ExecutorView, mine_now: bool, now: float, draining: bool
-    ) -> Action:
+    def _action(self, view: ExecutorView, owner: str, mine_now: bool, now: float, draining: bool) -> Action:
         if not view.reachable or draining:
             return Action.NONE
-        owner = self.owner(views, view.address)
         if mine_now:
             handback = owner != self.scheduler_id and owner in view.claimants
             return Action.RELEASE if handback and self._live_for(owner, now) >= HANDBACK_AFTER_S else Action.NONE
