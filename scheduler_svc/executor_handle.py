@@ -111,6 +111,7 @@ class ExecutorHandle:
         self._channel: grpc.aio.Channel | None = None
         self._stub: executor_pb2_grpc.ExecutorStub | None = None
         self._task: asyncio.Task[None] | None = None
+        self._describing: asyncio.Task[None] | None = None
         self._release_reason = ""
         self._refused_by = ""
 
@@ -132,22 +133,25 @@ class ExecutorHandle:
     async def stop(self) -> None:
         """Stop driving the executor (its unfinished sequences go back to the engine) and close the channel."""
         self.removed = True
+        if self._describing is not None:
+            self._describing.cancel()
         await self.release("scheduler stopping")
         if self._channel is not None:
             await self._channel.close()
 
     async def poll(self, scheduler_id: str, draining: bool) -> ExecutorView:
-        """One heartbeat: a brief Describe (the full one when the executor is new), bounded by POLL_TIMEOUT_S."""
+        """One heartbeat: a brief Describe, bounded by POLL_TIMEOUT_S (a new executor is described in full aside)."""
         assert self._stub is not None, "start() first"
         request = executor_pb2.DescribeRequest(scheduler_id=scheduler_id, draining=draining, brief=True)
         try:
             msg = await self._stub.Describe(request, timeout=POLL_TIMEOUT_S)
-            if self.info is None or msg.incarnation_id != self.info.incarnation_id:
-                request.brief = False
-                self._described(info_from_pb(await self._stub.Describe(request, timeout=DESCRIBE_TIMEOUT_S)))
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
             self._set_view(ExecutorView(self.address, reachable=False), _describe_error(exc))
             return self.view
+        described = self.info is not None and self.info.incarnation_id == msg.incarnation_id
+        if not described and (self._describing is None or self._describing.done()):
+            # Aside: the full answer carries the tokenizer; the heartbeat round must not wait for it.
+            self._describing = asyncio.create_task(self._describe(request))
         view = ExecutorView(
             self.address,
             reachable=True,
@@ -156,10 +160,19 @@ class ExecutorHandle:
             schedulers=tuple(msg.schedulers),
             claimants=tuple(msg.lease_claimants),
             draining=msg.draining,
-            usable=self.usable,
+            usable=self.usable and described,
         )
         self._set_view(view)
         return view
+
+    async def _describe(self, request: executor_pb2.DescribeRequest) -> None:
+        """The full Describe of a new executor (or incarnation), bounded by DESCRIBE_TIMEOUT_S."""
+        assert self._stub is not None
+        full = executor_pb2.DescribeRequest(scheduler_id=request.scheduler_id, draining=request.draining)
+        try:
+            self._described(info_from_pb(await self._stub.Describe(full, timeout=DESCRIBE_TIMEOUT_S)))
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
+            log.warning("executor_describe_failed", executor=self.address, error=_describe_error(exc))
 
     def acquire(self, scheduler_id: str) -> None:
         """Ask for the lease and, granted, drive the executor until the stream ends or `release`."""
