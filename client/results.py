@@ -152,6 +152,9 @@ class ExecutorStatus:
     kv_cache_usage: float
     kernels: dict[str, str] = field(default_factory=dict)
     """The code path each part of a step runs on it, e.g. ``{"attention": "cpp", "gemm": "amx-panel"}``."""
+    lease_holder: str = ""
+    """The scheduler driving it (this one when ``state`` is READY or DRAINING; empty: none)."""
+    lease_epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,3 +169,7 @@ class ServerStatus:
     num_preemptions_total: int
     prefix_cache_queries_total: int
     prefix_cache_hits_total: int
+    scheduler_id: str = ""
+    """This scheduler's id in the executors' leases."""
+    schedulers: tuple[str, ...] = ()
+    """Every live scheduler the executors report."""

@@ -5,8 +5,11 @@ and the next plan's arrival proceed meanwhile), and answered with one
 StepResult. All torch work runs on that one thread: torch's OpenMP thread team
 belongs to the thread that calls it, so alternating between pool threads would
 keep two teams spinning on the same cores.
-A new Execute stream supersedes the previous one: the executor forgets every
-sequence, because the scheduler that opened it resends what it wants computed.
+One scheduler at a time drives the executor, through the lease it got from
+Acquire (executor_svc.lease): an Execute stream or a plan of any other epoch is
+refused with FAILED_PRECONDITION, and the lease ends with its stream. Each new
+stream starts from an empty executor: the scheduler that holds the lease sends
+what it wants computed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import uuid
 import grpc
 import structlog
 
+from executor_svc.lease import LeaseRefused, LeaseTable
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.model_runner import ModelRunner
 from executor_svc.native.active import active_kernels
@@ -30,6 +34,9 @@ from pagoda.step_pb import info_to_pb, plan_from_pb, result_to_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("executor")
+# Execute call metadata naming the lease the stream belongs to.
+SCHEDULER_ID_KEY = "x-pagoda-scheduler-id"
+EPOCH_KEY = "x-pagoda-epoch"
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
@@ -45,7 +52,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self.draining = False
         self._metrics = metrics
         self._lock = asyncio.Lock()
-        self._stream_generation = 0
+        self.leases = LeaseTable()
         self._active_streams = 0
         self._info: ExecutorInfo | None = None
         # The kernel paths the attached runner runs (executor_svc.native.active), empty until then.
@@ -84,30 +91,54 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     async def Describe(self, request, context) -> executor_pb2.ExecutorInfo:
         await self._check_ready(context)
         assert self._info is not None  # set with the runner
-        return info_to_pb(dataclasses.replace(self._info, draining=self.draining))
+        self.leases.seen(request.scheduler_id, request.draining)
+        info = dataclasses.replace(
+            self._info,
+            draining=self.draining,
+            lease_holder=self.leases.holder_id if self.leases.held else "",
+            lease_epoch=self.leases.epoch,
+            schedulers=self.leases.live_schedulers(),
+            lease_claimants=self.leases.claimants(),
+        )
+        if request.brief:
+            info = dataclasses.replace(info, tokenizer_json="", chat_template="")
+        return info_to_pb(info)
+
+    async def Acquire(self, request, context) -> executor_pb2.Lease:
+        await self._check_ready(context)
+        if not request.scheduler_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "scheduler_id: must not be empty")
+        lease = self.leases.acquire(request.scheduler_id)
+        return executor_pb2.Lease(granted=lease.granted, epoch=lease.epoch, holder_id=lease.holder_id)
 
     async def Execute(self, request_iterator, context):
         await self._check_ready(context)
-        self._stream_generation += 1
-        generation = self._stream_generation
+        scheduler_id, epoch = await _lease_of(context)
+        try:
+            self.leases.attach(scheduler_id, epoch)
+        except LeaseRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         self._active_streams += 1
         peer = context.peer()
-        log.info("scheduler_connected", peer=peer, generation=generation)
+        log.info("scheduler_connected", peer=peer, scheduler_id=scheduler_id, epoch=epoch)
         try:
             async with self._lock:
                 await self.run_model(self.runner.reset)
                 self._request_ids.clear()
             finished_at = time.perf_counter_ns()
             async for plan in request_iterator:
-                if generation != self._stream_generation:
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "superseded by a newer Execute stream")
+                try:
+                    self.leases.check_plan(epoch, plan.epoch)
+                except LeaseRefused as exc:
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                 received_at = time.perf_counter_ns()
                 result = await self._run_step(plan, idle_ns=received_at - finished_at, started_ns=received_at)
                 finished_at = time.perf_counter_ns()
                 yield result
         finally:
             self._active_streams -= 1
-            log.info("scheduler_disconnected", peer=peer, generation=generation)
+            self.leases.release(epoch)
+            log.info("scheduler_disconnected", peer=peer, scheduler_id=scheduler_id, epoch=epoch)
 
     async def _check_ready(self, context) -> None:
         if self.runner is None:
@@ -144,3 +175,12 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         """The runner's result with what only the server knows: who it is, whether it drains, its timings."""
         timings = dataclasses.replace(out.timings, step_ns=step_ns, idle_ns=idle_ns)
         return dataclasses.replace(out, incarnation_id=self.incarnation_id, timings=timings, draining=self.draining)
+
+
+async def _lease_of(context) -> tuple[str, int]:
+    """(scheduler id, epoch) from an Execute call's metadata; INVALID_ARGUMENT when the epoch is not a number."""
+    metadata = dict(context.invocation_metadata() or ())
+    epoch = str(metadata.get(EPOCH_KEY, "0"))
+    if not epoch.isdigit():
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{EPOCH_KEY}: {epoch[:32]!r} is not a lease epoch")
+    return str(metadata.get(SCHEDULER_ID_KEY, "")), int(epoch)

@@ -21,6 +21,9 @@ class SchedulerServiceConfig:
     host: str = _f("127.0.0.1", "address to bind")
     port: int = _f(50051, "client gRPC port")
     executors: str = _f("127.0.0.1:50061", "comma-separated executor host:port list")
+    scheduler_id: str = _f(
+        "", "this scheduler's id in executor leases (default <hostname>:<port>); unique per scheduler"
+    )
     dns_refresh_s: float = _f(10.0, "executor address re-resolution period")
     max_num_seqs: int = _f(256, "running sequences per executor")
     max_num_batched_tokens: int = _f(2048, "token budget per step")

@@ -1,9 +1,13 @@
 """The engine: admits requests, places them on executors, streams outputs.
 
-It owns one ExecutorHandle (and so one scheduler core and block pool) per
-executor address, the per-request state, and the recovery rule: sequences of a
-lost executor are placed again, with what they generated so far, on a live one.
-Both client edges (gRPC, HTTP) call `generate`.
+It owns the per-request state and the recovery rule: sequences of a lost (or
+released) executor are placed again, with what they generated so far, on one
+this scheduler drives. Its Fleet holds one ExecutorHandle (and so one
+scheduler core and block pool) per executor address and decides, with the
+other schedulers, which executors this one drives. A request with no executor
+here ends with UNAVAILABLE after ORPHAN_TIMEOUT_S when other schedulers are
+live (its client resumes it there); alone, it waits. Both client edges (gRPC,
+HTTP) call `generate`.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import socket
 import time
 from collections.abc import AsyncGenerator, Callable
 
@@ -20,11 +25,12 @@ import structlog
 from pagoda.step import ExecutorInfo, FinishReason, StepPlan, StepResult
 from scheduler_svc import validation
 from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.discovery import resolve_targets
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
-from scheduler_svc.executor_handle import ExecutorHandle, ExecutorState
+from scheduler_svc.executor_handle import ExecutorHandle
+from scheduler_svc.fleet import Fleet
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.output_processor import RequestState
+from scheduler_svc.ownership import ORPHAN_TIMEOUT_S
 from scheduler_svc.request import GenerationRequest, PromptInput, RequestOutput
 from scheduler_svc.router import choose_executor
 from scheduler_svc.scheduler import SchedulerConfig, SeqUpdate
@@ -46,71 +52,47 @@ class Engine:
         self.config = config
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.bind_engine(self)
-        self.executors: dict[str, ExecutorHandle] = {}
+        self.fleet = Fleet(config, self, self._scheduler_config, executor_credentials)
+        self.fleet.on_tick = self._on_heartbeat
+        self.executors: dict[str, ExecutorHandle] = self.fleet.executors
         self.model: ExecutorInfo | None = None
         self.tokenizer: Tokenizer | None = None
         self.limits: validation.Limits | None = None
         self.draining = False
         self.on_health_change: Callable[[bool], None] = lambda serving: None
         self._requests: dict[int, RequestState] = {}
-        self._orphans: collections.OrderedDict[int, SchedulerSequence] = collections.OrderedDict()
+        # Sequences without an executor here -> since when (monotonic seconds).
+        self._orphans: collections.OrderedDict[int, float] = collections.OrderedDict()
         self._seq_ids = itertools.count(1)
         self._model_ready = asyncio.Event()
-        self._credentials = executor_credentials
-        self._discovery_task: asyncio.Task[None] | None = None
         self._serving = False
 
     # ----- lifecycle -------------------------------------------------------
 
-    async def start(self) -> None:
-        """Resolve executor addresses and start a handle for each."""
-        await self._refresh_executors()
-        self._discovery_task = asyncio.create_task(self._discovery_loop())
+    @property
+    def scheduler_id(self) -> str:
+        """This scheduler's id in the executors' leases."""
+        return self.fleet.scheduler_id
+
+    async def start(self, scheduler_id: str = "") -> None:
+        """Discover the executors and start heartbeats (id: `scheduler_id`, else the config's, else host:port)."""
+        default_id = f"{socket.gethostname()}:{self.config.port}"
+        await self.fleet.start(scheduler_id or self.config.scheduler_id or default_id)
 
     async def stop(self) -> None:
-        if self._discovery_task:
-            self._discovery_task.cancel()
-        await asyncio.gather(*(e.stop() for e in self.executors.values()), return_exceptions=True)
+        """Release every executor (what still runs there goes back to the orphans)."""
+        await self.fleet.stop()
 
     async def drain(self, timeout_s: float) -> None:
-        """Admit nothing new; wait for in-flight requests up to timeout_s."""
-        self.draining = True
+        """Admit nothing new; wait for in-flight requests up to timeout_s; end the rest with UNAVAILABLE."""
+        self.draining = self.fleet.draining = True
         self._update_health()
         deadline = time.monotonic() + timeout_s
         while self._requests and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for state in list(self._requests.values()):
             self.abort(state)
-            state.fail(FinishReason.ABORT, "server shut down")
-
-    async def _discovery_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.dns_refresh_s)
-            try:
-                await self._refresh_executors()
-            except Exception:
-                log.exception("executor_discovery_failed")
-
-    async def _refresh_executors(self) -> None:
-        addresses = await resolve_targets(self.config.executor_targets)
-        for address in addresses:
-            if address not in self.executors:
-                executor = ExecutorHandle(
-                    address,
-                    self,
-                    self._scheduler_config,
-                    self.config.step_timeout_s,
-                    self._credentials,
-                    self.config.executor_tls_server_name,
-                )
-                self.executors[address] = executor
-                executor.start()
-                log.info("executor_discovered", executor=address)
-        for address, executor in list(self.executors.items()):
-            if address not in addresses and executor.state is ExecutorState.DEAD:
-                del self.executors[address]
-                await executor.stop()
-                log.info("executor_removed", executor=address)
+            state.fail(FinishReason.ABORT, "the scheduler is shutting down; resume on another scheduler")
 
     def _scheduler_config(self, info: ExecutorInfo) -> SchedulerConfig:
         return SchedulerConfig(
@@ -134,6 +116,23 @@ class Engine:
         """At least one executor accepts work and we are not draining."""
         return not self.draining and any(e.accepts_new for e in self.executors.values())
 
+    def _check_can_serve(self) -> None:
+        """UNAVAILABLE at once when this scheduler drives no executor and another scheduler is live."""
+        if not any(e.accepts_new for e in self.executors.values()) and self.fleet.ownership.others_live():
+            raise Unavailable(f"scheduler {self.scheduler_id} holds no executor now; try another scheduler")
+
+    def _on_heartbeat(self) -> None:
+        """After each heartbeat round: end old orphans when another scheduler can take them; health."""
+        if self._orphans and self.fleet.ownership.others_live():
+            now = time.monotonic()
+            for seq_id, since in list(self._orphans.items()):
+                state = self._requests.get(seq_id)
+                if now - since >= ORPHAN_TIMEOUT_S and state is not None:
+                    del self._orphans[seq_id]
+                    log.warning("request_orphan_ended", request_id=state.request_id, waited_s=round(now - since, 1))
+                    state.fail(FinishReason.ABORT, "no executor here; resume on another scheduler")
+        self._update_health()
+
     def _update_health(self) -> None:
         serving = self.is_serving
         if serving != self._serving:
@@ -148,6 +147,7 @@ class Engine:
         validation.check_request_fields(request)
         if self.draining:
             raise Unavailable("the server is shutting down")
+        self._check_can_serve()
         arrival_ns = time.monotonic_ns()
         deadline = time.monotonic() + (request.timeout_s or self.config.request_timeout_s)
         await self._wait_for_model(deadline)
@@ -253,7 +253,7 @@ class Engine:
             executor, hit = choose_executor(list(self.executors.values()), state.seq.token_ids, state.seq.cache_salt)
         except LookupError:
             state.executor = None
-            self._orphans[state.seq.seq_id] = state.seq
+            self._orphans.setdefault(state.seq.seq_id, time.monotonic())
             return
         self._orphans.pop(state.seq.seq_id, None)
         try:
@@ -293,7 +293,8 @@ class Engine:
 
     # ----- ExecutorListener --------------------------------------------------
 
-    def on_executor_ready(self, executor: ExecutorHandle, info: ExecutorInfo) -> bool:
+    def on_executor_described(self, executor: ExecutorHandle, info: ExecutorInfo) -> bool:
+        """Learn the model from the first executor described; refuse executors that serve another one."""
         if self.model is None:
             self._set_model(info)
         elif (info.model_name, info.vocab_size) != (self.model.model_name, self.model.vocab_size):
@@ -304,12 +305,14 @@ class Engine:
                 expected=self.model.model_name,
             )
             return False
+        return True
+
+    def on_executor_ready(self, executor: ExecutorHandle, info: ExecutorInfo) -> None:
         for seq_id in list(self._orphans):
             state = self._requests.get(seq_id)
             if state is not None:
                 self._place(state)
         self._update_health()
-        return True
 
     def _set_model(self, info: ExecutorInfo) -> None:
         self.model = info

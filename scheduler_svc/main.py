@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import sys
 from collections.abc import Sequence
 
 import grpc
@@ -50,10 +52,14 @@ async def serve(config: SchedulerServiceConfig) -> None:
     await server.start()
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
-    await engine.start()
+    await engine.start(config.scheduler_id or f"{socket.gethostname()}:{port}")
     http_api = await start_http_api(engine, config, metrics) if config.http_port else None
     log.info(
-        "scheduler_listening", address=f"{config.host}:{port}", executors=config.executors, tls=credentials is not None
+        "scheduler_listening",
+        address=f"{config.host}:{port}",
+        scheduler_id=engine.scheduler_id,
+        executors=config.executors,
+        tls=credentials is not None,
     )
 
     stop = asyncio.Event()

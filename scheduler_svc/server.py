@@ -76,6 +76,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                         await context.abort(
                             grpc.StatusCode.INTERNAL, f"request {request_id} failed in the executor: {out.error}"
                         )
+                    if out.finish_reason is FinishReason.ABORT:  # no executor here, or draining: resume elsewhere
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, f"request {request_id}: {out.error}")
                     yield convert.output_to_pb(out)
         except RequestError as exc:
             log.info("request_rejected", status=status_of(exc).name, error=str(exc))
@@ -132,10 +134,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
 
 def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
-    """Queues, KV usage and executors, summed over executors."""
+    """Queues, KV usage and executors (held or only seen), summed over the executors held."""
     executors = []
     for executor in engine.executors.values():
         s, info = executor.scheduler, executor.info
+        view = executor.view
+        holder, epoch = (engine.scheduler_id, executor.epoch) if executor.driving else (view.holder_id, view.epoch)
         executors.append(
             generation_pb2.ExecutorStatus(
                 address=executor.address,
@@ -147,6 +151,8 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
                 num_free_kv_blocks=s.num_free_blocks if s else 0,
                 kv_cache_usage=s.kv_cache_usage if s else 0.0,
                 kernels=dict(info.kernels) if info else {},
+                lease_holder=holder,
+                lease_epoch=epoch,
             )
         )
     total = sum(e.num_kv_blocks for e in executors)
@@ -161,4 +167,6 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
         num_preemptions_total=m.num_preemptions_total,
         prefix_cache_queries_total=m.prefix_cache_queries_total,
         prefix_cache_hits_total=m.prefix_cache_hits_total,
+        scheduler_id=engine.scheduler_id,
+        schedulers=engine.fleet.ownership.live_schedulers(),
     )

@@ -26,6 +26,7 @@ PACKAGES = (
     "pagoda.step_pb",
     "pagoda.channel",
     "pagoda.launch",
+    "executor_svc.lease",
 )
 
 

@@ -64,6 +64,8 @@ class StepPlan:
     scheduled_seqs: tuple[ScheduledSequence, ...] = ()
     # Finished, aborted or preempted: the executor drops their state.
     dropped_seq_ids: tuple[int, ...] = ()
+    # The lease (executor_svc.lease) of the stream it travels on; the executor refuses any other.
+    epoch: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -161,3 +163,10 @@ class ExecutorInfo:
     draining: bool = False
     # The code paths this executor runs, e.g. {"attention": "cpp", "gemm": "amx-panel"}.
     kernels: tuple[tuple[str, str], ...] = ()
+    # The scheduler driving the executor (empty: free) and its lease's epoch.
+    lease_holder: str = ""
+    lease_epoch: int = 0
+    # Non-draining schedulers seen in the last 3 s (their heartbeat is Describe), sorted.
+    schedulers: tuple[str, ...] = ()
+    # Schedulers whose Acquire was refused in the last 3 s, sorted.
+    lease_claimants: tuple[str, ...] = ()

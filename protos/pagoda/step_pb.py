@@ -42,6 +42,7 @@ def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
             for s in plan.scheduled_seqs
         ],
         dropped_seq_ids=plan.dropped_seq_ids,
+        epoch=plan.epoch,
     )
 
 
@@ -58,6 +59,7 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
             for s in msg.scheduled_seqs
         ),
         dropped_seq_ids=tuple(msg.dropped_seq_ids),
+        epoch=msg.epoch,
     )
 
 

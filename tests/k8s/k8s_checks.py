@@ -305,14 +305,36 @@ def check_resources(objects: list[dict]) -> list[str]:
     return errors
 
 
-def check_scheduler_singleton(objects: list[dict]) -> list[str]:
-    """One scheduler owns the executors' KV blocks: one replica, replaced by Recreate."""
-    errors = []
-    for c in _of_program(objects, "pagoda-scheduler"):
-        spec = c.workload["spec"]
-        if spec.get("replicas", 1) != 1 or spec.get("strategy", {}).get("type") != "Recreate":
-            errors.append(f"{c.where}: the scheduler needs replicas 1 and strategy Recreate")
+def _scheduler_replica_errors(c: Container, objects: list[dict]) -> list[str]:
+    spec, errors = c.workload["spec"], []
+    ids = [v for v in c.spec.get("env", []) if v["name"] == env_for_flag("--scheduler-id")]
+    from_pod_name = ids and ids[0].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name"
+    if not from_pod_name or "--scheduler-id" in c.arg_flags():
+        errors.append(f"{c.where}: {spec['replicas']} replicas need PAGODA_SCHEDULER_ID from the pod name (fieldRef)")
+    strategy = spec.get("strategy", {})
+    if strategy.get("type") == "Recreate" or str(strategy.get("rollingUpdate", {}).get("maxSurge", "25%")) != "0":
+        errors.append(f"{c.where}: replace schedulers one at a time (RollingUpdate with maxSurge 0)")
+    labels = template_labels(c.workload)
+    pdbs = [
+        p
+        for p in by_kind(objects, "PodDisruptionBudget")
+        if selects(p["spec"].get("selector", {}).get("matchLabels", {}), labels)
+    ]
+    if not pdbs:
+        errors.append(f"{c.where}: no PodDisruptionBudget keeps one scheduler up during voluntary disruptions")
     return errors
+
+
+def check_scheduler_replicas(objects: list[dict]) -> list[str]:
+    """Several schedulers share the executors through leases (docs/durability.md): each replica
+    needs its own id (the pod name), replicas are replaced one at a time (a surge replica could own
+    no executor and never turn ready), and a PodDisruptionBudget keeps one up. One replica needs none of it."""
+    return [
+        e
+        for c in _of_program(objects, "pagoda-scheduler")
+        if c.workload["spec"].get("replicas", 1) > 1
+        for e in _scheduler_replica_errors(c, objects)
+    ]
 
 
 _TAG_RE = re.compile(r"^(?P<version>\d+\.\d+\.\d+)(?:-(?P<variant>cpu|cuda))?$")
@@ -357,5 +379,5 @@ def check_all(objects: list[dict], flags: dict[str, set[str]], extras: dict[str,
         "security": check_security(objects),
         "metrics": check_metrics(objects),
         "resources": check_resources(objects),
-        "scheduler_singleton": check_scheduler_singleton(objects),
+        "scheduler_replicas": check_scheduler_replicas(objects),
     }

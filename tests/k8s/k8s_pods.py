@@ -91,8 +91,12 @@ def config_maps(objects: list[dict]) -> dict[str, dict]:
     return {cm["metadata"]["name"]: cm.get("data", {}) for cm in by_kind(objects, "ConfigMap")}
 
 
-def container_env(container: Container, objects: list[dict]) -> dict[str, str]:
-    """Environment the container starts with (envFrom first, env wins)."""
+def container_env(container: Container, objects: list[dict], pod: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment the container starts with (envFrom first, env wins).
+
+    A downward-API variable (`fieldRef`) takes its value from `pod` (fieldPath -> value,
+    e.g. `{"metadata.name": "pagoda-scheduler-abc"}`), else the placeholder `<fieldPath>`.
+    """
     cms, env = config_maps(objects), {}
     for source in container.spec.get("envFrom", []):
         ref = source.get("configMapRef")
@@ -105,6 +109,9 @@ def container_env(container: Container, objects: list[dict]) -> dict[str, str]:
         ref = var.get("valueFrom", {}).get("configMapKeyRef")
         if ref and ref["key"] in cms.get(ref["name"], {}):
             env[var["name"]] = cms[ref["name"]][ref["key"]]
+        field = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if field:
+            env[var["name"]] = (pod or {}).get(field, f"<{field}>")
     return env
 
 

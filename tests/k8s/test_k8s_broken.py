@@ -81,8 +81,14 @@ def test_grace_period_shorter_than_drain(results):
     assert results["drain"] == [f"{SCHEDULER}: terminationGracePeriodSeconds 20 <= --drain-timeout-s 30"]
 
 
+def test_scheduler_replicas_replaced_with_a_surge(results):
+    assert results["scheduler_replicas"] == [
+        f"{SCHEDULER}: replace schedulers one at a time (RollingUpdate with maxSurge 0)"
+    ]
+
+
 def test_unbroken_checks_still_pass(results):
-    for check in ("security", "metrics", "resources", "scheduler_singleton"):
+    for check in ("security", "metrics", "resources"):
         assert results[check] == [], check
 
 

@@ -24,7 +24,7 @@ CHECKS = [
     "security",
     "metrics",
     "resources",
-    "scheduler_singleton",
+    "scheduler_replicas",
 ]
 
 

@@ -58,6 +58,7 @@ def test_plan_round_trips():
         ),
         scheduled_seqs=(step.ScheduledSequence(3, 1), step.ScheduledSequence(4, 16, (9, 10))),
         dropped_seq_ids=(11, 12),
+        epoch=2**48 + 5,
     )
     assert plan_from_pb(plan_to_pb(plan)) == plan
 

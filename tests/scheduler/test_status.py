@@ -1,7 +1,8 @@
-"""GetStatus carries what each executor described: its state and the kernels it runs."""
+"""GetStatus carries what each executor described (its state, the kernels it runs) and who holds its lease."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from support.executor_info import executor_info
@@ -9,7 +10,10 @@ from support.executor_info import executor_info
 from pagoda.step import ExecutorInfo
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.engine import Engine
+from scheduler_svc.errors import Unavailable
 from scheduler_svc.executor_handle import ExecutorHandle
+from scheduler_svc.ownership import ExecutorView
+from scheduler_svc.request import GenerationRequest, PromptInput
 from scheduler_svc.scheduler import SchedulerConfig
 from scheduler_svc.server import status_to_pb
 
@@ -33,3 +37,35 @@ def test_status_reports_each_executors_kernels():
     assert status["10.0.0.1:50061"].incarnation_id == "inc-1"
     assert dict(status["10.0.0.2:50061"].kernels) == {}
     assert (status["10.0.0.3:50061"].state, dict(status["10.0.0.3:50061"].kernels)) == ("CONNECTING", {})
+
+
+def test_status_names_this_scheduler_and_who_holds_each_executor():
+    engine = Engine(SchedulerServiceConfig(scheduler_id="sched-a"))
+    engine.fleet.ownership.decide(
+        [ExecutorView("10.0.0.1:50061", True, "sched-b", 9, ("sched-a", "sched-b"))], set(), 0
+    )
+    seen = ExecutorHandle("10.0.0.1:50061", engine, _never_connects, step_timeout_s=1.0)
+    seen._set_view(ExecutorView(seen.address, True, "sched-b", 9, ("sched-a", "sched-b")))
+    free = ExecutorHandle("10.0.0.2:50061", engine, _never_connects, step_timeout_s=1.0)
+    free._set_view(ExecutorView(free.address, True, "", 4, ("sched-a",)))
+    gone = ExecutorHandle("10.0.0.3:50061", engine, _never_connects, step_timeout_s=1.0)
+    gone._set_view(ExecutorView(gone.address, reachable=False))
+    for handle in (seen, free, gone):
+        engine.executors[handle.address] = handle
+    status = status_to_pb(engine)
+    assert (status.scheduler_id, list(status.schedulers)) == ("sched-a", ["sched-a", "sched-b"])
+    rows = [(e.state, e.lease_holder, e.lease_epoch) for e in status.executors]
+    assert rows == [("HELD_BY_OTHER", "sched-b", 9), ("FREE", "", 4), ("DEAD", "", 0)]
+    assert not asyncio.run(_serves(engine)), "holding nothing, with another scheduler live"
+
+
+async def _serves(engine: Engine) -> bool:
+    try:
+        await anext(engine.generate(_request()))
+    except Unavailable as exc:
+        return "holds no executor" not in str(exc)
+    return True
+
+
+def _request() -> GenerationRequest:
+    return GenerationRequest(request_id="r", prompt=PromptInput(token_ids=(1, 2, 3)))

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from support.pool import wait_pool_whole
+from support.leases import leased_execute
 from support.tiny_model import hf_greedy
 
 from executor_svc.model_runner import ModelRunner
@@ -135,7 +136,7 @@ def test_executor_process_fails_one_sequence_of_a_step(security_model_dir, tmp_p
     ]
     with SecureSystem(security_model_dir, tmp_path, with_scheduler=False) as system:
         with grpc.insecure_channel(system.executor.address) as channel:
-            results = list(executor_pb2_grpc.ExecutorStub(channel).Execute(iter(plans), timeout=60))
+            results = leased_execute(channel, plans)
     first, second = results
     assert {e.seq_id for e in first.errors} == {7, 8}
     assert "out of range" in {e.seq_id: e.message for e in first.errors}[7]
@@ -177,9 +178,14 @@ class PoisonProxy(executor_pb2_grpc.ExecutorServicer):
         with grpc.insecure_channel(self.upstream) as channel:
             return executor_pb2_grpc.ExecutorStub(channel).Describe(request, timeout=10)
 
-    def Execute(self, request_iterator, context) -> Iterator[executor_pb2.StepResult]:
+    def Acquire(self, request, context):
         with grpc.insecure_channel(self.upstream) as channel:
-            call = executor_pb2_grpc.ExecutorStub(channel).Execute(self._rewrite(request_iterator))
+            return executor_pb2_grpc.ExecutorStub(channel).Acquire(request, timeout=10)
+
+    def Execute(self, request_iterator, context) -> Iterator[executor_pb2.StepResult]:
+        lease = [(k, v) for k, v in context.invocation_metadata() if k.startswith("x-pagoda-")]
+        with grpc.insecure_channel(self.upstream) as channel:
+            call = executor_pb2_grpc.ExecutorStub(channel).Execute(self._rewrite(request_iterator), metadata=lease)
             context.add_callback(call.cancel)
             for result in call:
                 self.results[result.step_id] = result

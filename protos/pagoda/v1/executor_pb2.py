@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pagoda.v1 import common_pb2 as pagoda_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pagoda/v1/executor.proto\x12\tpagoda.v1\x1a\x16pagoda/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xc2\x03\n\x0c\x45xecutorInfo\x12\x16\n\x0eincarnation_id\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x12\n\nblock_size\x18\x07 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x08 \x01(\x05\x12\x15\n\rmax_model_len\x18\t \x01(\x05\x12\x12\n\nvocab_size\x18\n \x01(\x05\x12\x15\n\reos_token_ids\x18\x0b \x03(\x05\x12\x16\n\x0etokenizer_json\x18\x0c \x01(\t\x12\x15\n\rchat_template\x18\r \x01(\t\x12\x11\n\tbos_token\x18\x0e \x01(\t\x12\x11\n\teos_token\x18\x0f \x01(\t\x12\x10\n\x08\x64raining\x18\x10 \x01(\x08\x12\x35\n\x07kernels\x18\x11 \x03(\x0b\x32$.pagoda.v1.ExecutorInfo.KernelsEntry\x1a.\n\x0cKernelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xda\x01\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\x05\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x06 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x07 \x01(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x08 \x01(\x05\"X\n\x11ScheduledSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x1c\n\x14num_scheduled_tokens\x18\x02 \x01(\x05\x12\x15\n\rnew_block_ids\x18\x03 \x03(\x05\"\x94\x01\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12(\n\x08new_seqs\x18\x02 \x03(\x0b\x32\x16.pagoda.v1.NewSequence\x12\x34\n\x0escheduled_seqs\x18\x03 \x03(\x0b\x32\x1c.pagoda.v1.ScheduledSequence\x12\x17\n\x0f\x64ropped_seq_ids\x18\x04 \x03(\x04\"^\n\x0eSequenceOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.pagoda.v1.LogprobEntry\"0\n\rSequenceError\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x0f\n\x07message\x18\x02 \x01(\t\"j\n\x0bStepTimings\x12\x12\n\nprepare_ns\x18\x01 \x01(\x03\x12\x12\n\nforward_ns\x18\x02 \x01(\x03\x12\x11\n\tsample_ns\x18\x03 \x01(\x03\x12\x0f\n\x07step_ns\x18\x04 \x01(\x03\x12\x0f\n\x07idle_ns\x18\x05 \x01(\x03\"\xe4\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x16\n\x0eincarnation_id\x18\x02 \x01(\t\x12*\n\x07outputs\x18\x03 \x03(\x0b\x32\x19.pagoda.v1.SequenceOutput\x12(\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x18.pagoda.v1.SequenceError\x12\'\n\x07timings\x18\x05 \x01(\x0b\x32\x16.pagoda.v1.StepTimings\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\x05\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x32\x86\x01\n\x08\x45xecutor\x12?\n\x08\x44\x65scribe\x12\x1a.pagoda.v1.DescribeRequest\x1a\x17.pagoda.v1.ExecutorInfo\x12\x39\n\x07\x45xecute\x12\x13.pagoda.v1.StepPlan\x1a\x15.pagoda.v1.StepResult(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pagoda/v1/executor.proto\x12\tpagoda.v1\x1a\x16pagoda/v1/common.proto\"H\n\x0f\x44\x65scribeRequest\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\x12\r\n\x05\x62rief\x18\x03 \x01(\x08\"&\n\x0e\x41\x63quireRequest\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\":\n\x05Lease\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tholder_id\x18\x03 \x01(\t\"\x9a\x04\n\x0c\x45xecutorInfo\x12\x16\n\x0eincarnation_id\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x12\n\nblock_size\x18\x07 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x08 \x01(\x05\x12\x15\n\rmax_model_len\x18\t \x01(\x05\x12\x12\n\nvocab_size\x18\n \x01(\x05\x12\x15\n\reos_token_ids\x18\x0b \x03(\x05\x12\x16\n\x0etokenizer_json\x18\x0c \x01(\t\x12\x15\n\rchat_template\x18\r \x01(\t\x12\x11\n\tbos_token\x18\x0e \x01(\t\x12\x11\n\teos_token\x18\x0f \x01(\t\x12\x10\n\x08\x64raining\x18\x10 \x01(\x08\x12\x35\n\x07kernels\x18\x11 \x03(\x0b\x32$.pagoda.v1.ExecutorInfo.KernelsEntry\x12\x14\n\x0clease_holder\x18\x12 \x01(\t\x12\x13\n\x0blease_epoch\x18\x13 \x01(\x04\x12\x12\n\nschedulers\x18\x14 \x03(\t\x12\x17\n\x0flease_claimants\x18\x15 \x03(\t\x1a.\n\x0cKernelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xda\x01\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\x05\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x06 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x07 \x01(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x08 \x01(\x05\"X\n\x11ScheduledSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x1c\n\x14num_scheduled_tokens\x18\x02 \x01(\x05\x12\x15\n\rnew_block_ids\x18\x03 \x03(\x05\"\xa3\x01\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12(\n\x08new_seqs\x18\x02 \x03(\x0b\x32\x16.pagoda.v1.NewSequence\x12\x34\n\x0escheduled_seqs\x18\x03 \x03(\x0b\x32\x1c.pagoda.v1.ScheduledSequence\x12\x17\n\x0f\x64ropped_seq_ids\x18\x04 \x03(\x04\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"^\n\x0eSequenceOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.pagoda.v1.LogprobEntry\"0\n\rSequenceError\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x0f\n\x07message\x18\x02 \x01(\t\"j\n\x0bStepTimings\x12\x12\n\nprepare_ns\x18\x01 \x01(\x03\x12\x12\n\nforward_ns\x18\x02 \x01(\x03\x12\x11\n\tsample_ns\x18\x03 \x01(\x03\x12\x0f\n\x07step_ns\x18\x04 \x01(\x03\x12\x0f\n\x07idle_ns\x18\x05 \x01(\x03\"\xe4\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x16\n\x0eincarnation_id\x18\x02 \x01(\t\x12*\n\x07outputs\x18\x03 \x03(\x0b\x32\x19.pagoda.v1.SequenceOutput\x12(\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x18.pagoda.v1.SequenceError\x12\'\n\x07timings\x18\x05 \x01(\x0b\x32\x16.pagoda.v1.StepTimings\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\x05\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x32\xbe\x01\n\x08\x45xecutor\x12?\n\x08\x44\x65scribe\x12\x1a.pagoda.v1.DescribeRequest\x1a\x17.pagoda.v1.ExecutorInfo\x12\x36\n\x07\x41\x63quire\x12\x19.pagoda.v1.AcquireRequest\x1a\x10.pagoda.v1.Lease\x12\x39\n\x07\x45xecute\x12\x13.pagoda.v1.StepPlan\x1a\x15.pagoda.v1.StepResult(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,25 +35,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTORINFO_KERNELSENTRY']._loaded_options = None
   _globals['_EXECUTORINFO_KERNELSENTRY']._serialized_options = b'8\001'
   _globals['_DESCRIBEREQUEST']._serialized_start=63
-  _globals['_DESCRIBEREQUEST']._serialized_end=80
-  _globals['_EXECUTORINFO']._serialized_start=83
-  _globals['_EXECUTORINFO']._serialized_end=533
-  _globals['_EXECUTORINFO_KERNELSENTRY']._serialized_start=487
-  _globals['_EXECUTORINFO_KERNELSENTRY']._serialized_end=533
-  _globals['_NEWSEQUENCE']._serialized_start=536
-  _globals['_NEWSEQUENCE']._serialized_end=754
-  _globals['_SCHEDULEDSEQUENCE']._serialized_start=756
-  _globals['_SCHEDULEDSEQUENCE']._serialized_end=844
-  _globals['_STEPPLAN']._serialized_start=847
-  _globals['_STEPPLAN']._serialized_end=995
-  _globals['_SEQUENCEOUTPUT']._serialized_start=997
-  _globals['_SEQUENCEOUTPUT']._serialized_end=1091
-  _globals['_SEQUENCEERROR']._serialized_start=1093
-  _globals['_SEQUENCEERROR']._serialized_end=1141
-  _globals['_STEPTIMINGS']._serialized_start=1143
-  _globals['_STEPTIMINGS']._serialized_end=1249
-  _globals['_STEPRESULT']._serialized_start=1252
-  _globals['_STEPRESULT']._serialized_end=1480
-  _globals['_EXECUTOR']._serialized_start=1483
-  _globals['_EXECUTOR']._serialized_end=1617
+  _globals['_DESCRIBEREQUEST']._serialized_end=135
+  _globals['_ACQUIREREQUEST']._serialized_start=137
+  _globals['_ACQUIREREQUEST']._serialized_end=175
+  _globals['_LEASE']._serialized_start=177
+  _globals['_LEASE']._serialized_end=235
+  _globals['_EXECUTORINFO']._serialized_start=238
+  _globals['_EXECUTORINFO']._serialized_end=776
+  _globals['_EXECUTORINFO_KERNELSENTRY']._serialized_start=730
+  _globals['_EXECUTORINFO_KERNELSENTRY']._serialized_end=776
+  _globals['_NEWSEQUENCE']._serialized_start=779
+  _globals['_NEWSEQUENCE']._serialized_end=997
+  _globals['_SCHEDULEDSEQUENCE']._serialized_start=999
+  _globals['_SCHEDULEDSEQUENCE']._serialized_end=1087
+  _globals['_STEPPLAN']._serialized_start=1090
+  _globals['_STEPPLAN']._serialized_end=1253
+  _globals['_SEQUENCEOUTPUT']._serialized_start=1255
+  _globals['_SEQUENCEOUTPUT']._serialized_end=1349
+  _globals['_SEQUENCEERROR']._serialized_start=1351
+  _globals['_SEQUENCEERROR']._serialized_end=1399
+  _globals['_STEPTIMINGS']._serialized_start=1401
+  _globals['_STEPTIMINGS']._serialized_end=1507
+  _globals['_STEPRESULT']._serialized_start=1510
+  _globals['_STEPRESULT']._serialized_end=1738
+  _globals['_EXECUTOR']._serialized_start=1741
+  _globals['_EXECUTOR']._serialized_end=1931
 # @@protoc_insertion_point(module_scope)

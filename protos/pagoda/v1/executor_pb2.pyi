@@ -8,11 +8,33 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DescribeRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("scheduler_id", "draining", "brief")
+    SCHEDULER_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
+    scheduler_id: str
+    draining: bool
+    brief: bool
+    def __init__(self, scheduler_id: _Optional[str] = ..., draining: _Optional[bool] = ..., brief: _Optional[bool] = ...) -> None: ...
+
+class AcquireRequest(_message.Message):
+    __slots__ = ("scheduler_id",)
+    SCHEDULER_ID_FIELD_NUMBER: _ClassVar[int]
+    scheduler_id: str
+    def __init__(self, scheduler_id: _Optional[str] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("granted", "epoch", "holder_id")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_ID_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    epoch: int
+    holder_id: str
+    def __init__(self, granted: _Optional[bool] = ..., epoch: _Optional[int] = ..., holder_id: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels")
+    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +59,10 @@ class ExecutorInfo(_message.Message):
     EOS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_CLAIMANTS_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     model_name: str
     architecture: str
@@ -54,7 +80,11 @@ class ExecutorInfo(_message.Message):
     eos_token: str
     draining: bool
     kernels: _containers.ScalarMap[str, str]
-    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    lease_holder: str
+    lease_epoch: int
+    schedulers: _containers.RepeatedScalarFieldContainer[str]
+    lease_claimants: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NewSequence(_message.Message):
     __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens")
@@ -87,16 +117,18 @@ class ScheduledSequence(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "scheduled_seqs", "dropped_seq_ids")
+    __slots__ = ("step_id", "new_seqs", "scheduled_seqs", "dropped_seq_ids", "epoch")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_SEQS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
     scheduled_seqs: _containers.RepeatedCompositeFieldContainer[ScheduledSequence]
     dropped_seq_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., scheduled_seqs: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., dropped_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., scheduled_seqs: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., dropped_seq_ids: _Optional[_Iterable[int]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SequenceOutput(_message.Message):
     __slots__ = ("seq_id", "token_ids", "logprobs")

@@ -26,7 +26,10 @@ if _version_not_supported:
 
 
 class ExecutorStub:
-    """The executor API, called only by the scheduler.
+    """The executor API, called only by schedulers. One scheduler at a time drives
+    an executor: it calls Acquire, then opens one Execute stream with the
+    lease's epoch in its metadata (x-pagoda-scheduler-id, x-pagoda-epoch) and
+    in every StepPlan. The lease ends when that stream ends.
     """
 
     def __init__(self, channel):
@@ -40,6 +43,11 @@ class ExecutorStub:
                 request_serializer=pagoda_dot_v1_dot_executor__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=pagoda_dot_v1_dot_executor__pb2.ExecutorInfo.FromString,
                 _registered_method=True)
+        self.Acquire = channel.unary_unary(
+                '/pagoda.v1.Executor/Acquire',
+                request_serializer=pagoda_dot_v1_dot_executor__pb2.AcquireRequest.SerializeToString,
+                response_deserializer=pagoda_dot_v1_dot_executor__pb2.Lease.FromString,
+                _registered_method=True)
         self.Execute = channel.stream_stream(
                 '/pagoda.v1.Executor/Execute',
                 request_serializer=pagoda_dot_v1_dot_executor__pb2.StepPlan.SerializeToString,
@@ -48,11 +56,24 @@ class ExecutorStub:
 
 
 class ExecutorServicer:
-    """The executor API, called only by the scheduler.
+    """The executor API, called only by schedulers. One scheduler at a time drives
+    an executor: it calls Acquire, then opens one Execute stream with the
+    lease's epoch in its metadata (x-pagoda-scheduler-id, x-pagoda-epoch) and
+    in every StepPlan. The lease ends when that stream ends.
     """
 
     def Describe(self, request, context):
-        """The model, its limits and the KV cache this executor sized.
+        """The model, its limits and the KV cache this executor sized; also the
+        schedulers' heartbeat, and who holds the lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Acquire(self, request, context):
+        """Ask for the lease: granted (with a new, higher epoch) when nobody holds
+        it, or the caller holds it without a stream; otherwise not granted, with
+        the holder and epoch in force.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -60,6 +81,7 @@ class ExecutorServicer:
 
     def Execute(self, request_iterator, context):
         """One StepPlan per engine step in, one StepResult per step out, in order.
+        Refused (FAILED_PRECONDITION) unless its epoch is the lease in force.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -72,6 +94,11 @@ def add_ExecutorServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=pagoda_dot_v1_dot_executor__pb2.DescribeRequest.FromString,
                     response_serializer=pagoda_dot_v1_dot_executor__pb2.ExecutorInfo.SerializeToString,
+            ),
+            'Acquire': grpc.unary_unary_rpc_method_handler(
+                    servicer.Acquire,
+                    request_deserializer=pagoda_dot_v1_dot_executor__pb2.AcquireRequest.FromString,
+                    response_serializer=pagoda_dot_v1_dot_executor__pb2.Lease.SerializeToString,
             ),
             'Execute': grpc.stream_stream_rpc_method_handler(
                     servicer.Execute,
@@ -87,7 +114,10 @@ def add_ExecutorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Executor:
-    """The executor API, called only by the scheduler.
+    """The executor API, called only by schedulers. One scheduler at a time drives
+    an executor: it calls Acquire, then opens one Execute stream with the
+    lease's epoch in its metadata (x-pagoda-scheduler-id, x-pagoda-epoch) and
+    in every StepPlan. The lease ends when that stream ends.
     """
 
     @staticmethod
@@ -107,6 +137,33 @@ class Executor:
             '/pagoda.v1.Executor/Describe',
             pagoda_dot_v1_dot_executor__pb2.DescribeRequest.SerializeToString,
             pagoda_dot_v1_dot_executor__pb2.ExecutorInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Acquire(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagoda.v1.Executor/Acquire',
+            pagoda_dot_v1_dot_executor__pb2.AcquireRequest.SerializeToString,
+            pagoda_dot_v1_dot_executor__pb2.Lease.FromString,
             options,
             channel_credentials,
             insecure,

@@ -194,7 +194,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorStatus(_message.Message):
-    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels")
+    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,8 @@ class ExecutorStatus(_message.Message):
     NUM_FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     address: str
     incarnation_id: str
     state: str
@@ -220,10 +222,12 @@ class ExecutorStatus(_message.Message):
     num_free_kv_blocks: int
     kv_cache_usage: float
     kernels: _containers.ScalarMap[str, str]
-    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    lease_holder: str
+    lease_epoch: int
+    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ...) -> None: ...
 
 class ServerStatus(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total")
+    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +236,8 @@ class ServerStatus(_message.Message):
     NUM_PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_QUERIES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_cache_usage: float
@@ -240,4 +246,6 @@ class ServerStatus(_message.Message):
     num_preemptions_total: int
     prefix_cache_queries_total: int
     prefix_cache_hits_total: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ..., num_requests_total: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ...) -> None: ...
+    scheduler_id: str
+    schedulers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ..., num_requests_total: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ...) -> None: ...
