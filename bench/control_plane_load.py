@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import json
 import os
 import random
@@ -23,7 +22,7 @@ import sys
 
 import grpc
 
-from pagoda.v1 import generation_pb2, generation_pb2_grpc
+from pagoda.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 # Token ids below this are the simulated tokenizer's special tokens.
 FIRST_WORD_ID = 4
@@ -45,7 +44,7 @@ class Load:
         prompt = [self.rng.randrange(FIRST_WORD_ID, self.args.vocab_size) for _ in range(length)]
         return generation_pb2.GenerateRequest(
             token_ids=generation_pb2.TokenIdsInput(token_ids=prompt),
-            sampling=generation_pb2.SamplingParams(temperature=0.0),
+            sampling=common_pb2.SamplingParams(temperature=0.0),
             stopping=generation_pb2.StoppingCriteria(max_tokens=self.args.max_tokens, ignore_eos=True),
         )
 
@@ -81,11 +80,13 @@ async def run(args: argparse.Namespace) -> dict:
     async with grpc.aio.insecure_channel(args.target) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         streams = [asyncio.create_task(load.stream_forever(stub)) for _ in range(args.streams)]
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stdin_closed(), timeout=args.max_s)
-        for task in streams:
+        stop = asyncio.create_task(stdin_closed())
+        done, _ = await asyncio.wait([stop, *streams], timeout=args.max_s, return_when=asyncio.FIRST_COMPLETED)
+        for task in [stop, *streams]:
             task.cancel()
-        await asyncio.gather(*streams, return_exceptions=True)
+        await asyncio.gather(stop, *streams, return_exceptions=True)
+        for task in done - {stop}:
+            task.result()  # a stream only ends by a bug: raise it
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "requests": load.requests,

@@ -2,11 +2,14 @@
 
 Measures real steps of a ModelRunner (the default model, SmolLM2-135M, unless
 --model) on this machine over a grid of decode batches x contexts, prompt
-chunks x cached prefixes, and a few mixed steps; each point is the median of
---repeats steps. Then fits `executor_svc.simulate_cost.StepCost` by least
-squares on the relative error (every constant >= 0: the best of the fits over
-each subset of the features), prints the constants, each point's error, and the
-median and worst error, and writes the measurements and the fit as JSON.
+chunks x cached prefixes, and a few mixed steps, with one intra-op thread; each
+point is the median CPU time of --repeats steps in each of --passes passes over
+the grid (CPU time, not wall time: the machine may be shared, and CPU time does
+not count the waits for a core), so the model is one executor on one core.
+Then fits `executor_svc.simulate_cost.StepCost` by least squares on the
+relative error (every constant >= 0: the best of the fits over each subset of
+the features), prints the constants, each point's error, and the median and
+worst error, and writes the measurements and the fit as JSON.
 
     .venv/bin/python bench/fit_step_cost.py --out bench/data/step_cost_smollm2_bf16.json
     .venv/bin/python bench/fit_step_cost.py --refit bench/data/step_cost_smollm2_bf16.json   # no measuring
@@ -34,26 +37,39 @@ MAX_KV_TOKENS = 65536  # batch x context of the largest decode point
 FEATURES = ("prefill_tokens", "prefill_pairs", "decode_seqs", "context_tokens")
 
 
-def measure(model: str, dtype: str, repeats: int) -> list[dict]:
-    """One row per grid point: its features and the median step seconds."""
+def measure(model: str, dtype: str, repeats: int, passes: int) -> list[dict]:
+    """One row per grid point: its features, and the CPU time and wall time of its steps.
+
+    The machine is shared, so wall time says as much about the neighbours as
+    about the model; the CPU time the process spent in the step does not count
+    the time it waited for a core. With one intra-op thread (see main) that CPU
+    time is the step's time on one dedicated core, and it is what is fitted
+    (`step_s`: the median over every repeat and pass); the fastest wall time is
+    kept next to it (`wall_min_s`).
+    """
     from executor_svc.model_runner import ModelRunner
 
     runner = ModelRunner(model, dtype=dtype, kv_cache_memory_bytes=2 * 2**30, max_model_len=4096)
     runner.warmup()
     plans = grid_plans(runner.block_size, runner.info.num_kv_blocks, repeats)
+    cpu: dict[str, list[float]] = {name: [] for name, _ in plans}
+    wall: dict[str, list[float]] = {name: [] for name, _ in plans}
+    for number in range(passes):
+        print(f"pass {number + 1} of {passes}", flush=True)
+        for name, steps in plans:
+            runner.reset()
+            for k, (plan, _) in enumerate(steps):
+                cpu_start, wall_start = time.process_time(), time.perf_counter()
+                out = runner.execute(plan)
+                if k > 0:  # the first step registers the sequences
+                    cpu[name].append(time.process_time() - cpu_start)
+                    wall[name].append(time.perf_counter() - wall_start)
+                assert not out.errors, out.errors[0]
     rows = []
     for name, steps in plans:
-        runner.reset()
-        times, features = [], []
-        for plan, scheduled in steps:
-            start = time.perf_counter()
-            out = runner.execute(plan)
-            times.append(time.perf_counter() - start)
-            assert not out.errors, out.errors[0]
-            features.append(StepFeatures.of(scheduled))
-        middle = len(times) // 2
-        rows.append({"point": name, **vars(features[middle]), "step_s": statistics.median(times[1:])})
-        print(f"{name:<28} {rows[-1]['step_s'] * 1e3:8.2f} ms", flush=True)
+        features = StepFeatures.of(steps[len(steps) // 2][1])
+        row = {"point": name, **vars(features), "step_s": statistics.median(cpu[name]), "wall_min_s": min(wall[name])}
+        rows.append(row)
     return rows
 
 
@@ -143,10 +159,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--repeats", type=int, default=5, help="steps per point (the median is kept)")
+    parser.add_argument("--repeats", type=int, default=5, help="steps per point and pass")
+    parser.add_argument("--passes", type=int, default=2, help="passes over the grid")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU time is fitted: keep 1)")
     parser.add_argument("--out", help="write the measurements and the fit here (JSON)")
     parser.add_argument("--refit", help="fit the measurements of this JSON file instead of measuring")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.refit:
         with open(args.refit) as f:
             data = json.load(f)
@@ -154,8 +176,9 @@ def main() -> None:
         from executor_svc.model_cache import resolve_model
 
         model = resolve_model(args.model or "default")
-        data = {"model": str(model), "dtype": args.dtype, "repeats": args.repeats}
-        data["rows"] = measure(model, args.dtype, args.repeats)
+        data = {"model": str(model), "dtype": args.dtype, "threads": args.threads}
+        data |= {"repeats": args.repeats, "passes": args.passes}
+        data["rows"] = measure(model, args.dtype, args.repeats, args.passes)
     cost = fit(data["rows"])
     data["fit"] = {"coefficients": list(cost.coefficients()), **report(data["rows"], cost)}
     if args.out:
