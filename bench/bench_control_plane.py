@@ -31,8 +31,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pstats
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from control_plane_profile import by_kind
 from control_plane_system import (
     Proc,
     cpu_seconds,
@@ -48,6 +51,7 @@ from control_plane_system import (
     start_executors,
     start_schedulers,
     stop,
+    wait_until,
 )
 
 LOAD_SCRIPT = Path(__file__).with_name("control_plane_load.py")
@@ -168,6 +172,12 @@ def stop_loads(loads: Sequence[subprocess.Popen]) -> dict[str, int]:
     return errors
 
 
+def signal_all(procs: Sequence[Proc], sig: signal.Signals | None) -> None:
+    """Send `sig` to each process (None: nothing to send)."""
+    for proc in procs if sig is not None else ():
+        os.kill(proc.pid, sig)
+
+
 def run_config(num_schedulers: int, executors: Sequence[Proc], args, log_dir: Path, profile_dir=None) -> Row | None:
     """Start the schedulers and the load, measure one window, stop them; None if the split cannot run it."""
     groups = groups_for(num_schedulers, [p.address for p in executors], args.split)
@@ -182,10 +192,15 @@ def run_config(num_schedulers: int, executors: Sequence[Proc], args, log_dir: Pa
     try:
         loads = start_loads(schedulers, streams, args)
         time.sleep(args.warmup_s)
+        signal_all(schedulers, signal.SIGUSR1 if profile_dir else None)
         before = snapshot(schedulers, executors, loads)
         time.sleep(args.measure_s)
         after = snapshot(schedulers, executors, loads)
+        signal_all(schedulers, signal.SIGUSR2 if profile_dir else None)
         errors = stop_loads(loads)
+        if profile_dir:
+            expected = [profile_dir / f"{p.name}.prof" for p in schedulers]
+            wait_until(lambda: all(path.exists() for path in expected), 60, "the schedulers' profiles", schedulers)
     finally:
         for load in loads:
             if load.poll() is None:
@@ -212,39 +227,34 @@ def format_row(r: Row) -> str:
 
 
 def saturation(rows: Sequence[Row]) -> list[str]:
-    """In words: how many executors one scheduler keeps busy, from its CPU per step and the step time."""
-    ones = [r for r in rows if r.num_schedulers == 1]
-    if not ones:
-        return []
+    """In words: how many executors one scheduler's core can drive, and what limited each run."""
     lines = []
-    for r in ones:
-        capacity = 1e3 / r.cpu_per_step_ms if r.cpu_per_step_ms > 0 else float("inf")
+    for r in (r for r in rows if r.num_schedulers == 1):
+        steps_per_core_s = 1e3 / r.cpu_per_step_ms if r.cpu_per_step_ms > 0 else float("inf")
+        starved = r.idle_per_step_ms > 0.25 * r.step_ms
+        limit = "the scheduler's core" if r.scheduler_core >= 0.85 else f"the machine ({r.machine_busy:.0%} busy)"
         lines.append(
-            f"1 scheduler x {r.num_executors} executors: {r.cpu_per_step_ms:.3f} ms CPU per step -> at most "
-            f"{capacity:.0f} steps/s on one core, i.e. about {capacity * (r.step_ms + r.idle_per_step_ms) / 1e3:.1f}"
-            f" executors busy at {r.step_ms:.1f} ms per step; it used {r.scheduler_core:.2f} of a core, "
-            f"the machine was {r.machine_busy * 100:.0f}% busy"
-        )
-    saturated = [r for r in ones if r.scheduler_core >= 0.85 or r.idle_per_step_ms > 0.5 * r.step_ms]
-    if saturated:
-        first = saturated[0]
-        lines.append(
-            f"one scheduler saturates at {first.num_executors} executors: it used {first.scheduler_core:.2f} of a "
-            f"core and executors waited {first.idle_per_step_ms:.1f} ms per {first.step_ms:.1f} ms step for a plan"
+            f"1 scheduler x {r.num_executors} executors: {r.cpu_per_step_ms:.2f} ms of scheduler CPU per step, so one "
+            f"core drives at most {steps_per_core_s:.0f} steps/s = {steps_per_core_s * r.step_ms / 1e3:.1f} executors "
+            f"stepping every {r.step_ms:.1f} ms; it used {r.scheduler_core:.2f} of a core and executors waited "
+            f"{r.idle_per_step_ms:.1f} ms per step for a plan" + (f": saturated, limited by {limit}" if starved else "")
         )
     return lines
 
 
-def print_profile(profile_dir: Path, top: int = 25) -> None:
-    """The profiled scheduler's top functions by own time, and its total."""
+def print_profile(profile_dir: Path, top: int = 20) -> None:
+    """Each profiled scheduler's time by kind of work, then its top functions by own time."""
     for path in sorted(profile_dir.glob("*.prof")):
         stats = pstats.Stats(str(path))
         total = stats.total_tt  # type: ignore[attr-defined]
-        print(f"\n== {path.stem}: {total:.1f} s of Python time; top {top} by own time")
+        print(f"\n== {path.stem}: {total:.1f} s of CPU in the loop's thread in the window, by kind of work (own time)")
+        for kind, seconds in by_kind(stats):
+            print(f"{seconds / total * 100:5.1f}%  {kind}")
+        print(f"-- top {top} functions by own time")
         entries = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
-        for (file, line, name), (_, calls, tottime, cumtime, _) in entries[:top]:
+        for (file, line, name), (_, calls, own_s, cum_s, _) in entries[:top]:
             where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
-            print(f"{tottime / total * 100:5.1f}% own {cumtime:7.2f} s cum {calls:>9} calls  {name}  ({where})")
+            print(f"{own_s / total * 100:5.1f}% own {cum_s:7.2f} s cum {calls:>9} calls  {name}  ({where})")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

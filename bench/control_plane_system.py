@@ -28,6 +28,7 @@ from pagoda.launch.launcher import LOOPBACK, free_port, service_command
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROFILE_SCRIPT = Path(__file__).with_name("control_plane_profile.py")
 
 
 @dataclasses.dataclass
@@ -124,7 +125,8 @@ def start_schedulers(
 ) -> list[Proc]:
     """One scheduler per group of executor addresses, each READY on all of them when this returns.
 
-    With `profile_dir`, the schedulers run under cProfile and write `<name>.prof` there when they stop.
+    With `profile_dir`, the schedulers run under control_plane_profile.py: SIGUSR1 starts their profile,
+    SIGUSR2 writes it to `profile_dir/<name>.prof`.
     """
     procs: list[Proc] = []
     try:
@@ -133,8 +135,7 @@ def start_schedulers(
             port, metrics_port = free_port(), free_port()
             argv = service_command("pagoda-scheduler", "scheduler_svc.main")
             if profile_dir is not None:
-                argv = [sys.executable, "-m", "cProfile", "-o", str(profile_dir / f"{name}.prof")]
-                argv += ["-m", "scheduler_svc.main"]
+                argv = [sys.executable, str(PROFILE_SCRIPT), str(profile_dir / f"{name}.prof")]
             argv += ["--host", LOOPBACK, "--port", str(port), "--metrics-port", str(metrics_port)]
             argv += ["--executors", ",".join(addresses), "--log-format", "json", "--drain-timeout-s", "1"]
             procs.append(spawn(name, argv + list(extra_args), log_dir, f"{LOOPBACK}:{port}", metrics_port))
