@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagoda.launch.health import ServingStatus, check_health
-from pagoda.launch.launcher import LOOPBACK, free_port, service_command
+from pagoda.launch.launcher import LOOPBACK, service_command
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -93,12 +94,22 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, procs
         time.sleep(0.2)
 
 
+def free_ports(num: int) -> list[int]:
+    """`num` distinct TCP ports free a moment ago on 127.0.0.1 (all held open at once, so none repeats)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(num)]
+        for sock in sockets:
+            sock.bind((LOOPBACK, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 def start_executors(num: int, log_dir: Path, extra_args: Sequence[str] = (), timeout_s: float = 300) -> list[Proc]:
     """`num` simulated executors, SERVING when this returns (stopped if one fails to come up)."""
     procs: list[Proc] = []
     try:
+        ports = free_ports(2 * num)
         for i in range(num):
-            port, metrics_port = free_port(), free_port()
+            port, metrics_port = ports[2 * i], ports[2 * i + 1]
             argv = service_command("pagoda-executor", "executor_svc.main") + ["--simulate", "--host", LOOPBACK]
             argv += ["--port", str(port), "--metrics-port", str(metrics_port), "--log-format", "json", *extra_args]
             procs.append(spawn(f"executor-{i}", argv, log_dir, f"{LOOPBACK}:{port}", metrics_port))
@@ -130,9 +141,10 @@ def start_schedulers(
     """
     procs: list[Proc] = []
     try:
+        ports = free_ports(2 * len(groups))
         for i, addresses in enumerate(groups):
             name = f"scheduler-{i}-{tag}"
-            port, metrics_port = free_port(), free_port()
+            port, metrics_port = ports[2 * i], ports[2 * i + 1]
             argv = service_command("pagoda-scheduler", "scheduler_svc.main")
             if profile_dir is not None:
                 argv = [sys.executable, str(PROFILE_SCRIPT), str(profile_dir / f"{name}.prof")]
