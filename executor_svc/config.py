@@ -46,12 +46,29 @@ class ExecutorConfig:
     tls_cert: str = dataclasses.field(default="", metadata=_help("server certificate (PEM)"))
     tls_key: str = dataclasses.field(default="", metadata=_help("server private key (PEM)"))
     tls_ca: str = dataclasses.field(default="", metadata=_help("CA that must sign client certificates (mTLS)"))
+    simulate: bool = dataclasses.field(
+        default=False, metadata=_help("no model: a cost-model step time and deterministic tokens (no torch)")
+    )
+    simulate_kv_blocks: int = dataclasses.field(default=4096, metadata=_help("--simulate: KV blocks reported"))
+    simulate_vocab_size: int = dataclasses.field(default=512, metadata=_help("--simulate: tokenizer vocabulary size"))
+    simulate_time_scale: float = dataclasses.field(
+        default=1.0, metadata=_help("--simulate: multiplies the modelled step time (0: no sleep)")
+    )
 
     def __post_init__(self) -> None:
         if self.block_size < 0:
             raise ValueError("--block-size must be positive (or 0 for auto)")
         if not 0 < self.kv_cache_memory_fraction <= 1:
             raise ValueError("--kv-cache-memory-fraction must be in (0, 1]")
+        if self.simulate_kv_blocks < 1:
+            raise ValueError("--simulate-kv-blocks must be positive")
+        if self.simulate_time_scale < 0:
+            raise ValueError("--simulate-time-scale must not be negative")
+        if self.simulate:
+            from executor_svc.simulate_tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
+
+            if not MIN_VOCAB_SIZE <= self.simulate_vocab_size <= MAX_VOCAB_SIZE:
+                raise ValueError(f"--simulate-vocab-size must be in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")
 
 
 def load_config(argv: Sequence[str] | None = None) -> ExecutorConfig:

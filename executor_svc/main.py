@@ -1,4 +1,8 @@
-"""`pagoda-executor`: load the model, size the KV cache, serve the Executor API."""
+"""`pagoda-executor`: load the model, size the KV cache, serve the Executor API.
+
+With `--simulate` it serves a simulated runner instead (executor_svc.simulate):
+the model path, and so torch, is imported only when a model is loaded.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,22 @@ import asyncio
 import dataclasses
 import signal
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
-import torch
 
 from executor_svc.config import ExecutorConfig, load_config
 from executor_svc.metrics import ExecutorMetrics
-from executor_svc.model_cache import resolve_model
-from executor_svc.model_runner import ModelRunner
-from executor_svc.native import loader
+from executor_svc.runner import Runner
 from executor_svc.server import ExecutorServicer
-from executor_svc.tokenizer_files import TokenizerFiles, load_tokenizer_files
+from executor_svc.tokenizer_files import TokenizerFiles
 from pagoda.runtime import grpc_server
 from pagoda.runtime.logs import configure_logging, run_logged
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
+
+if TYPE_CHECKING:
+    from executor_svc.model_runner import ModelRunner
 
 log = structlog.get_logger("executor")
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
@@ -28,8 +33,48 @@ SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 _NOT_LOGGED = {f.name for f in dataclasses.fields(TokenizerFiles)} | {"incarnation_id", "draining", "kernels"}
 
 
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A runner ready to attach, with what Describe and the ready log line report about it."""
+
+    runner: Runner
+    tokenizer: TokenizerFiles
+    model_name: str
+    kernels: dict[str, str]
+    kernel_library: str
+    bos_token_id: int | None = None
+
+
+async def load_model(config: ExecutorConfig, servicer: ExecutorServicer) -> Loaded:
+    """Load weights, allocate the KV cache and warm up, on the model thread (torch is imported here only)."""
+    from executor_svc.model_cache import resolve_model
+    from executor_svc.native import loader
+    from executor_svc.native.active import active_kernels
+    from executor_svc.tokenizer_files import load_tokenizer_files
+
+    model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None)
+    tokenizer = await asyncio.to_thread(load_tokenizer_files, model_path)
+    runner = await servicer.run_model(build_runner, config, model_path)
+    await servicer.run_model(runner.warmup)
+    kernels = await servicer.run_model(active_kernels, runner)  # probes the kernels: torch work
+    library = loader.loaded()
+    model_name = config.model_name or runner.info.model_name
+    library_path = str(library.library) if library is not None else ""
+    return Loaded(runner, tokenizer, model_name, kernels, library_path, runner.config.bos_token_id)
+
+
+def load_simulated(config: ExecutorConfig) -> Loaded:
+    """The simulated runner (`--simulate`): no model, no torch."""
+    from executor_svc.simulate import simulated_runner
+
+    runner, tokenizer = simulated_runner(config)
+    return Loaded(runner, tokenizer, runner.info.model_name, {"variant": "simulated"}, "")
+
+
 def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
     """Load weights and allocate the KV cache once (its default budget depends on the device the runner resolves)."""
+    from executor_svc.model_runner import ModelRunner
+
     return ModelRunner(
         model_path,
         dtype=config.dtype,
@@ -45,7 +90,7 @@ def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
 
 
 async def serve(config: ExecutorConfig) -> None:
-    """Start serving health at once, load the model, then serve Execute until SIGTERM drains."""
+    """Start serving health at once, load the model (or the simulation), then serve Execute until SIGTERM drains."""
     options = [*grpc_server.KEEPALIVE_OPTIONS, *grpc_server.message_size_options(config.max_message_bytes)]
     server = grpc.aio.server(options=options)
     health = grpc_server.add_health_and_reflection(server, [SERVICE_NAME])
@@ -59,24 +104,20 @@ async def serve(config: ExecutorConfig) -> None:
     await server.start()
     log.info("executor_listening", address=f"{config.host}:{port}", tls=credentials is not None)
 
-    model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None)
-    tokenizer = await asyncio.to_thread(load_tokenizer_files, model_path)
-    runner = await servicer.run_model(build_runner, config, model_path)
-    await servicer.run_model(runner.warmup)
-    metrics.kv_blocks.set(runner.info.num_kv_blocks)
+    loaded = load_simulated(config) if config.simulate else await load_model(config, servicer)
+    info = loaded.runner.info
+    metrics.kv_blocks.set(info.num_kv_blocks)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
-    model_name = config.model_name or runner.info.model_name
-    await servicer.run_model(servicer.attach, runner, tokenizer, model_name)  # attach probes the kernels: torch work
+    servicer.attach(loaded.runner, loaded.tokenizer, loaded.model_name, loaded.kernels)
     await grpc_server.set_serving(health, [SERVICE_NAME], True)
-    kernels = loader.loaded()
     log.info(
         "executor_ready",
-        model=model_name,
-        **{k: v for k, v in vars(runner.info).items() if k not in _NOT_LOGGED},
-        bos_token_id=runner.config.bos_token_id,
+        model=loaded.model_name,
+        **{k: v for k, v in vars(info).items() if k not in _NOT_LOGGED},
+        bos_token_id=loaded.bos_token_id,
         kernels=servicer.kernels,
-        kernel_library=str(kernels.library) if kernels is not None else "",
+        kernel_library=loaded.kernel_library,
     )
 
     stop = asyncio.Event()
@@ -108,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point."""
     config = load_config(argv)
     configure_logging(config.log_format)
-    if config.num_threads:
+    if config.num_threads and not config.simulate:
+        import torch
+
         torch.set_num_threads(config.num_threads)
     run_logged(serve(config), log, "executor_failed")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -20,20 +19,14 @@ from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
-from executor_svc.sampler import SampleRequest, sample, validate_sampling_params
-from executor_svc.step_batch import SequenceState, StepBatch, build_step_batch
+from executor_svc.runner import SequenceState, SequenceTable
+from executor_svc.sampler import SampleRequest, sample
+from executor_svc.step_batch import StepBatch, build_step_batch
 from executor_svc.weights import load_checkpoint, validate_tensors
 from pagoda.params import SamplingParams
-from pagoda.step import ExecutorInfo, NewSequence, SeqError, SeqOutput, StepResult, StepTimings
-
-if TYPE_CHECKING:
-    from pagoda.step import ScheduledSequence, StepPlan
+from pagoda.step import ExecutorInfo, SeqError, SeqOutput, StepPlan, StepResult, StepTimings
 
 log = structlog.get_logger(__name__)
-
-
-class PlanError(ValueError):
-    """A step plan entry this runner cannot follow (reported per sequence)."""
 
 
 class ModelRunner:
@@ -70,7 +63,10 @@ class ModelRunner:
         self._windows = tuple(dict.fromkeys(self.config.sliding_windows))  # the distinct ones, in layer order
         self._layer_window_index = [self._windows.index(w) for w in self.config.sliding_windows]
         self.info = self._describe(checkpoint.name, checkpoint.extra_eos_token_ids)
-        self._seqs: dict[int, SequenceState] = {}
+        self._table = SequenceTable(
+            self.kv_cache.num_blocks, self.block_size, self.config.vocab_size, self.max_model_len
+        )
+        self._seqs = self._table.seqs  # seq_id -> SequenceState
         # (sample function, request class); tests wrap it to record logits.
         self._sample_fn = (sample, SampleRequest)
 
@@ -122,10 +118,7 @@ class ModelRunner:
     def execute(self, step: StepPlan) -> StepResult:
         """Runs one step plan: one forward over all scheduled tokens, then sampling."""
         start_ns = time.perf_counter_ns()
-        for seq_id in step.dropped_seq_ids:
-            self._seqs.pop(seq_id, None)
-        errors: list[SeqError] = []
-        scheduled = self._apply_plan(step, errors)
+        scheduled, errors = self._table.apply(step)
         if not scheduled:
             timings = StepTimings(prepare_ns=time.perf_counter_ns() - start_ns)
             return StepResult(step_id=step.step_id, errors=tuple(errors), timings=timings)
@@ -158,79 +151,6 @@ class ModelRunner:
                 state.num_computed_tokens += num_scheduled
                 state.token_ids.append(0)
             self.kv_cache.storage[:, :, :, :num_blocks] = saved
-
-    # -- plan handling ------------------------------------------------------
-
-    def _apply_plan(self, step: StepPlan, errors: list[SeqError]) -> list[tuple[SequenceState, int]]:
-        """Registers new sequences, extends block tables, validates; returns (state, n) to run."""
-        scheduled: list[tuple[SequenceState, int]] = []
-        seen: set[int] = set()
-        entries = [(new.seq_id, new) for new in step.new_seqs] + [(s.seq_id, s) for s in step.scheduled_seqs]
-        for seq_id, entry in entries:
-            try:
-                if seq_id in seen:
-                    raise PlanError(f"sequence {seq_id} appears twice in step {step.step_id}")
-                seen.add(seq_id)
-                state, num_scheduled = self._admit(entry)
-                if num_scheduled:
-                    scheduled.append((state, num_scheduled))
-            except PlanError as exc:
-                self._seqs.pop(seq_id, None)
-                errors.append(SeqError(seq_id, str(exc)))
-        return scheduled
-
-    def _admit(self, entry: NewSequence | ScheduledSequence) -> tuple[SequenceState, int]:
-        if isinstance(entry, NewSequence):
-            self._check_block_ids(entry.block_ids)
-            self._check_token_ids(entry.token_ids)
-            if not 0 <= entry.num_computed_tokens <= len(entry.token_ids):
-                raise PlanError(f"num_computed_tokens {entry.num_computed_tokens} outside [0, {len(entry.token_ids)}]")
-            try:
-                validate_sampling_params(entry.sampling)
-            except ValueError as exc:
-                raise PlanError(f"sampling: {exc}") from None
-            state = SequenceState(
-                entry.seq_id,
-                entry.request_id,
-                list(entry.token_ids),
-                entry.num_prompt_tokens,
-                entry.sampling,
-                list(entry.block_ids),
-                entry.num_computed_tokens,
-            )
-            self._seqs[entry.seq_id] = state  # a known seq_id is replaced (preempted, resent)
-        else:
-            state = self._seqs.get(entry.seq_id)
-            if state is None:
-                raise PlanError(f"unknown sequence {entry.seq_id}")
-            self._check_block_ids(entry.new_block_ids)
-            state.block_table.extend(entry.new_block_ids)
-        self._check_schedule(state, entry.num_scheduled_tokens)
-        return state, entry.num_scheduled_tokens
-
-    def _check_block_ids(self, block_ids) -> None:
-        num_blocks = self.kv_cache.num_blocks
-        for block_id in block_ids:
-            if not 0 <= block_id < num_blocks:
-                raise PlanError(f"block id {block_id} out of range [0, {num_blocks})")
-
-    def _check_token_ids(self, token_ids) -> None:
-        """An id outside the embedding table would fail the whole step's forward."""
-        vocab_size = self.config.vocab_size
-        if token_ids and not (min(token_ids) >= 0 and max(token_ids) < vocab_size):
-            bad = next(i for i in token_ids if not 0 <= i < vocab_size)
-            raise PlanError(f"token id {bad} outside the vocabulary [0, {vocab_size})")
-
-    def _check_schedule(self, state: SequenceState, num_scheduled: int) -> None:
-        end = state.num_computed_tokens + num_scheduled
-        if num_scheduled < 0:
-            raise PlanError(f"num_scheduled_tokens {num_scheduled} is negative")
-        if end > len(state.token_ids):
-            raise PlanError(f"scheduled up to token {end} but the sequence has {len(state.token_ids)} tokens")
-        if end > self.max_model_len:
-            raise PlanError(f"scheduled up to token {end}, beyond max_model_len {self.max_model_len}")
-        if end > len(state.block_table) * self.block_size:
-            raise PlanError(f"{len(state.block_table)} blocks of {self.block_size} cannot hold {end} tokens")
 
     # -- the step -----------------------------------------------------------
 

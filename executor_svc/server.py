@@ -1,4 +1,4 @@
-"""The Executor gRPC servicer: a thin edge around ModelRunner.
+"""The Executor gRPC servicer: a thin edge around a Runner (the model runner, or the simulated one).
 
 Each Execute message is converted, run on the model thread (so health checks
 and the next plan's arrival proceed meanwhile), and answered with one
@@ -20,14 +20,14 @@ import dataclasses
 import functools
 import time
 import uuid
+from collections.abc import Mapping
 
 import grpc
 import structlog
 
 from executor_svc.lease import LeaseRefused, LeaseTable
 from executor_svc.metrics import ExecutorMetrics
-from executor_svc.model_runner import ModelRunner
-from executor_svc.native.active import active_kernels
+from executor_svc.runner import Runner
 from executor_svc.tokenizer_files import TokenizerFiles
 from pagoda.step import ExecutorInfo, StepResult
 from pagoda.step_pb import info_to_pb, plan_from_pb, result_to_pb
@@ -40,14 +40,14 @@ EPOCH_KEY = "x-pagoda-epoch"
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
-    """Describe and Execute over one ModelRunner.
+    """Describe and Execute over one Runner.
 
     Registered before the server starts (health answers during model loading);
     both RPCs answer UNAVAILABLE until `attach` hands over the loaded runner.
     """
 
     def __init__(self, metrics: ExecutorMetrics | None = None) -> None:
-        self.runner: ModelRunner | None = None
+        self.runner: Runner | None = None
         self.incarnation_id = uuid.uuid4().hex
         self.draining = False
         self._metrics = metrics
@@ -65,9 +65,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         """Runs fn(*args) on the model thread (every torch call goes there)."""
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, functools.partial(fn, *args))
 
-    def attach(self, runner: ModelRunner, tokenizer: TokenizerFiles, model_name: str) -> None:
-        """Start serving `runner` (weights loaded, warm-up done); call on the model thread (it probes the kernels)."""
-        self.kernels = active_kernels(runner)
+    def attach(self, runner: Runner, tokenizer: TokenizerFiles, model_name: str, kernels: Mapping[str, str]) -> None:
+        """Start serving `runner` (weights loaded, warm-up done), which runs the kernel paths `kernels`."""
+        self.kernels = dict(kernels)
         if self._metrics is not None:
             self._metrics.set_kernels(self.kernels)
         self._info = dataclasses.replace(

@@ -1,4 +1,4 @@
-"""Per-sequence executor state and the tensors of one step, built vectorised.
+"""The tensors of one step, built vectorised from the runner's sequence states.
 
 Everything a forward needs (input ids, positions, slot mapping, padded block
 tables) is computed here once per step, never per layer.
@@ -11,20 +11,7 @@ import dataclasses
 import torch
 
 from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
-from pagoda.params import SamplingParams
-
-
-@dataclasses.dataclass
-class SequenceState:
-    """The executor's own copy of one sequence."""
-
-    seq_id: int
-    request_id: str
-    token_ids: list[int]  # prompt, then generated (sampled tokens appended here)
-    num_prompt_tokens: int
-    sampling: SamplingParams
-    block_table: list[int]
-    num_computed_tokens: int  # tokens whose KV is in the cache
+from executor_svc.runner import SequenceState
 
 
 @dataclasses.dataclass

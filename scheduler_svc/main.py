@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-import sys
 from collections.abc import Sequence
 
 import grpc

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from support.pool import wait_pool_whole
 from support.leases import leased_execute
+from support.pool import wait_pool_whole
 from support.tiny_model import hf_greedy
 
 from executor_svc.model_runner import ModelRunner

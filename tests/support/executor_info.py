@@ -9,7 +9,10 @@ from pagoda.step import ExecutorInfo
 
 
 def executor_info(**overrides: Any) -> ExecutorInfo:
-    """Every field set, none to its default (str fields hold their name, ints 7, string tuples ("a", "b"), other tuples (1, 2)), then ``overrides``."""
+    """Every field set, none to its default, then ``overrides``.
+
+    str fields hold their name, ints 7, string tuples ("a", "b"), other tuples (1, 2).
+    """
     values = {
         f.name: {"str": f.name, "int": 7, "bool": True, "tuple[str, ...]": ("a", "b")}.get(str(f.type), (1, 2))
         for f in dataclasses.fields(ExecutorInfo)

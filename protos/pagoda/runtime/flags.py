@@ -86,11 +86,16 @@ def build_parser(config_cls: type[DataclassInstance], prog: str, description: st
         if field.metadata.get("internal"):
             continue
         default = field.default if field.default is not dataclasses.MISSING else None
+        # A boolean flag given alone means true (`--simulate`); it also takes a value (`--simulate false`).
+        bare: dict[str, Any] = (
+            {"nargs": "?", "const": True} if _converter(field, hints[field.name]) is parse_bool else {}
+        )
         parser.add_argument(
             flag_name(field.name),
             dest=field.name,
             default=None,
             type=_converter(field, hints[field.name]),
+            **bare,
             metavar=field.name.upper(),
             help=f"{field.metadata.get('help', '')} (env {env_name(field.name)}; default {default!r})",
         )

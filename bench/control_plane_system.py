@@ -1,0 +1,209 @@
+"""The processes of the control-plane benchmark, and what is read off them.
+
+Simulated executors (`pagoda-executor --simulate`) and schedulers, each its own
+process group on 127.0.0.1 with its output in a log file; CPU time from
+`/proc/<pid>/stat`, machine load from `/proc/stat`, counters from each
+process's Prometheus endpoint. Every wait is bounded and says what it waits for.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from pagoda.launch.health import ServingStatus, check_health
+from pagoda.launch.launcher import LOOPBACK, service_command
+from pagoda.v1 import generation_pb2, generation_pb2_grpc
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROFILE_SCRIPT = Path(__file__).with_name("control_plane_profile.py")
+
+
+@dataclasses.dataclass
+class Proc:
+    """One child process: its gRPC address, its metrics port and its log."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    address: str
+    metrics_port: int
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.process.pid
+
+
+def spawn(name: str, argv: list[str], log_dir: Path, address: str, metrics_port: int) -> Proc:
+    """Start `argv` in its own process group, its output in `log_dir/<name>.log`."""
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return Proc(name, process, address, metrics_port, log_path)
+
+
+def stop(procs: Iterable[Proc], grace_s: float = 10.0) -> None:
+    """SIGTERM every process group, then SIGKILL what is left after `grace_s`."""
+    procs = [p for p in procs if p.process.poll() is None]
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            print(f"{proc.name} (pid {proc.pid}) ignored SIGTERM for {grace_s}s: SIGKILL", file=sys.stderr)
+            _signal_group(proc, signal.SIGKILL)
+            proc.process.wait(timeout=10)
+
+
+def _signal_group(proc: Proc, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(proc.pid, sig)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, procs: Sequence[Proc] = ()) -> None:
+    """Poll `predicate` until true; raise after `timeout_s`, or as soon as one of `procs` exits."""
+    start = time.monotonic()
+    last_note = start
+    while not predicate():
+        dead = next((p for p in procs if p.process.poll() is not None), None)
+        if dead is not None:
+            tail = dead.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{dead.name} exited ({dead.process.returncode}) while waiting for {what}:\n{tail}")
+        now = time.monotonic()
+        if now - start > timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        if now - last_note > 10:
+            print(f"  still waiting for {what} ({now - start:.0f}s)", file=sys.stderr, flush=True)
+            last_note = now
+        time.sleep(0.2)
+
+
+def free_ports(num: int) -> list[int]:
+    """`num` distinct TCP ports free a moment ago on 127.0.0.1 (all held open at once, so none repeats)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(num)]
+        for sock in sockets:
+            sock.bind((LOOPBACK, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def start_executors(num: int, log_dir: Path, extra_args: Sequence[str] = (), timeout_s: float = 300) -> list[Proc]:
+    """`num` simulated executors, SERVING when this returns (stopped if one fails to come up)."""
+    procs: list[Proc] = []
+    try:
+        ports = free_ports(2 * num)
+        for i in range(num):
+            port, metrics_port = ports[2 * i], ports[2 * i + 1]
+            argv = service_command("pagoda-executor", "executor_svc.main") + ["--simulate", "--host", LOOPBACK]
+            argv += ["--port", str(port), "--metrics-port", str(metrics_port), "--log-format", "json", *extra_args]
+            procs.append(spawn(f"executor-{i}", argv, log_dir, f"{LOOPBACK}:{port}", metrics_port))
+        pending = list(procs)
+
+        def all_serving() -> bool:
+            pending[:] = [p for p in pending if check_health(p.address, timeout=1.0) != ServingStatus.SERVING]
+            return not pending
+
+        wait_until(all_serving, timeout_s, f"{num} simulated executors to serve", procs)
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
+
+
+def start_schedulers(
+    groups: Sequence[Sequence[str]],
+    log_dir: Path,
+    tag: str,
+    extra_args: Sequence[str] = (),
+    profile_dir: Path | None = None,
+    timeout_s: float = 120,
+) -> list[Proc]:
+    """One scheduler per group of executor addresses, each READY on all of them when this returns.
+
+    With `profile_dir`, the schedulers run under control_plane_profile.py: SIGUSR1 starts their profile,
+    SIGUSR2 writes it to `profile_dir/<name>.prof`.
+    """
+    procs: list[Proc] = []
+    try:
+        ports = free_ports(2 * len(groups))
+        for i, addresses in enumerate(groups):
+            name = f"scheduler-{i}-{tag}"
+            port, metrics_port = ports[2 * i], ports[2 * i + 1]
+            argv = service_command("pagoda-scheduler", "scheduler_svc.main")
+            if profile_dir is not None:
+                argv = [sys.executable, str(PROFILE_SCRIPT), str(profile_dir / f"{name}.prof")]
+            argv += ["--host", LOOPBACK, "--port", str(port), "--metrics-port", str(metrics_port)]
+            argv += ["--executors", ",".join(addresses), "--log-format", "json", "--drain-timeout-s", "1"]
+            procs.append(spawn(name, argv + list(extra_args), log_dir, f"{LOOPBACK}:{port}", metrics_port))
+        for proc, addresses in zip(procs, groups):
+            expected = len(addresses)
+            wait_until(
+                lambda p=proc, n=expected: num_ready(p.address) == n,
+                timeout_s,
+                f"{proc.name} to drive its {expected} executors",
+                procs,
+            )
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
+
+
+def num_ready(address: str) -> int:
+    """Executors READY on the scheduler at `address` (0 when it does not answer)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            status = stub.GetStatus(generation_pb2.GetStatusRequest(), timeout=2.0)
+        except grpc.RpcError:
+            return 0
+    return sum(1 for e in status.executors if e.state == "READY")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (its threads included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime: fields 14 and 15 of stat(5)
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far, in clock ticks (/proc/stat)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    return sum(values) - idle, sum(values)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Samples of the Prometheus endpoint on 127.0.0.1:`port`, by name (labels dropped, values summed)."""
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    return samples
+
+
+def scrape_sum(procs: Sequence[Proc], names: Sequence[str]) -> dict[str, float]:
+    """Each of `names` summed over the metrics endpoints of `procs` (scraped in parallel)."""
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        scraped = list(pool.map(lambda p: scrape(p.metrics_port), procs))
+    return {name: sum(s.get(name, 0.0) for s in scraped) for name in names}

@@ -1,0 +1,144 @@
+"""What a runner is to the servicer, and the plan bookkeeping every runner shares.
+
+A runner turns a step plan into a step result. Two implement the `Runner`
+protocol: the model runner (weights, KV cache, torch) and the simulated runner
+(a cost model and deterministic tokens, no torch). Both follow the plan the
+same way through `SequenceTable`: each keeps its own copy of every sequence
+(token ids, block table, tokens computed), checks every entry, and a bad entry
+fails only the sequence it concerns. Pure Python: no torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Protocol
+
+from pagoda.params import SamplingParams, out_of_range
+from pagoda.step import ExecutorInfo, NewSequence, ScheduledSequence, SeqError, StepPlan, StepResult
+
+
+class Runner(Protocol):
+    """What the servicer calls on a runner (always from its one model thread)."""
+
+    info: ExecutorInfo  # the model and KV cache part; the servicer adds itself and the tokenizer
+
+    def execute(self, step: StepPlan) -> StepResult:
+        """Runs one step plan; a failing sequence is reported in `errors`, never raised."""
+        ...
+
+    def reset(self) -> None:
+        """Drops every sequence (a new scheduler stream starts from scratch)."""
+        ...
+
+    def num_sequences(self) -> int:
+        """Sequences whose state the runner holds."""
+        ...
+
+
+class PlanError(ValueError):
+    """A step plan entry this runner cannot follow (reported per sequence)."""
+
+
+@dataclasses.dataclass
+class SequenceState:
+    """The executor's own copy of one sequence."""
+
+    seq_id: int
+    request_id: str
+    token_ids: list[int]  # prompt, then generated (sampled tokens appended here)
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    block_table: list[int]
+    num_computed_tokens: int  # tokens whose KV is in the cache
+
+
+# (state, tokens to compute this step) for each sequence a step runs.
+Scheduled = list[tuple[SequenceState, int]]
+
+
+class SequenceTable:
+    """The sequences a runner holds, updated by each plan and checked against its limits."""
+
+    def __init__(self, num_blocks: int, block_size: int, vocab_size: int, max_model_len: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.seqs: dict[int, SequenceState] = {}
+
+    def apply(self, step: StepPlan) -> tuple[Scheduled, list[SeqError]]:
+        """Drops, registers and extends what `step` says; returns what to run and the entries refused."""
+        for seq_id in step.dropped_seq_ids:
+            self.seqs.pop(seq_id, None)
+        errors: list[SeqError] = []
+        scheduled: Scheduled = []
+        seen: set[int] = set()
+        entries = [(new.seq_id, new) for new in step.new_seqs] + [(s.seq_id, s) for s in step.scheduled_seqs]
+        for seq_id, entry in entries:
+            try:
+                if seq_id in seen:
+                    raise PlanError(f"sequence {seq_id} appears twice in step {step.step_id}")
+                seen.add(seq_id)
+                state, num_scheduled = self._admit(entry)
+                if num_scheduled:
+                    scheduled.append((state, num_scheduled))
+            except PlanError as exc:
+                self.seqs.pop(seq_id, None)
+                errors.append(SeqError(seq_id, str(exc)))
+        return scheduled, errors
+
+    def _admit(self, entry: NewSequence | ScheduledSequence) -> tuple[SequenceState, int]:
+        if isinstance(entry, NewSequence):
+            state = self._new_state(entry)
+            self.seqs[entry.seq_id] = state  # a known seq_id is replaced (preempted, resent)
+        else:
+            known = self.seqs.get(entry.seq_id)
+            if known is None:
+                raise PlanError(f"unknown sequence {entry.seq_id}")
+            self._check_block_ids(entry.new_block_ids)
+            known.block_table.extend(entry.new_block_ids)
+            state = known
+        self._check_schedule(state, entry.num_scheduled_tokens)
+        return state, entry.num_scheduled_tokens
+
+    def _new_state(self, entry: NewSequence) -> SequenceState:
+        self._check_block_ids(entry.block_ids)
+        self._check_token_ids(entry.token_ids)
+        if not 0 <= entry.num_computed_tokens <= len(entry.token_ids):
+            raise PlanError(f"num_computed_tokens {entry.num_computed_tokens} outside [0, {len(entry.token_ids)}]")
+        reason = out_of_range(entry.sampling)
+        if reason is not None:
+            raise PlanError(f"sampling: {reason}")
+        return SequenceState(
+            entry.seq_id,
+            entry.request_id,
+            list(entry.token_ids),
+            entry.num_prompt_tokens,
+            entry.sampling,
+            list(entry.block_ids),
+            entry.num_computed_tokens,
+        )
+
+    def _check_block_ids(self, block_ids: Iterable[int]) -> None:
+        for block_id in block_ids:
+            if not 0 <= block_id < self.num_blocks:
+                raise PlanError(f"block id {block_id} out of range [0, {self.num_blocks})")
+
+    def _check_token_ids(self, token_ids: tuple[int, ...]) -> None:
+        """An id outside the embedding table would fail the whole step's forward."""
+        vocab_size = self.vocab_size
+        if token_ids and not (min(token_ids) >= 0 and max(token_ids) < vocab_size):
+            bad = next(i for i in token_ids if not 0 <= i < vocab_size)
+            raise PlanError(f"token id {bad} outside the vocabulary [0, {vocab_size})")
+
+    def _check_schedule(self, state: SequenceState, num_scheduled: int) -> None:
+        end = state.num_computed_tokens + num_scheduled
+        if num_scheduled < 0:
+            raise PlanError(f"num_scheduled_tokens {num_scheduled} is negative")
+        if end > len(state.token_ids):
+            raise PlanError(f"scheduled up to token {end} but the sequence has {len(state.token_ids)} tokens")
+        if end > self.max_model_len:
+            raise PlanError(f"scheduled up to token {end}, beyond max_model_len {self.max_model_len}")
+        if end > len(state.block_table) * self.block_size:
+            raise PlanError(f"{len(state.block_table)} blocks of {self.block_size} cannot hold {end} tokens")
