@@ -28,7 +28,7 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
-    # longrope (Phi-3): per-frequency divisors [Dh / 2] below / from original_max_position_embeddings on,
+    # longrope (Phi-3): per-frequency divisors [Dh / 2] for contexts within / past original_max_position_embeddings
     # and the factor cos and sin are multiplied by.
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()

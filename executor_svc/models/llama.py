@@ -164,16 +164,16 @@ def parse_llama(config: dict[str, Any], architecture: str) -> ModelConfig:
 
 def parse_qwen2(config: dict[str, Any], architecture: str) -> ModelConfig:
     """Qwen2 always has q/k/v bias (o_proj has none)."""
-    return _parse(config, architecture, attention_bias=True, qk_norm=False, window=_qwen_window(config))
+    return _parse(config, architecture, attention_bias=True, qk_norm=False, window=qwen_window(config))
 
 
 def parse_qwen3(config: dict[str, Any], architecture: str) -> ModelConfig:
     """Qwen3: RMSNorm over head_dim of q and k."""
     attention_bias = bool(config.get("attention_bias", False))
-    return _parse(config, architecture, attention_bias=attention_bias, qk_norm=True, window=_qwen_window(config))
+    return _parse(config, architecture, attention_bias=attention_bias, qk_norm=True, window=qwen_window(config))
 
 
-def _qwen_window(config: dict[str, Any]) -> int | None:
+def qwen_window(config: dict[str, Any]) -> int | None:
     """Qwen checkpoints carry a window but use it only with use_sliding_window, on layers >= max_window_layers."""
     window = config.get("sliding_window")
     if not window or not config.get("use_sliding_window", False):
@@ -238,7 +238,7 @@ GGUF_GLOBAL_TENSORS: dict[str, str] = {
 }
 
 
-def _qwen3_gguf_config(get: MetadataGetter, config: dict[str, Any]) -> None:
+def qwen3_gguf_config(get: MetadataGetter, config: dict[str, Any]) -> None:
     """transformers' Qwen3Config defaults head_dim to 128, not hidden_size / heads: always write it."""
     config.setdefault("head_dim", config["hidden_size"] // config["num_attention_heads"])
 
@@ -256,6 +256,6 @@ LLAMA = ModelFamily("LlamaForCausalLM", "llama", parse_llama, tensor_shapes, Lla
 MISTRAL = ModelFamily("MistralForCausalLM", "mistral", parse_llama, tensor_shapes, LlamaModel)
 QWEN2 = ModelFamily("Qwen2ForCausalLM", "qwen2", parse_qwen2, tensor_shapes, LlamaModel, _gguf("qwen2", False))
 QWEN3 = ModelFamily(
-    "Qwen3ForCausalLM", "qwen3", parse_qwen3, tensor_shapes, LlamaModel, _gguf("qwen3", False, _qwen3_gguf_config)
+    "Qwen3ForCausalLM", "qwen3", parse_qwen3, tensor_shapes, LlamaModel, _gguf("qwen3", False, qwen3_gguf_config)
 )
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3)

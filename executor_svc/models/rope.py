@@ -17,7 +17,7 @@ from executor_svc.model_config import ModelConfig, RopeScaling
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
     """Per-pair rotation frequencies [Dh / 2] in float32, after scaling."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    if scaling.rope_type == "longrope":  # the short factors; RotaryEmbedding adds the long ones
+    if scaling.rope_type == "longrope":  # short_factor: the set in use (see longrope_factors)
         return 1.0 / (torch.tensor(scaling.short_factor, dtype=torch.float32) * theta**exponents)
     inv_freq = 1.0 / (theta**exponents)
     if scaling.rope_type == "linear":
@@ -52,10 +52,10 @@ class RotaryEmbedding:
         rope: tuple[float, RopeScaling] | None = None,
     ):
         theta, scaling = (config.rope_theta, config.rope_scaling) if rope is None else rope
+        if scaling.rope_type == "longrope":
+            scaling = longrope_factors(scaling, max_len)
         positions = torch.arange(max_len, dtype=torch.int64).float()
         freqs = torch.outer(positions, inverse_frequencies(config.head_dim, theta, scaling))  # [max_len, Dh / 2]
-        if scaling.rope_type == "longrope":
-            freqs = _longrope_freqs(freqs, positions, config.head_dim, theta, scaling)
         cos, sin = freqs.cos(), freqs.sin()  # float32
         if scaling.rope_type == "longrope":
             cos, sin = cos * scaling.attention_factor, sin * scaling.attention_factor
@@ -67,20 +67,18 @@ class RotaryEmbedding:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def _longrope_freqs(
-    freqs: torch.Tensor, positions: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling
-) -> torch.Tensor:
-    """LongRoPE angles [max_len, Dh / 2]: the short factors below original_max_position_embeddings, the long
-    ones from there on.
+def longrope_factors(scaling: RopeScaling, max_len: int) -> RopeScaling:
+    """LongRoPE with the factor set this executor uses for every position: the long factors when it serves
+    contexts past original_max_position_embeddings (``max_len``, the max model length), else the short ones.
 
-    Decided per token, by its own position: a token's K is rotated once, when it is written to the paged
-    cache, so a per-batch choice (transformers switches every position of a forward to the long factors
-    once the forward reaches past the original length) would depend on what else the step holds. Equal to
-    transformers' generate whenever the prompt fits the original length.
+    Chosen once, not per step: a token's K is rotated once, when it is written to the paged cache, so the
+    factors cannot change with the sequence's length or the batch. transformers switches per sequence (and
+    recomputes a sequence's cache when it crosses the original length); the two agree on every sequence when
+    max_len <= original, and on every sequence longer than original otherwise.
     """
-    long_scaling = dataclasses.replace(scaling, short_factor=scaling.long_factor)
-    long = torch.outer(positions, inverse_frequencies(head_dim, theta, long_scaling))
-    return torch.where(positions[:, None] < scaling.original_max_position_embeddings, freqs, long)
+    if max_len > scaling.original_max_position_embeddings:
+        return dataclasses.replace(scaling, short_factor=scaling.long_factor)
+    return scaling
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
