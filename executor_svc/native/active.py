@@ -54,8 +54,4 @@ def prefill_path(runner) -> str:
     q = torch.empty(0, 1, runner.config.head_dim, dtype=runner.dtype, device="meta")  # [T, H, Dh]
     if kernel is None or not cpp_backend._prefill_fits(q, k_cache):
         return "sdpa"
-    windows = set(runner.config.sliding_windows)
-    if windows == {None}:
-        return "amx-flash"
-    # Sliding-window layers keep SDPA; full-attention layers of the same model take the kernel.
-    return "amx-flash+sdpa" if None in windows else "sdpa"
+    return "amx-flash"  # sliding windows and soft-caps included
