@@ -39,7 +39,7 @@ def _per_token(x, router, experts, top_k, normalize):
 @pytest.mark.parametrize(("num_experts", "top_k", "normalize"), [(8, 2, True), (4, 2, False), (8, 1, True)])
 @pytest.mark.parametrize(
     ("ops_name", "dtype", "tol"),
-    [("torch", torch.float32, 1e-5), ("cpp", torch.float32, 1e-5), ("cpp", torch.bfloat16, 3e-2)],
+    [("torch", torch.float32, 1e-5), ("cpp", torch.float32, 1e-5), ("cpp", torch.bfloat16, 2e-2)],
 )
 def test_grouped_equals_per_token(num_experts, top_k, normalize, ops_name, dtype, tol, request):
     """37 tokens, every expert hit, through the layer ops' linear (the panel GEMM for cpp)."""
@@ -58,7 +58,7 @@ def test_grouped_equals_per_token(num_experts, top_k, normalize, ops_name, dtype
     out = block(x)
     assert out.dtype == dtype and out.shape == x.shape
     expected = _per_token(x, router, experts, top_k, normalize)
-    assert (out.double() - expected).abs().max().item() < tol
+    assert (out.double() - expected).abs().max().item() < tol * expected.abs().max().item()  # relative to |out|
 
 
 class RecordingOps:
@@ -80,14 +80,16 @@ def test_unused_experts_are_not_read_and_used_ones_once():
     """Experts 1 and 5 score far below the others for every token: their weights are never read; the router
     and each other expert's two matrices are read exactly once for the whole step."""
     gen = torch.Generator().manual_seed(4)
-    x = torch.rand(23, 32, generator=gen) + 0.1  # positive, so a negative router row always loses
+    x = torch.randn(64, 32, generator=gen)
     router = torch.randn(8, 32, generator=gen)
-    router[[1, 5]] = -1.0
+    x[:, 0], router[:, 0] = 5.0, 0.0
+    router[[1, 5], 0] = -20.0  # feature 0 is 5 in every token: -100 for these two
     experts = _experts(gen, 8, 32, 24, torch.float32)
     ops = RecordingOps()
     block = MoeBlock(ops, router, experts, 2, True, gated_activation("silu", ops))
     out = block(x)
     used = [e for e in range(8) if e not in (1, 5)]
+    assert sorted(set(route(x @ router.T, 2, True)[1].flatten().tolist())) == used  # the others are all hit
     expected_reads = [id(router)] + [id(w) for e in used for w in experts[e]]
     assert ops.read == expected_reads
     torch.testing.assert_close(out.double(), _per_token(x, router, experts, 2, True), atol=1e-5, rtol=0)
