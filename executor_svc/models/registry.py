@@ -29,6 +29,8 @@ class DecoderModel(Protocol):
 
     # The layer ops the model was built with (the sampler uses their argmax).
     ops: LayerOps
+    # What runs its feed-forward blocks ("dense", "moe-grouped"), reported with the kernel paths.
+    mlp_path: str
 
     def forward(
         self,

@@ -43,10 +43,17 @@ def test_fp32_runner_reports_its_backend_layer_ops_and_variant(checkpoints, cpp_
         "prefill": "sdpa",
         "gemm": "avx512-panel" if "avx512" in loader.kernels().features else "torch",
         "layer_ops": "cpp",
+        "mlp": "dense",
         "variant": loader.kernels().variant,
     }
     assert tuple(kernels) == active.KERNEL_KEYS
     assert active.active_kernels(_runner(checkpoints["llama"], "float32", "torch"))["attention"] == "torch"
+
+
+@pytest.mark.parametrize(("arch", "mlp"), [("mixtral", "moe-grouped"), ("qwen3_moe", "moe-grouped+dense")])
+def test_moe_runner_reports_its_feed_forward_path(checkpoints, arch, mlp):
+    """Experts grouped over the step's tokens; Qwen3-MoE's dense layer (mlp_only_layers) shows too."""
+    assert active.active_kernels(_runner(checkpoints[arch], "float32"))["mlp"] == mlp
 
 
 @pytest.mark.parametrize(
