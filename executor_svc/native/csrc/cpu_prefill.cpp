@@ -73,29 +73,40 @@ void repack(const BF16* k_head, const BF16* v_head, const int64_t* table, const 
 // without loss; the output is O / l either way.
 constexpr float kSlack = 8.f;
 
-// Scores of one row's chunk, s [32] fp32 (scaled, maybe capped), masked to keys
-// [lo, hi] of the chunk (-big elsewhere).
-inline void row_scores(const float* s, float scale, float softcap, int64_t lo, int64_t hi, __m512& s0, __m512& s1,
-                       __mmask16& v0, __mmask16& v1) {
+// Scores of one row's chunk, s [32] fp32, scaled and masked to keys [lo, hi]
+// of the chunk (-big elsewhere). OPTIONS: a window (lo) or a soft-cap may
+// apply; without, the row runs the code it ran before they existed.
+template <bool OPTIONS>
+PAGODA_INLINE void row_scores(const float* s, float scale, float softcap, int64_t lo, int64_t hi, __m512& s0,
+                              __m512& s1, __mmask16& v0, __mmask16& v1) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i first = _mm512_set1_epi32(int(std::max<int64_t>(lo, -1))), last = _mm512_set1_epi32(int(hi));
-  const __m512i upper = _mm512_add_epi32(lane, _mm512_set1_epi32(16));
-  v0 = _mm512_cmple_epi32_mask(lane, last) & _mm512_cmpge_epi32_mask(lane, first);
-  v1 = _mm512_cmple_epi32_mask(upper, last) & _mm512_cmpge_epi32_mask(upper, first);
-  s0 = _mm512_mul_ps(_mm512_load_ps(s), _mm512_set1_ps(scale));
-  s1 = _mm512_mul_ps(_mm512_load_ps(s + 16), _mm512_set1_ps(scale));
+  const __m512i last = _mm512_set1_epi32(int(hi)), upper = _mm512_add_epi32(lane, _mm512_set1_epi32(16));
+  const __m512 neg = _mm512_set1_ps(kNegBig), sc = _mm512_set1_ps(scale);
+  v0 = _mm512_cmple_epi32_mask(lane, last);
+  v1 = _mm512_cmple_epi32_mask(upper, last);
+  if constexpr (!OPTIONS) {
+    s0 = _mm512_mask_mul_ps(neg, v0, _mm512_load_ps(s), sc);
+    s1 = _mm512_mask_mul_ps(neg, v1, _mm512_load_ps(s + 16), sc);
+    return;
+  }
+  const __m512i first = _mm512_set1_epi32(int(std::max<int64_t>(lo, -1)));
+  v0 &= _mm512_cmpge_epi32_mask(lane, first);
+  v1 &= _mm512_cmpge_epi32_mask(upper, first);
+  s0 = _mm512_mul_ps(_mm512_load_ps(s), sc);
+  s1 = _mm512_mul_ps(_mm512_load_ps(s + 16), sc);
   if (softcap > 0.f) {
     s0 = pagoda::softcap16(s0, softcap);
     s1 = pagoda::softcap16(s1, softcap);
   }
-  s0 = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), v0, s0);
-  s1 = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), v1, s1);
+  s0 = _mm512_mask_mov_ps(neg, v0, s0);
+  s1 = _mm512_mask_mov_ps(neg, v1, s1);
 }
 
 // One query head over the query block: O (tiles 0-3, 64 dims) stays in the
 // tiles across the key chunks; S in tiles 4-5; 6: Q or P; 7: K or V.
 // dgroup selects dims [64 * dgroup, 64 * dgroup + 64) of the output (head_dim
 // 128 and 256 run two and four passes).
+template <bool OPTIONS>
 void head_pass(const Span& span, const Shape& shape, int64_t i0, int64_t rows, const BF16* qb, const BF16* kt,
                const BF16* vv, float scale, int64_t dgroup, float* o, float* l) {
   const int64_t d = shape.head_dim, dchunks = d / 32;
@@ -140,7 +151,7 @@ void head_pass(const Span& span, const Shape& shape, int64_t i0, int64_t rows, c
       }
       __m512 s0, s1;
       __mmask16 v0, v1;
-      row_scores(&s[r][0], scale, shape.softcap, oldest, std::min<int64_t>(visible, kKeys), s0, s1, v0, v1);
+      row_scores<OPTIONS>(&s[r][0], scale, shape.softcap, oldest, std::min<int64_t>(visible, kKeys), s0, s1, v0, v1);
       const float top = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
       if (top > m[r] + kSlack) {
         if (l[r] > 0.f) {
@@ -202,7 +213,10 @@ void query_block(const Span& span, const Shape& shape, int64_t h, int64_t head, 
       std::memset(qb[r], 0, d * sizeof(BF16));
   }
   for (int64_t dgroup = 0; dgroup < d / 64; ++dgroup) {
-    head_pass(span, shape, i0, rows, &qb[0][0], kt, vv, scale, dgroup, &o[0][0], l);
+    if (shape.window > 0 || shape.softcap > 0.f)
+      head_pass<true>(span, shape, i0, rows, &qb[0][0], kt, vv, scale, dgroup, &o[0][0], l);
+    else
+      head_pass<false>(span, shape, i0, rows, &qb[0][0], kt, vv, scale, dgroup, &o[0][0], l);
     for (int64_t r = 0; r < rows; ++r) {
       const __m512 inv = _mm512_set1_ps(1.f / l[r]);
       BF16* dst = out + ((span.query_start + i0 + r) * shape.num_heads + head) * d + dgroup * 64;
