@@ -5,7 +5,10 @@ rest of the executor sees ordinary dense weights under Hugging Face names. The
 tokenizer is rebuilt from the GGUF metadata (see ``gguf_tokenizer``).
 
 Which model family a file holds, how llama.cpp names its tensors and whether
-it permuted them come from the family's ``GgufSpec`` in the model registry.
+it permuted them come from the family's ``GgufSpec`` in the model registry;
+so do the tensors that hold every expert of a layer (split into Hugging Face's
+per-expert names), the tensors that hold config values (Phi-3's LongRoPE
+factors) and a family's own value convention (Gemma's norms stored plus one).
 llama.cpp's converter permutes the rows of the q/k projections of Llama-style
 models (it pairs rotary halves as adjacent rows); ``_unpermute_rows`` undoes it
 so the weights match the Hugging Face layout, where RoPE rotates the two halves
@@ -80,14 +83,19 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
     """
     metadata, infos = read_gguf(path)
     arch = metadata.get("general.architecture")
-    family = family_for_gguf(arch)
+    family = family_for_gguf(arch, lambda key, default=None: metadata.get(f"{arch}.{key}", default))
     if family is None or family.gguf is None:
         supported = ", ".join(sorted(gguf_architectures()))
         raise GgufError(f"{path}: unsupported GGUF architecture {arch!r} (supported: {supported})")
     rope_freqs = [info for info in infos if info.name == "rope_freqs.weight"]
-    infos = [info for info in infos if info.name != "rope_freqs.weight"]
+    config_values = {
+        family.gguf.config_tensors[info.name]: dequantize_tensor(info).tolist()
+        for info in infos
+        if info.name in family.gguf.config_tensors
+    }
+    infos = [info for info in infos if info.name != "rope_freqs.weight" and info.name not in family.gguf.config_tensors]
     tok = gguf_tokenizer.build_tokenizer(metadata)
-    config = _build_config(metadata, family, family.gguf, {t.name for t in infos}, tok, dtype)
+    config = _build_config(metadata, family, family.gguf, {t.name for t in infos}, tok, dtype, config_values)
     if rope_freqs:
         head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
         factors = dequantize_tensor(rope_freqs[0])
@@ -103,8 +111,9 @@ def _build_config(
     tensor_names: set[str],
     tok: gguf_tokenizer.GgufTokenizer,
     dtype: torch.dtype,
+    config_values: dict[str, Any],
 ) -> dict[str, Any]:
-    """Maps `<arch>.*` metadata keys to a Hugging Face config.json dict."""
+    """Maps `<arch>.*` metadata keys (and the values of config tensors) to a Hugging Face config.json dict."""
 
     def get(key: str, default: Any = None) -> Any:
         return metadata.get(f"{spec.arch}.{key}", default)
@@ -135,6 +144,7 @@ def _build_config(
     }
     if head_dim != hidden_size // num_heads:
         config["head_dim"] = head_dim
+    config.update(config_values)
     if spec.config_hook is not None:
         spec.config_hook(get, config)
     rope_scaling = _rope_scaling(get)
@@ -207,21 +217,37 @@ def llama3_rope_scaling(factors: np.ndarray, rope_theta: float, head_dim: int) -
 def _load_tensors(
     infos: list[GgufTensorInfo], spec: GgufSpec, config: dict[str, Any], dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
-    """Dequantizes every tensor and renames it to its Hugging Face name."""
+    """Dequantizes every tensor and renames it to its Hugging Face name (experts: one tensor each)."""
     permuted = spec.permuted_qk
     num_heads = config["num_attention_heads"]
     num_kv_heads = config["num_key_value_heads"]
     tensors: dict[str, torch.Tensor] = {}
     for info in infos:
-        name = hf_tensor_name(info.name, spec)
         array = dequantize_tensor(info)
-        if permuted and name.endswith("self_attn.q_proj.weight"):
-            array = _unpermute_rows(array, num_heads)
-        elif permuted and name.endswith("self_attn.k_proj.weight"):
-            array = _unpermute_rows(array, num_kv_heads)
-        # np.array copies: F32 tensors are read-only views of the memory-mapped file.
-        tensors[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C")).to(dtype)
+        for name, part in _hf_tensors(info.name, array, spec):
+            if permuted and name.endswith("self_attn.q_proj.weight"):
+                part = _unpermute_rows(part, num_heads)
+            elif permuted and name.endswith("self_attn.k_proj.weight"):
+                part = _unpermute_rows(part, num_kv_heads)
+            if spec.tensor_hook is not None:
+                part = spec.tensor_hook(name, part)
+            # np.array copies: F32 tensors are read-only views of the memory-mapped file.
+            tensors[name] = torch.from_numpy(np.array(part, dtype=np.float32, order="C")).to(dtype)
     return tensors
+
+
+def _hf_tensors(gguf_name: str, array: np.ndarray, spec: GgufSpec) -> list[tuple[str, np.ndarray]]:
+    """(Hugging Face name, array) of one GGUF tensor: itself renamed, or one per expert of a stacked
+    [E, rows, cols] expert tensor."""
+    match = _BLOCK_RE.match(gguf_name)
+    if match and match.group(2) in spec.expert_tensors:
+        template = f"model.layers.{match.group(1)}.{spec.expert_tensors[match.group(2)]}"
+        if array.ndim != 3:
+            raise GgufError(
+                f"expert tensor {gguf_name!r} has shape {list(array.shape)}, expected [experts, rows, cols]"
+            )
+        return [(template.format(e), array[e]) for e in range(array.shape[0])]
+    return [(hf_tensor_name(gguf_name, spec), array)]
 
 
 def hf_tensor_name(gguf_name: str, spec: GgufSpec) -> str:

@@ -38,8 +38,9 @@ _SPLIT_REGEXES: dict[str, str] = {
     "smaug-bpe": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT,
 }
-# Pre-tokenizers that are GPT-2's ByteLevel regex, optionally after splitting digits.
-_BYTE_LEVEL_PRES = {"default": False, "gpt2": False, "smollm": True}
+# Pre-tokenizers that are GPT-2's ByteLevel regex, optionally after splitting digits (llama.cpp
+# gives OLMo's and OLMoE's GPT-2's regex too).
+_BYTE_LEVEL_PRES = {"default": False, "gpt2": False, "olmo": False, "smollm": True}
 
 
 class GgufTokenizerError(ValueError):

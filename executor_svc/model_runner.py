@@ -59,9 +59,10 @@ class ModelRunner:
         del checkpoint.tensors
         self.block_size = block_size or default_block_size(self.device, self.config.head_dim, self.kv_dtype)
         self.kv_cache = self._allocate_kv_cache(kv_cache_memory_bytes, kv_cache_memory_fraction)
-        # Layers sharing a sliding window share one attention state per step.
-        self._windows = tuple(dict.fromkeys(self.config.sliding_windows))  # the distinct ones, in layer order
-        self._layer_window_index = [self._windows.index(w) for w in self.config.sliding_windows]
+        # Layers sharing a sliding window and a soft-cap share one attention state per step.
+        kinds = [(layer.sliding_window, layer.logit_softcap) for layer in self.config.layers]
+        self._attn_kinds = tuple(dict.fromkeys(kinds))  # the distinct ones, in layer order
+        self._layer_kind_index = [self._attn_kinds.index(kind) for kind in kinds]
         self.info = self._describe(checkpoint.name, checkpoint.extra_eos_token_ids)
         self._table = SequenceTable(
             self.kv_cache.num_blocks, self.block_size, self.config.vocab_size, self.max_model_len
@@ -176,12 +177,9 @@ class ModelRunner:
         )
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
-        meta = batch.attn_meta  # built without a window: each distinct window gets its own copy
-        states = [
-            self.backend.prepare(meta if w is None else dataclasses.replace(meta, sliding_window=w))
-            for w in self._windows
-        ]
-        layer_states = [states[i] for i in self._layer_window_index]  # [num_layers]
+        meta = batch.attn_meta  # built without a window or cap: each distinct pair gets its own copy
+        states = [self.backend.prepare(meta.for_layers(*kind)) for kind in self._attn_kinds]
+        layer_states = [states[i] for i in self._layer_kind_index]  # [num_layers]
         return self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, layer_states)
 
     def _sample(self, states: list[SequenceState], logits: torch.Tensor) -> list[SeqOutput]:

@@ -3,10 +3,12 @@
 Decode tokens read K/V in place from the paged cache (no gather copy; one
 pass with an online softmax, see cpu_kernel.cpp). bf16 prefill chunks run the
 AMX flash-attention kernel (cpu_prefill.cpp) where the CPU has AMX, also
-reading K/V from the cache; other prefill chunks (fp32, sliding windows, no
-AMX) take the SDPA path shared with the torch backend (``sdpa_prefill``). The
-step's K/V rows are stored by the kernel too (one small C++ loop instead of
-two index_copy_ of transposed views per layer).
+reading K/V from the cache; other prefill chunks (fp32, head dims other than
+64, 128 and 256, no AMX) take the SDPA path shared with the torch backend
+(``sdpa_prefill``). Both kernels take the layer's sliding window and
+attention soft-cap (Gemma 2), as the SDPA path does. The step's K/V rows are
+stored by the kernel too (one small C++ loop instead of two index_copy_ of
+transposed views per layer).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class CppAttentionBackend:
         """Decode block tables and lengths once for the step."""
         num_decode = meta.num_decode_seqs
         spans = None
-        if meta.prefills and self.prefill_kernel is not None and meta.sliding_window is None:
+        if meta.prefills and self.prefill_kernel is not None:
             spans = torch.tensor(
                 [(s.query_start, s.num_query_tokens, s.num_cached_tokens, s.seq_index) for s in meta.prefills],
                 dtype=torch.int64,
@@ -86,22 +88,23 @@ class CppAttentionBackend:
         self.kernel.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_tokens, num_heads, head_dim = q.shape
         num_decode = meta.num_decode_seqs
-        window = meta.sliding_window or 0
+        window, softcap = meta.sliding_window or 0, meta.logit_softcap or 0.0
+        decode_args = (k_cache, v_cache, state.block_tables, state.context_lens, scale, window, softcap)
         if not meta.prefills:
-            out = self.kernel.paged_decode(q, k_cache, v_cache, state.block_tables, state.context_lens, scale, window)
-            return out.view(num_tokens, num_heads * head_dim)
+            return self.kernel.paged_decode(q, *decode_args).view(num_tokens, num_heads * head_dim)
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         if num_decode:
-            out[:num_decode] = self.kernel.paged_decode(
-                q[:num_decode], k_cache, v_cache, state.block_tables, state.context_lens, scale, window
-            )
+            out[:num_decode] = self.kernel.paged_decode(q[:num_decode], *decode_args)
         if state.prefill_spans is not None and _prefill_fits(q, k_cache):
-            self.prefill_kernel.paged_prefill(q, k_cache, v_cache, meta.block_tables, state.prefill_spans, scale, out)
+            spans = state.prefill_spans
+            self.prefill_kernel.paged_prefill(
+                q, k_cache, v_cache, meta.block_tables, spans, scale, out, window, softcap
+            )
         else:
             state.sdpa.run(q, k, v, k_cache, v_cache, scale, out)
         return out.view(num_tokens, num_heads * head_dim)
 
 
 def _prefill_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """The AMX prefill kernel's shapes: bf16 queries and cache, head_dim 64 or 128."""
-    return q.dtype == k_cache.dtype == torch.bfloat16 and q.shape[-1] in (64, 128)
+    """The AMX prefill kernel's shapes: bf16 queries and cache, head_dim 64, 128 or 256 (Gemma)."""
+    return q.dtype == k_cache.dtype == torch.bfloat16 and q.shape[-1] in (64, 128, 256)

@@ -44,7 +44,15 @@ class AttentionMetadata:
     num_decode_seqs: int
     prefills: tuple[PrefillSpan, ...]
     block_size: int
-    sliding_window: int | None = None
+    # What the layers this copy serves differ in (the runner makes one copy per distinct pair).
+    sliding_window: int | None = None  # keys older than this many positions are not seen
+    logit_softcap: float | None = None  # scores become cap * tanh(score / cap) before the softmax
+
+    def for_layers(self, sliding_window: int | None, logit_softcap: float | None) -> AttentionMetadata:
+        """This step's metadata for layers with this window and soft-cap (itself when both are None)."""
+        if sliding_window is None and logit_softcap is None:
+            return self
+        return dataclasses.replace(self, sliding_window=sliding_window, logit_softcap=logit_softcap)
 
     @property
     def num_tokens(self) -> int:

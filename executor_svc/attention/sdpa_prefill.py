@@ -3,7 +3,9 @@
 One SDPA call per chunk. A chunk with no cached prefix (and no sliding window
 narrower than itself) attends to its own fresh K/V with ``is_causal`` (no
 gather, no mask); otherwise its context is gathered from the paged cache and
-a boolean mask says which key each query sees.
+a boolean mask says which key each query sees. SDPA has no soft-cap, so
+soft-capped layers (Gemma 2) run the same product, cap and softmax as
+separate torch ops, rounded as transformers' eager attention rounds them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class SdpaPrefill:
     spans: tuple[PrefillSpan, ...]
     masks: list[torch.Tensor | None]  # per span: [n, ctx] bool, None = plain causal over the chunk itself
     block_ids: list[torch.Tensor]  # per span: [num_blocks]
+    logit_softcap: float | None = None
 
     @classmethod
     def prepare(cls, meta: AttentionMetadata) -> SdpaPrefill:
@@ -35,10 +38,11 @@ class SdpaPrefill:
             plain = span.num_cached_tokens == 0 and (
                 meta.sliding_window is None or span.num_query_tokens <= meta.sliding_window
             )
+            plain = plain and meta.logit_softcap is None  # the capped path always takes a mask
             masks.append(
                 None if plain else _mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, device)
             )
-        return cls(meta.prefills, masks, block_ids)
+        return cls(meta.prefills, masks, block_ids, meta.logit_softcap)
 
     def run(
         self,
@@ -53,16 +57,19 @@ class SdpaPrefill:
         """Attends every prefill chunk over its cached prefix and itself."""
         for span, mask, block_ids in zip(self.spans, self.masks, self.block_ids):
             rows = slice(span.query_start, span.query_start + span.num_query_tokens)
-            out[rows] = _attend(q[rows], k[rows], v[rows], k_cache, v_cache, span.context_len, mask, block_ids, scale)
+            context = (k_cache, v_cache, span.context_len, mask, block_ids)
+            out[rows] = _attend(q[rows], k[rows], v[rows], *context, scale, self.logit_softcap)
 
 
-def _attend(q, k, v, k_cache, v_cache, context_len, mask, block_ids, scale) -> torch.Tensor:
+def _attend(q, k, v, k_cache, v_cache, context_len, mask, block_ids, scale, softcap) -> torch.Tensor:
     """Causal attention of one chunk q [n, H, Dh] over its context; returns [n, H, Dh]."""
     if mask is None:
         keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, Dh]
     else:
         keys = k_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)  # [KVH, ctx, Dh]
         values = v_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)
+    if softcap is not None:
+        return _attend_capped(q, keys, values, mask, scale, softcap)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         keys.unsqueeze(0),
@@ -73,6 +80,21 @@ def _attend(q, k, v, k_cache, v_cache, context_len, mask, block_ids, scale) -> t
         enable_gqa=True,
     )  # [1, H, n, Dh]
     return out[0].transpose(0, 1)
+
+
+def _attend_capped(q, keys, values, mask, scale: float, softcap: float) -> torch.Tensor:
+    """q [n, H, Dh] over keys/values [KVH, ctx, Dh] with scores soft-capped; mask [n, ctx] bool. -> [n, H, Dh]."""
+    group = q.shape[1] // keys.shape[0]
+    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)  # [H, ctx, Dh]
+    scores = soft_cap(torch.matmul(q.transpose(0, 1), keys.transpose(1, 2)) * scale, softcap)  # [H, n, ctx]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, values).transpose(0, 1)  # [n, H, Dh]
+
+
+def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(scores / cap), in transformers' order of operations."""
+    return torch.tanh(scores / cap) * cap
 
 
 def _mask(num_cached: int, num_query: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:

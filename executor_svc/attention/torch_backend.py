@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from executor_svc.attention.metadata import AttentionMetadata
-from executor_svc.attention.sdpa_prefill import SdpaPrefill
+from executor_svc.attention.sdpa_prefill import SdpaPrefill, soft_cap
 
 # Decode sequences are split into at most this many groups of similar context
 # length (each padded only to its own longest), when there are enough of them.
@@ -113,6 +113,8 @@ def _decode(q, k_cache, v_cache, group: DecodeGroup, state: TorchStepState, scal
     keys, values = keys.to(q.dtype), values.to(q.dtype)
     queries = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)  # [KVH, n, G, Dh]
     scores = torch.matmul(queries * scale, keys.transpose(-1, -2))  # [KVH, n, G, L]
+    if state.meta.logit_softcap is not None:
+        scores = soft_cap(scores, state.meta.logit_softcap)
     scores += group.mask
     probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, values)  # [KVH, n, G, Dh]

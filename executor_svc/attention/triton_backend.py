@@ -4,7 +4,8 @@ One program per (query token, KV head) handles the GQA group of query heads of
 that token: it walks the token's blocks from its block table with an online
 softmax, reading K/V straight from the paged cache (no gather). Decode tokens
 and prefill chunks (with or without cached prefix) take the same path, since
-each token carries its own position. K/V of the step are written first, with
+each token carries its own position. Sliding windows and soft-capped scores
+(Gemma 2) are compile-time switches of the kernel. K/V of the step are written first, with
 the same slot-mapping write as the torch backend.
 """
 
@@ -31,6 +32,7 @@ def _paged_attention_kernel(
     positions_ptr,
     scale,
     window,
+    softcap,
     stride_q_t,
     stride_q_h,
     stride_o_t,
@@ -46,6 +48,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_PAD: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
 ):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -73,6 +76,8 @@ def _paged_attention_kernel(
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_PAD, DIM_PAD]
         v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_PAD, BLOCK_PAD]
+        if USE_SOFTCAP:  # cap * tanh(s / cap), tanh(x) = 2 * sigmoid(2x) - 1
+            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
@@ -122,7 +127,7 @@ class TritonAttentionBackend:
         num_kv_heads, _, block_size, _ = k_cache.shape
         group = num_heads // num_kv_heads
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
-        window = state.meta.sliding_window
+        window, softcap = state.meta.sliding_window, state.meta.logit_softcap
         _paged_attention_kernel[(num_tokens, num_kv_heads)](
             q,
             k_cache,
@@ -133,6 +138,7 @@ class TritonAttentionBackend:
             state.positions,
             scale,
             window or 0,
+            softcap or 0.0,
             q.stride(0),
             q.stride(1),
             out.stride(0),
@@ -148,5 +154,6 @@ class TritonAttentionBackend:
             BLOCK_SIZE=block_size,
             BLOCK_PAD=triton.next_power_of_2(block_size),
             USE_WINDOW=window is not None,
+            USE_SOFTCAP=softcap is not None,
         )
         return out.view(num_tokens, num_heads * head_dim)

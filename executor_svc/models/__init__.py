@@ -3,7 +3,7 @@
 A new family is one module (like ``llama``) plus its entries in ``FAMILIES``.
 """
 
-from executor_svc.models import llama
+from executor_svc.models import gemma, llama, mixtral, olmoe, phi3, qwen3_moe
 from executor_svc.models.registry import (
     DecoderModel,
     GgufSpec,
@@ -16,7 +16,9 @@ from executor_svc.models.registry import (
 )
 
 # Registered in this order; supported_architectures() lists them so.
-FAMILIES: tuple[ModelFamily, ...] = llama.FAMILIES
+FAMILIES: tuple[ModelFamily, ...] = (
+    llama.FAMILIES + gemma.FAMILIES + phi3.FAMILIES + mixtral.FAMILIES + qwen3_moe.FAMILIES + olmoe.FAMILIES
+)
 for _family in FAMILIES:
     register_model(_family)
 

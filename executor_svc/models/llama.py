@@ -2,42 +2,60 @@
 
 The model's input is the step's flattened tokens (no batch dimension, no
 padding). Weights are plain tensors with q/k/v and gate/up fused at load, so a
-layer is a handful of large matmuls plus a few elementwise ops. The family's
-registry entries are at the end of this module.
+layer is a handful of large matmuls plus a few elementwise ops. The attention
+sublayer and the feed-forward blocks are shared with the other families
+(``attention_layer``, ``mlp``, ``moe``). The family's registry entries are at
+the end of this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from executor_svc.model_config import LayerConfig, ModelConfig, base_fields
+from executor_svc.models.attention_layer import (
+    AttentionWeights,
+    TensorGetter,
+    TensorTest,
+    attend,
+    attention_shapes,
+    load_attention,
+)
 from executor_svc.models.layer_ops import LayerOps
+from executor_svc.models.mlp import (
+    FeedForward,
+    FeedForwardLoader,
+    feed_forward_path,
+    gated_mlp_shapes,
+    load_gated_mlp,
+)
 from executor_svc.models.registry import GgufSpec, MetadataGetter, ModelFamily
 from executor_svc.models.rope import RotaryEmbedding
 
 
 @dataclasses.dataclass
 class LayerWeights:
-    """One decoder layer's tensors; matrices [out, in] as the layer ops' ``linear`` takes them (maybe packed)."""
+    """One decoder layer's tensors and blocks."""
 
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(H + 2 * KVH) * Dh, hidden]
-    qkv_bias: torch.Tensor | None  # [(H + 2 * KVH) * Dh]
-    q_norm: torch.Tensor | None  # [Dh]
-    k_norm: torch.Tensor | None  # [Dh]
-    o_proj: torch.Tensor  # [hidden, H * Dh]
+    attn: AttentionWeights
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    mlp: FeedForward  # dense (SwiGLU) or a mixture of experts
 
 
 class LlamaModel:
-    """Forward pass of a Llama-family model over a flattened, paged batch."""
+    """Forward pass of a Llama-family model over a flattened, paged batch.
+
+    Pre-norm layers: attention then a feed-forward block, each added to the
+    residual stream. The block is whatever ``feed_forward`` loads for the
+    layer (the dense SwiGLU here; Mixtral and Qwen3-MoE pass a mixture of
+    experts), so the same forward serves them.
+    """
 
     def __init__(
         self,
@@ -47,6 +65,7 @@ class LlamaModel:
         device: torch.device,
         max_len: int,
         ops: LayerOps,
+        feed_forward: FeedForwardLoader = load_gated_mlp,
     ):
         self.config = config
         self.dtype = dtype
@@ -56,35 +75,19 @@ class LlamaModel:
         lm_head = tensors.get("lm_head.weight")
         self.ops = ops
         self.lm_head = self.ops.pack(self.embed if lm_head is None else lm_head.to(device=device, dtype=dtype))
-        self.layers = [self._layer(tensors, i) for i in range(config.num_layers)]
+        self.layers = [self._layer(tensors, i, feed_forward) for i in range(config.num_layers)]
+        # What the feed-forward blocks run (reported with the kernel paths).
+        self.mlp_path = feed_forward_path([layer.mlp for layer in self.layers])
         self.rope = RotaryEmbedding(config, max_len, dtype, device)
         self.scale = config.head_dim**-0.5
 
-    def _layer(self, tensors: dict[str, torch.Tensor], index: int) -> LayerWeights:
-        prefix = f"model.layers.{index}."
-
-        def get(name: str) -> torch.Tensor:
-            return tensors[prefix + name].to(device=self.device, dtype=self.dtype)
-
-        pack = self.ops.pack
-
-        def maybe(name: str) -> torch.Tensor | None:
-            return get(name) if prefix + name in tensors else None
-
-        attn = "self_attn."
-        qkv_bias = None
-        if self.config.attention_bias:
-            qkv_bias = torch.cat([get(attn + f"{p}_proj.bias") for p in "qkv"])
+    def _layer(self, tensors: dict[str, torch.Tensor], index: int, feed_forward: FeedForwardLoader) -> LayerWeights:
+        get, has = layer_tensors(tensors, index, self.dtype, self.device)
         return LayerWeights(
             input_norm=get("input_layernorm.weight"),
-            qkv=pack(torch.cat([get(attn + f"{p}_proj.weight") for p in "qkv"])),
-            qkv_bias=qkv_bias,
-            q_norm=maybe(attn + "q_norm.weight") if self.config.qk_norm else None,
-            k_norm=maybe(attn + "k_norm.weight") if self.config.qk_norm else None,
-            o_proj=pack(get(attn + "o_proj.weight")),
+            attn=load_attention(self.config, get, has, self.ops),
             post_norm=get("post_attention_layernorm.weight"),
-            gate_up=pack(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])),
-            down=pack(get("mlp.down_proj.weight")),
+            mlp=feed_forward(self.config, index, get, has, self.ops),
         )
 
     def forward(self, input_ids, positions, kv_cache, backend, attn_states: Sequence[Any]) -> torch.Tensor:
@@ -99,41 +102,42 @@ class LlamaModel:
         Returns:
             Hidden states [T, hidden] before the final norm.
         """
-        ops, eps, layers = self.ops, self.config.rms_norm_eps, self.layers
+        ops, config, eps, layers, scale = self.ops, self.config, self.config.rms_norm_eps, self.layers, self.scale
         rotary = ops.rotary_for(self.rope, positions)
         hidden = F.embedding(input_ids, self.embed)  # [T, hidden], the residual stream (updated in place)
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             k_cache, v_cache = kv_cache.layer(index)
-            attn_out = self._attention(normed, layer, rotary, k_cache, v_cache, backend, attn_states[index])
-            normed = ops.add_rms_norm(ops.linear(attn_out, layer.o_proj), hidden, layer.post_norm, eps)
-            mlp_out = ops.linear(ops.silu_and_mul(ops.linear(normed, layer.gate_up)), layer.down)
+            attn_out = attend(
+                ops, config, normed, layer.attn, rotary, k_cache, v_cache, backend, attn_states[index], scale
+            )
+            normed = ops.add_rms_norm(ops.linear(attn_out, layer.attn.o_proj), hidden, layer.post_norm, eps)
+            mlp_out = layer.mlp(normed)
             if index + 1 < len(layers):
                 normed = ops.add_rms_norm(mlp_out, hidden, layers[index + 1].input_norm, eps)
             else:
                 hidden.add_(mlp_out)
         return hidden
 
-    def _attention(self, x, layer, rotary, k_cache, v_cache, backend, attn_state) -> torch.Tensor:
-        config = self.config
-        num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        qkv = self.ops.linear(x, layer.qkv, layer.qkv_bias)  # [T, (H + 2 KVH) Dh]
-        qkv = qkv.view(-1, num_heads + 2 * num_kv_heads, head_dim)
-        qk = qkv[:, : num_heads + num_kv_heads]  # [T, H + KVH, Dh]
-        if layer.q_norm is not None:
-            eps = config.rms_norm_eps
-            q = F.rms_norm(qk[:, :num_heads], (head_dim,), layer.q_norm, eps)
-            k = F.rms_norm(qk[:, num_heads:], (head_dim,), layer.k_norm, eps)
-            qk = torch.cat((q, k), dim=1)
-        qk = self.ops.rotate(qk, rotary)
-        q, k = qk[:, :num_heads], qk[:, num_heads:]
-        v = qkv[:, num_heads + num_kv_heads :]  # [T, KVH, Dh]
-        return backend.forward(q, k, v, k_cache, v_cache, attn_state, self.scale)
-
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the rows to sample only: [N, hidden] -> [N, V]."""
         normed = self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.config.rms_norm_eps)
         return self.ops.linear(normed, self.lm_head)
+
+
+def layer_tensors(
+    tensors: dict[str, torch.Tensor], index: int, dtype: torch.dtype, device: torch.device
+) -> tuple[TensorGetter, TensorTest]:
+    """get(name) and has(name) of the tensors of model.layers.<index>., in the model's dtype and device."""
+    prefix = f"model.layers.{index}."
+
+    def get(name: str) -> torch.Tensor:
+        return tensors[prefix + name].to(device=device, dtype=dtype)
+
+    def has(name: str) -> bool:
+        return prefix + name in tensors
+
+    return get, has
 
 
 # -- the family's config hooks --------------------------------------------------
@@ -160,16 +164,16 @@ def parse_llama(config: dict[str, Any], architecture: str) -> ModelConfig:
 
 def parse_qwen2(config: dict[str, Any], architecture: str) -> ModelConfig:
     """Qwen2 always has q/k/v bias (o_proj has none)."""
-    return _parse(config, architecture, attention_bias=True, qk_norm=False, window=_qwen_window(config))
+    return _parse(config, architecture, attention_bias=True, qk_norm=False, window=qwen_window(config))
 
 
 def parse_qwen3(config: dict[str, Any], architecture: str) -> ModelConfig:
     """Qwen3: RMSNorm over head_dim of q and k."""
     attention_bias = bool(config.get("attention_bias", False))
-    return _parse(config, architecture, attention_bias=attention_bias, qk_norm=True, window=_qwen_window(config))
+    return _parse(config, architecture, attention_bias=attention_bias, qk_norm=True, window=qwen_window(config))
 
 
-def _qwen_window(config: dict[str, Any]) -> int | None:
+def qwen_window(config: dict[str, Any]) -> int | None:
     """Qwen checkpoints carry a window but use it only with use_sliding_window, on layers >= max_window_layers."""
     window = config.get("sliding_window")
     if not window or not config.get("use_sliding_window", False):
@@ -187,8 +191,16 @@ def _qwen_window(config: dict[str, Any]) -> int | None:
 
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name LlamaModel reads, with its shape."""
-    hidden, head_dim, inter = config.hidden_size, config.head_dim, config.intermediate_size
-    q_size, kv_size = config.num_heads * head_dim, config.num_kv_heads * head_dim
+    return decoder_shapes(
+        config, lambda prefix, index: gated_mlp_shapes(config.hidden_size, config.intermediate_size, prefix)
+    )
+
+
+def decoder_shapes(
+    config: ModelConfig, feed_forward: Callable[[str, int], dict[str, tuple[int, ...]]], fused_qkv: bool = False
+) -> dict[str, tuple[int, ...]]:
+    """A pre-norm decoder's tensors: embedding, head, norms, attention, and ``feed_forward(prefix, index)``'s."""
+    hidden = config.hidden_size
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config.vocab_size, hidden),
         "model.norm.weight": (hidden,),
@@ -197,26 +209,8 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (hidden,),
-                p + "post_attention_layernorm.weight": (hidden,),
-                p + "self_attn.q_proj.weight": (q_size, hidden),
-                p + "self_attn.k_proj.weight": (kv_size, hidden),
-                p + "self_attn.v_proj.weight": (kv_size, hidden),
-                p + "self_attn.o_proj.weight": (hidden, q_size),
-                p + "mlp.gate_proj.weight": (inter, hidden),
-                p + "mlp.up_proj.weight": (inter, hidden),
-                p + "mlp.down_proj.weight": (hidden, inter),
-            }
-        )
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (q_size,)
-            shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
-            shapes[p + "self_attn.v_proj.bias"] = (kv_size,)
-        if config.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
-            shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
+        shapes |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,)}
+        shapes |= attention_shapes(config, p, fused_qkv) | feed_forward(p, i)
     return shapes
 
 
@@ -244,7 +238,7 @@ GGUF_GLOBAL_TENSORS: dict[str, str] = {
 }
 
 
-def _qwen3_gguf_config(get: MetadataGetter, config: dict[str, Any]) -> None:
+def qwen3_gguf_config(get: MetadataGetter, config: dict[str, Any]) -> None:
     """transformers' Qwen3Config defaults head_dim to 128, not hidden_size / heads: always write it."""
     config.setdefault("head_dim", config["hidden_size"] // config["num_attention_heads"])
 
@@ -262,6 +256,6 @@ LLAMA = ModelFamily("LlamaForCausalLM", "llama", parse_llama, tensor_shapes, Lla
 MISTRAL = ModelFamily("MistralForCausalLM", "mistral", parse_llama, tensor_shapes, LlamaModel)
 QWEN2 = ModelFamily("Qwen2ForCausalLM", "qwen2", parse_qwen2, tensor_shapes, LlamaModel, _gguf("qwen2", False))
 QWEN3 = ModelFamily(
-    "Qwen3ForCausalLM", "qwen3", parse_qwen3, tensor_shapes, LlamaModel, _gguf("qwen3", False, _qwen3_gguf_config)
+    "Qwen3ForCausalLM", "qwen3", parse_qwen3, tensor_shapes, LlamaModel, _gguf("qwen3", False, qwen3_gguf_config)
 )
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3)

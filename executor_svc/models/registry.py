@@ -29,6 +29,8 @@ class DecoderModel(Protocol):
 
     # The layer ops the model was built with (the sampler uses their argmax).
     ops: LayerOps
+    # What runs its feed-forward blocks ("dense", "moe-grouped"), reported with the kernel paths.
+    mlp_path: str
 
     def forward(
         self,
@@ -70,6 +72,16 @@ class GgufSpec:
     global_tensors: Mapping[str, str]
     # Adds the family's own config.json keys from "<arch>.*" metadata, in place.
     config_hook: Callable[[MetadataGetter, dict[str, Any]], None] | None = None
+    # Whether a file of this general.architecture holds this family (several share "llama": Mixtral is
+    # "llama" with experts); None: any. Families with a test are tried before those without.
+    accepts: Callable[[MetadataGetter], bool] | None = None
+    # GGUF tensor name inside blk.N holding every expert [E, ...] -> per-expert Hugging Face name, {} = expert.
+    expert_tensors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # GGUF tensors outside the blocks that hold config values, not weights (Phi-3's LongRoPE factors):
+    # name -> config.json key that gets their values as a list, before config_hook runs.
+    config_tensors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # (Hugging Face name, float32 array) -> the array as Hugging Face stores it (Gemma: norms minus 1).
+    tensor_hook: Callable[[str, Any], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,14 +151,19 @@ def family_for_config(config: dict[str, Any]) -> ModelFamily:
     return get_model_family(names[0])  # raises, naming it
 
 
-def family_for_gguf(arch: str) -> ModelFamily | None:
-    """The family llama.cpp writes with general.architecture = arch, or None."""
-    return next((f for f in _FAMILIES.values() if f.gguf is not None and f.gguf.arch == arch), None)
+def family_for_gguf(arch: str, get: MetadataGetter | None = None) -> ModelFamily | None:
+    """The family llama.cpp writes with general.architecture = arch (and whose test accepts the file's
+    metadata, ``get``), or None."""
+    specs = [(f, f.gguf) for f in _FAMILIES.values() if f.gguf is not None and f.gguf.arch == arch]
+    for family, spec in specs:
+        if spec.accepts is not None and get is not None and spec.accepts(get):
+            return family
+    return next((family for family, spec in specs if spec.accepts is None), None)
 
 
 def gguf_architectures() -> tuple[str, ...]:
-    """Every general.architecture some family loads from."""
-    return tuple(f.gguf.arch for f in _FAMILIES.values() if f.gguf is not None)
+    """Every general.architecture some family loads from (once each)."""
+    return tuple(dict.fromkeys(f.gguf.arch for f in _FAMILIES.values() if f.gguf is not None))
 
 
 def parse_model_config(config: dict[str, Any]) -> ModelConfig:

@@ -7,6 +7,7 @@ the ``pagoda_executor_kernel_info`` metric:
 - ``prefill``: what prompt chunks run (amx-flash, sdpa, triton);
 - ``gemm``: how linear layers multiply (amx-panel, avx512-panel, onednn, torch);
 - ``layer_ops``: the norms, rotary and SiLU (cpp, torch);
+- ``mlp``: the feed-forward blocks (dense, moe-grouped: experts grouped over the step's tokens, or both);
 - ``variant``: the C++ kernel build loaded (native, amx, ..., or none).
 """
 
@@ -18,7 +19,7 @@ from executor_svc.attention import cpp_backend
 from executor_svc.models.layer_ops import PackedWeight, PanelWeight
 from executor_svc.native import loader
 
-KERNEL_KEYS = ("attention", "prefill", "gemm", "layer_ops", "variant")
+KERNEL_KEYS = ("attention", "prefill", "gemm", "layer_ops", "mlp", "variant")
 
 
 def active_kernels(runner) -> dict[str, str]:
@@ -30,6 +31,7 @@ def active_kernels(runner) -> dict[str, str]:
         "prefill": prefill_path(runner),
         "gemm": gemm_path(ops, runner.dtype, runner.device),
         "layer_ops": ops.name,
+        "mlp": runner.model.mlp_path,
         "variant": kernels.variant if kernels is not None else "none",
     }
 
@@ -54,8 +56,4 @@ def prefill_path(runner) -> str:
     q = torch.empty(0, 1, runner.config.head_dim, dtype=runner.dtype, device="meta")  # [T, H, Dh]
     if kernel is None or not cpp_backend._prefill_fits(q, k_cache):
         return "sdpa"
-    windows = set(runner.config.sliding_windows)
-    if windows == {None}:
-        return "amx-flash"
-    # Sliding-window layers keep SDPA; full-attention layers of the same model take the kernel.
-    return "amx-flash+sdpa" if None in windows else "sdpa"
+    return "amx-flash"  # sliding windows and soft-caps included

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,76 @@ ARCHS = {
     "mistral_window": ("MistralConfig", dict(sliding_window=6, head_dim=16)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),
+    # Gemma 2: GQA 3, head_dim 24, a scale that is not head_dim's, layer 0 slides over 6 tokens, caps small
+    # enough to bend the scores and logits (test_families checks they do).
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            hidden_size=72,
+            num_attention_heads=6,
+            head_dim=24,
+            query_pre_attn_scalar=20,
+            sliding_window=6,
+            attn_logit_softcapping=1.5,
+            final_logit_softcapping=2.0,
+        ),
+    ),
+    # Gemma 3: q/k norms, head_dim 48, GQA 4, a local RoPE on the sliding layer and a scaled global one.
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            num_key_value_heads=1,
+            head_dim=48,
+            query_pre_attn_scalar=32,
+            sliding_window=6,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+            },
+        ),
+    ),
+    # Phi-3: fused qkv and gate_up, GQA 3, head_dim 24, LongRoPE: every sequence here is past the original
+    # length (4), so transformers uses the long factors, as the executor does (it serves 256 > 4).
+    "phi3": (
+        "Phi3Config",
+        dict(
+            hidden_size=144,  # transformers sizes the LongRoPE factors by hidden / heads, not head_dim
+            num_attention_heads=6,
+            pad_token_id=0,
+            original_max_position_embeddings=4,
+            rope_scaling={
+                "rope_type": "longrope",
+                "short_factor": [1.0 + 0.05 * i for i in range(12)],
+                "long_factor": [1.0 + 0.5 * i for i in range(12)],
+                "original_max_position_embeddings": 4,
+            },
+        ),
+    ),
+    # Mixtral: 8 experts, top-2 renormalised; GQA 3, head_dim 24.
+    "mixtral": (
+        "MixtralConfig",
+        dict(hidden_size=72, num_attention_heads=6, head_dim=24, num_local_experts=8, num_experts_per_tok=2),
+    ),
+    # Qwen3-MoE: 4 experts of 40, top-2 renormalised, layer 1 dense (mlp_only_layers); q/k norms, head_dim 24.
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=72,
+            num_attention_heads=6,
+            head_dim=24,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=40,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),
+    ),
+    # OLMoE: 8 experts, top-2 not renormalised, q/k norms over all heads.
+    "olmoe": ("OlmoeConfig", dict(num_experts=8, num_experts_per_tok=2, pad_token_id=0)),
 }
+# The mixture-of-experts entries.
+MOE_ARCHS = ("mixtral", "qwen3_moe", "olmoe")
 
 
 def make_tiny_checkpoint(tmp_path: Path, arch: str, **overrides) -> Path:
@@ -52,7 +122,7 @@ def make_tiny_checkpoint(tmp_path: Path, arch: str, **overrides) -> Path:
 
     class_name, arch_overrides = ARCHS[arch]
     config = getattr(transformers, class_name)(**{**TINY, **arch_overrides, **overrides})
-    torch.manual_seed(hash(arch) % 1000)
+    torch.manual_seed(zlib.crc32(arch.encode()) % 1000)  # the same weights in every session
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     folder = tmp_path / arch
     model.save_pretrained(folder)

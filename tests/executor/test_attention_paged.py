@@ -18,12 +18,14 @@ from pagoda.params import SamplingParams
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 16
 
 
-def _dense(q, k, v, q_pos, window):
-    """Reference: q [n, H, Dh] at positions q_pos over k, v [ctx, KVH, Dh]."""
+def _dense(q, k, v, q_pos, window, softcap=None):
+    """Reference: q [n, H, Dh] at positions q_pos over k, v [ctx, KVH, Dh]; scores soft-capped when asked."""
     group = NUM_HEADS // NUM_KV_HEADS
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) / math.sqrt(HEAD_DIM)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     key_pos = torch.arange(k.shape[0])
     visible = key_pos[None, :] <= q_pos[:, None]
     if window is not None:
@@ -32,7 +34,7 @@ def _dense(q, k, v, q_pos, window):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double())
 
 
-def _run_case(backend_name, device, block_size, seqs, window, dtype=torch.float32):
+def _run_case(backend_name, device, block_size, seqs, window, dtype=torch.float32, softcap=None):
     """seqs: list of (num_cached, num_scheduled). Returns max abs error vs dense."""
     gen = torch.Generator().manual_seed(block_size * 7 + len(seqs))
     num_blocks = sum(-(-(c + n) // block_size) for c, n in seqs) + 3
@@ -55,17 +57,22 @@ def _run_case(backend_name, device, block_size, seqs, window, dtype=torch.float3
     q_rows, k_rows, v_rows, refs = [], [], [], []
     for i in order:
         cached, n = seqs[i]
-        q = torch.randn(n, NUM_HEADS, HEAD_DIM, generator=gen)
+        q = torch.randn(n, NUM_HEADS, HEAD_DIM, generator=gen) * (1 if softcap is None else 4)  # scores the cap bends
         q_rows.append(q)
         k_rows.append(full_k[i][cached:])
         v_rows.append(full_v[i][cached:])
         refs.append(
             _dense(
-                q, full_k[i].to(dtype).float(), full_v[i].to(dtype).float(), torch.arange(cached, cached + n), window
+                q,
+                full_k[i].to(dtype).float(),
+                full_v[i].to(dtype).float(),
+                torch.arange(cached, cached + n),
+                window,
+                softcap,
             )
         )
     backend = get_backend(backend_name, torch.device(device), dtype)
-    state = backend.prepare(batch.attn_meta)
+    state = backend.prepare(batch.attn_meta.for_layers(window, softcap))
     to = dict(device=device, dtype=dtype)
     out = backend.forward(
         torch.cat(q_rows).to(**to),
@@ -109,6 +116,14 @@ def test_cpp_backend_matches_dense(cpp_kernel, block_size, case, window):
     assert _run_case("cpp", "cpu", block_size, CASES[case], window) < 1e-5
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("window", [None, 4])
+def test_softcap_on_torch_and_cpp_backends(cpp_kernel, case, window):
+    """Soft-capped scores (Gemma 2) on the torch decode, the capped SDPA fallback and the C++ decode kernel."""
+    for backend in ("torch", "cpp"):
+        assert _run_case(backend, "cpu", 5, CASES[case], window, softcap=2.0) < 1e-5, backend
+
+
 def test_cpp_backend_bf16_close_to_dense(cpp_kernel):
     assert _run_case("cpp", "cpu", 16, CASES["many_decodes"], None, dtype=torch.bfloat16) < 5e-2
 
@@ -129,8 +144,9 @@ def test_torch_backend_bf16_cache_close_to_dense():
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("window", [None, 4])
-def test_triton_backend_matches_dense(block_size, case, window):
-    assert _run_case("triton", "cuda", block_size, CASES[case], window) < 1e-3
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_triton_backend_matches_dense(block_size, case, window, softcap):
+    assert _run_case("triton", "cuda", block_size, CASES[case], window, softcap=softcap) < 1e-3
 
 
 _INTERPRETED_CHECK = """
@@ -142,7 +158,9 @@ T.get_backend = lambda name, device, dtype: TritonAttentionBackend(dtype)
 for bs in (1, 5, 16):
     for case in sorted(T.CASES):
         for window in (None, 4):
-            assert T._run_case("triton", "cpu", bs, T.CASES[case], window) < 1e-5, (bs, case, window)
+            for softcap in (None, 2.0):
+                error = T._run_case("triton", "cpu", bs, T.CASES[case], window, softcap=softcap)
+                assert error < 1e-5, (bs, case, window, softcap)
 print("ok")
 """
 

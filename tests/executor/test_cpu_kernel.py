@@ -5,7 +5,8 @@ natural lanes), 24 (portable loops); fp32/bf16/fp16 queries and caches; the
 bf16 query + bf16 cache span (vdpbf16ps scores and P.V, bf16 probabilities)
 and the fp32 cache span (K rows scored in place, all fp32: held to ~1e-6 of a
 float64 reference) at every group size and odd tile tails; split-K (few
-sequences, long contexts); windows and empty tails.
+sequences, long contexts); windows and empty tails; soft-capped scores
+(Gemma 2) on every path, head_dim 256 (Gemma) included.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 
-def _dense(q, k_cache, v_cache, block_table, context_len, window):
+def _dense(q, k_cache, v_cache, block_table, context_len, window, softcap=0.0):
     """q [H, D]; caches [KVH, NB, BS, D] -> [H, D] in float64."""
     num_heads, head_dim = q.shape
     num_kv_heads, _, block_size, _ = k_cache.shape
@@ -27,6 +28,8 @@ def _dense(q, k_cache, v_cache, block_table, context_len, window):
     k = k_cache[:, blocks, offsets].double().repeat_interleave(num_heads // num_kv_heads, dim=0)  # [H, L, D]
     v = v_cache[:, blocks, offsets].double().repeat_interleave(num_heads // num_kv_heads, dim=0)
     scores = torch.einsum("hd,hld->hl", q.double(), k) / math.sqrt(head_dim)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     return torch.einsum("hl,hld->hd", scores.softmax(-1), v)
 
 
@@ -43,6 +46,7 @@ def _check(
     num_kv_heads=2,
     tol=1e-5,
     q_scale=1.0,
+    softcap=0.0,
 ):
     """The kernel's output for random q and caches against ``_dense``, sequence by sequence."""
     gen = torch.Generator().manual_seed(head_dim * 31 + block_size + len(context_lens))
@@ -54,10 +58,10 @@ def _check(
     q = (torch.randn(len(context_lens), num_heads, head_dim, generator=gen) * q_scale).to(q_dtype)
     block_tables = torch.randperm(num_blocks, generator=gen)[: len(context_lens) * max_blocks].view(-1, max_blocks)
     lens = torch.tensor(context_lens, dtype=torch.long)
-    out = kernel.paged_decode(q, k_cache, v_cache, block_tables, lens, 1 / math.sqrt(head_dim), window)
+    out = kernel.paged_decode(q, k_cache, v_cache, block_tables, lens, 1 / math.sqrt(head_dim), window, softcap)
     assert out.dtype == q_dtype and out.shape == q.shape
     for i, context_len in enumerate(context_lens):
-        ref = _dense(q[i], k_cache, v_cache, block_tables[i], context_len, window)
+        ref = _dense(q[i], k_cache, v_cache, block_tables[i], context_len, window, softcap)
         assert (out[i].double() - ref).abs().max().item() < tol, (i, context_len)
 
 
@@ -84,6 +88,28 @@ def test_fp16_cache_matches_dense(cpp_kernel):
 @pytest.mark.parametrize("window", [4, 20, 600])
 def test_window_matches_dense(cpp_kernel, window):
     _check(cpp_kernel, F32, BF16, [3, 21, 50, 1000], window=window)
+
+
+@pytest.mark.parametrize("head_dim", [16, 24, 64, 128, 256])
+@pytest.mark.parametrize(("q_dtype", "kv_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
+def test_softcap_matches_dense(cpp_kernel, head_dim, q_dtype, kv_dtype):
+    """Scores large enough (q scaled 4x) that a cap of 2 bends most of them; with a window too."""
+    tol = 1e-5 if q_dtype == torch.float32 else 2e-2
+    common = dict(head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, block_size=16, tol=tol, q_scale=4.0)
+    _check(cpp_kernel, context_lens=[1, 17, 40, 300], softcap=2.0, **common)
+    _check(cpp_kernel, context_lens=[5, 70], softcap=2.0, window=24, **common)
+
+
+def test_softcap_changes_the_result(cpp_kernel):
+    """The cap above is not a no-op: uncapped attention differs from the capped reference."""
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = torch.randn(2, 4, 16, 64, generator=gen), torch.randn(2, 4, 16, 64, generator=gen)
+    q = torch.randn(1, 6, 64, generator=gen) * 4.0
+    table, lens = torch.arange(4).view(1, 4), torch.tensor([60])
+    capped = cpp_kernel.paged_decode(q, k_cache, v_cache, table, lens, 0.125, 0, 2.0)
+    plain = cpp_kernel.paged_decode(q, k_cache, v_cache, table, lens, 0.125, 0)
+    torch.testing.assert_close(capped[0].double(), _dense(q[0], k_cache, v_cache, table[0], 60, 0, 2.0))
+    assert (capped - plain).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("context_len", [513, 1300])

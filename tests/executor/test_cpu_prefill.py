@@ -36,7 +36,7 @@ def _case(gen, spans, num_heads, num_kv_heads, head_dim, block_size):
     return q, k_cache, v_cache, tables, torch.tensor(rows, dtype=torch.int64)
 
 
-def _reference(q, k_cache, v_cache, tables, spans, scale):
+def _reference(q, k_cache, v_cache, tables, spans, scale, window=0, softcap=0.0):
     num_kv_heads, _, block_size, head_dim = k_cache.shape
     group = q.shape[1] // num_kv_heads
     out = torch.zeros(q.shape, dtype=torch.float64)
@@ -47,7 +47,12 @@ def _reference(q, k_cache, v_cache, tables, spans, scale):
         values = v_cache[:, ids].flatten(1, 2)[:, :ctx].double().repeat_interleave(group, 0)
         queries = q[start : start + n].double().transpose(0, 1)  # [H, n, D]
         scores = queries @ keys.transpose(1, 2) * scale
-        visible = torch.arange(ctx)[None, :] <= (cached + torch.arange(n))[:, None]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        query_pos = (cached + torch.arange(n))[:, None]
+        visible = torch.arange(ctx)[None, :] <= query_pos
+        if window:
+            visible &= torch.arange(ctx)[None, :] > query_pos - window
         scores = scores.masked_fill(~visible, float("-inf"))
         out[start : start + n] = (torch.softmax(scores, -1) @ values).transpose(0, 1)
     return out
@@ -72,6 +77,29 @@ def test_paged_prefill_matches_exact_attention(prefill, heads, head_dim, block_s
     expected = _reference(q, k_cache, v_cache, tables, rows, scale)
     # P is rounded to bf16 before P.V (as FlashAttention does), the output to bf16.
     assert (out.double() - expected).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "spans", "window", "softcap"),
+    [
+        ((8, 4), 256, [(20, 0), (33, 40)], 0, 0.0),  # Gemma's head_dim
+        ((9, 3), 64, [(50, 0), (17, 37), (5, 200)], 24, 0.0),  # windows inside a chunk, before the prefix
+        ((9, 3), 64, [(70, 0), (40, 100)], 0, 1.5),  # soft-capped
+        ((8, 4), 256, [(45, 30), (64, 0)], 20, 1.5),  # both (Gemma 2's sliding layers)
+        ((6, 2), 128, [(33, 95)], 7, 0.0),  # a window narrower than the query block
+    ],
+)
+def test_windows_softcap_and_head_dim_256(prefill, heads, head_dim, spans, window, softcap):
+    gen = torch.Generator().manual_seed(sum(n + c for n, c in spans) + window)
+    q, k_cache, v_cache, tables, rows = _case(gen, spans, *heads, head_dim, 16)
+    q = q * 3  # scores large enough that the cap bends them
+    out = torch.full(q.shape, 7.0, dtype=torch.bfloat16)
+    scale = head_dim**-0.5
+    prefill.paged_prefill(q, k_cache, v_cache, tables, rows, scale, out, window, softcap)
+    expected = _reference(q, k_cache, v_cache, tables, rows, scale, window, softcap)
+    assert (out.double() - expected).abs().max().item() < 2e-2
+    if window or softcap:  # the options change the result: the test would see them ignored
+        assert (_reference(q, k_cache, v_cache, tables, rows, scale) - expected).abs().max().item() > 0.1
 
 
 def test_paged_prefill_leaves_other_rows_and_rejects_bad_spans(prefill):

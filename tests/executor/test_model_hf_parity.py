@@ -28,6 +28,22 @@ def _hf_last_logits(hf, token_ids) -> torch.Tensor:
         return hf(torch.tensor([token_ids])).logits[0, -1].float()
 
 
+def mixed_step_prompts() -> list[list[int]]:
+    """The mixed step's four prompts: A (21 tokens), B (13), C (7), D (A's first 16 + 5 of its own)."""
+    gen = torch.Generator().manual_seed(1)
+    prompt_a = torch.randint(3, 128, (21,), generator=gen).tolist()
+    prompt_b = torch.randint(3, 128, (13,), generator=gen).tolist()
+    prompt_c = torch.randint(3, 128, (7,), generator=gen).tolist()
+    prompt_d = prompt_a[:16] + torch.randint(3, 128, (5,), generator=gen).tolist()
+    return [prompt_a, prompt_b, prompt_c, prompt_d]
+
+
+def greedy_prompts() -> list[list[int]]:
+    """The greedy test's three prompts (5, 11 and 18 tokens)."""
+    gen = torch.Generator().manual_seed(2)
+    return [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 11, 18)]
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, request):
@@ -40,11 +56,7 @@ def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, reques
     assert runner.backend.name == backend
     assert runner.model.ops.name == backend
     recorder = install_recorder(runner)
-    gen = torch.Generator().manual_seed(1)
-    prompt_a = torch.randint(3, 128, (21,), generator=gen).tolist()
-    prompt_b = torch.randint(3, 128, (13,), generator=gen).tolist()
-    prompt_c = torch.randint(3, 128, (7,), generator=gen).tolist()
-    prompt_d = prompt_a[:16] + torch.randint(3, 128, (5,), generator=gen).tolist()
+    prompt_a, prompt_b, prompt_c, prompt_d = mixed_step_prompts()
     alloc = BlockAllocator(runner.info.num_kv_blocks)
     blocks_a = alloc.take(blocks_needed(21, BLOCK_SIZE))
     # Step 1: A's first chunk (12 tokens), B and C whole prompts (they sample).
@@ -115,8 +127,7 @@ def test_greedy_64_tokens_match_generate(arch, checkpoints):
     """64 greedy tokens of three concurrent sequences equal transformers generate."""
     hf = load_hf(checkpoints[arch])
     runner = _runner(checkpoints[arch])
-    gen = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 11, 18)]
+    prompts = greedy_prompts()
     got = _generate(runner, prompts, 64, chunk=7)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():

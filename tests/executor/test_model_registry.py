@@ -23,7 +23,19 @@ from tests.executor.test_gguf_loader import random_hf_weights, write_tiny_gguf
 
 BLOCK_SIZE = 4
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=128)
-BUILT_IN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+BUILT_IN = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",
+)
+GGUF_BUILT_IN = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "olmoe")
 
 
 def _architecture(folder: Path) -> str:
@@ -37,7 +49,7 @@ def _runner(folder: Path, **kwargs) -> ModelRunner:
 
 def test_built_in_families_are_registered_in_order():
     assert registry.supported_architectures() == BUILT_IN
-    assert registry.gguf_architectures() == ("llama", "qwen2", "qwen3")
+    assert registry.gguf_architectures() == GGUF_BUILT_IN
 
 
 def test_every_registered_architecture_has_a_parity_checkpoint(checkpoints):
@@ -91,7 +103,8 @@ def test_an_architecture_registers_once():
 
 def test_unknown_gguf_architecture_lists_the_supported_ones(tmp_path):
     write_tiny_gguf(tmp_path / "x.gguf", random_hf_weights(), arch="falcon")
-    with pytest.raises(GgufError, match=r"unsupported GGUF architecture 'falcon' \(supported: llama, qwen2, qwen3\)"):
+    supported = ", ".join(sorted(GGUF_BUILT_IN))
+    with pytest.raises(GgufError, match=rf"unsupported GGUF architecture 'falcon' \(supported: {supported}\)"):
         load_gguf(tmp_path / "x.gguf")
 
 

@@ -43,17 +43,27 @@ def test_fp32_runner_reports_its_backend_layer_ops_and_variant(checkpoints, cpp_
         "prefill": "sdpa",
         "gemm": "avx512-panel" if "avx512" in loader.kernels().features else "torch",
         "layer_ops": "cpp",
+        "mlp": "dense",
         "variant": loader.kernels().variant,
     }
     assert tuple(kernels) == active.KERNEL_KEYS
     assert active.active_kernels(_runner(checkpoints["llama"], "float32", "torch"))["attention"] == "torch"
 
 
-@pytest.mark.parametrize("arch,head_dim", [("llama", 64), ("mistral_window", 64), ("llama", 16)])
+@pytest.mark.parametrize(("arch", "mlp"), [("mixtral", "moe-grouped"), ("qwen3_moe", "moe-grouped+dense")])
+def test_moe_runner_reports_its_feed_forward_path(checkpoints, arch, mlp):
+    """Experts grouped over the step's tokens; Qwen3-MoE's dense layer (mlp_only_layers) shows too."""
+    assert active.active_kernels(_runner(checkpoints[arch], "float32"))["mlp"] == mlp
+
+
+@pytest.mark.parametrize(
+    "arch,head_dim", [("llama", 64), ("mistral_window", 64), ("llama", 16), ("llama", 256), ("llama", 24)]
+)
 def test_bf16_prefill_is_amx_flash_only_where_the_kernel_takes_the_model(tmp_path, cpp_kernel, arch, head_dim):
-    """The AMX kernel: bf16, head_dim 64 or 128, no sliding window, and a CPU that grants AMX."""
+    """The AMX kernel: bf16, head_dim 64, 128 or 256 (sliding windows and soft-caps included), and a CPU
+    that grants AMX."""
     folder = make_tiny_checkpoint(tmp_path, arch, head_dim=head_dim, hidden_size=4 * head_dim)
-    amx = cpp_kernel.amx_ready() and arch == "llama" and head_dim == 64
+    amx = cpp_kernel.amx_ready() and head_dim in (64, 128, 256)
     assert active.prefill_path(_runner(folder, "bfloat16")) == ("amx-flash" if amx else "sdpa")
 
 

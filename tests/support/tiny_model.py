@@ -47,8 +47,6 @@ def build_tiny_model(
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(vocab_size)
-    tokenizer.save(str(folder / "tokenizer.json"))
     config = transformers.LlamaConfig(
         hidden_size=64,
         num_hidden_layers=num_layers,
@@ -65,6 +63,13 @@ def build_tiny_model(
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(folder)
+    return write_tokenizer_files(folder, vocab_size)
+
+
+def write_tokenizer_files(folder: Path, vocab_size: int) -> Path:
+    """What serving a checkpoint folder needs besides the weights: a trained tokenizer of ``vocab_size``
+    tokens, its config with the chat template, and a generation config (EOS 0, BOS 1); returns the folder."""
+    train_tokenizer(vocab_size).save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
             {

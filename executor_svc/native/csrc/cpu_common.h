@@ -99,6 +99,14 @@ PAGODA_INLINE __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   return _mm512_scalef_ps(p, n);
 }
+
+// Attention soft-cap of 16 scores: cap * tanh(x / cap), tanh as 1 - 2 / (e^(2x / cap) + 1) (exp16
+// saturates, so it stays in [-1, 1]; absolute error ~cap * 1e-7).
+PAGODA_INLINE __m512 softcap16(__m512 x, float cap) {
+  const __m512 e = exp16(_mm512_mul_ps(x, _mm512_set1_ps(2.f / cap)));
+  const __m512 ratio = _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f)));
+  return _mm512_mul_ps(_mm512_sub_ps(_mm512_set1_ps(1.f), ratio), _mm512_set1_ps(cap));
+}
 #endif
 
 }  // namespace pagoda

@@ -18,14 +18,16 @@
 
 namespace {
 
-// Portable tile step for one query, any head_dim: keys/values [count, D] fp32.
+// Portable tile step for one query, any head_dim: keys/values [count, D] fp32; softcap 0: not capped.
 inline void tile_step_generic(const float* keys, const float* values, const float* query, int64_t count,
-                              int64_t head_dim, float* row_max, float* row_sum, float* acc, float* probs) {
+                              int64_t head_dim, float softcap, float* row_max, float* row_sum, float* acc,
+                              float* probs) {
   float new_max = *row_max;
   for (int64_t i = 0; i < count; ++i) {
     const float* key = keys + i * head_dim;
     float dot = 0.f;
     for (int64_t d = 0; d < head_dim; ++d) dot += query[d] * key[d];
+    if (softcap > 0.f) dot = softcap * std::tanh(dot / softcap);
     probs[i] = dot;
     new_max = std::max(new_max, dot);
   }
@@ -68,8 +70,8 @@ void attend_span(const Job& job, const C* k_head, const C* v_head, const int64_t
     widen_tile(v_head, rows, count, head_dim, values);
     for (int64_t g = 0; g < group; ++g) {
       float* acc = state.acc + g * head_dim;
-      tile_step_generic(keys, values, query + g * head_dim, count, head_dim, state.row_max + g, state.row_sum + g,
-                        acc, probs + g * kTile);
+      tile_step_generic(keys, values, query + g * head_dim, count, head_dim, job.softcap, state.row_max + g,
+                        state.row_sum + g, acc, probs + g * kTile);
     }
   }
 }
@@ -222,9 +224,10 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
 
 // q: [S, H, D]; caches: [KVH, NB, BS, D] contiguous; block_tables: [S, MB]
 // int64; context_lens: [S] int64 (positions 0..len-1 visible; with window > 0
-// only the last `window`). Returns [S, H, D] in q's dtype.
+// only the last `window`); softcap > 0: scores (already scaled) become
+// softcap * tanh(score / softcap). Returns [S, H, D] in q's dtype.
 at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                        at::Tensor context_lens, double scale, int64_t window) {
+                        at::Tensor context_lens, double scale, int64_t window, double softcap) {
   q = q.contiguous();
   block_tables = block_tables.contiguous();
   context_lens = context_lens.contiguous();
@@ -235,9 +238,10 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
               "block_tables and context_lens must be int64");
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0), "batch sizes differ");
   TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(0) == 0, "head shapes do not match");
+  TORCH_CHECK(softcap >= 0, "softcap must be >= 0 (0: not capped)");
   Job job{q.size(1), k_cache.size(0), q.size(2), q.size(1) / k_cache.size(0), k_cache.size(2), k_cache.size(1),
           block_tables.size(1), block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
-          static_cast<float>(scale), window, kNatural};
+          static_cast<float>(scale), window, static_cast<float>(softcap), kNatural};
   auto out = at::empty_like(q);
   PAGODA_DISPATCH_FLOATS(q.scalar_type(), "paged_decode (query)", [&] {
     using Q = scalar_t;

@@ -101,8 +101,9 @@ PAGODA_INLINE void scores_rows(const C* const* rows, const __m512* q, __m512* ou
 // half as many multiply-adds per cycle as fp32 FMAs, so bf16 rows are
 // widened (one shift or mask per 16 values) instead. Walks the
 // rows itself (TileWalker's order and prefetch distance, whole rows per
-// prefetch loop step).
-template <typename C, int NC, int GB>
+// prefetch loop step). CAP: scores are soft-capped (job.softcap), a template
+// argument so that uncapped models run exactly the code they ran before.
+template <typename C, int NC, int GB, bool CAP>
 void span_wide(const Job& job, const C* k_head, const C* v_head, const int64_t* table, int64_t lo, int64_t hi,
                const float* query, float* row_max, float* row_sum, float* acc_out) {
   constexpr int64_t D = NC * 16;
@@ -144,6 +145,7 @@ void span_wide(const Job& job, const C* k_head, const C* v_head, const int64_t* 
     scores_rows<C, NC, GB>(krows, q, scores);
     const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
     for (int g = 0; g < GB; ++g) {
+      if constexpr (CAP) scores[g] = pagoda::softcap16(scores[g], job.softcap);
       const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), valid, scores[g]);
       if (_mm512_cmp_ps_mask(s, top[g], _CMP_GT_OQ)) {  // the max grows: rescale
         const __m512 new_top = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(s, top[g])));
@@ -177,8 +179,12 @@ inline void span_wide_all(const Job& job, const C* k_head, const C* v_head, cons
                           int64_t hi, State state, const float* query) {
   constexpr int64_t D = NC * 16;
   for_query_blocks<NC>(job.group, [&](auto gb, int64_t g) {
-    span_wide<C, NC, decltype(gb)::value>(job, k_head, v_head, table, lo, hi, query + g * D, state.row_max + g,
-                                          state.row_sum + g, state.acc + g * D);
+    constexpr int GB = decltype(gb)::value;
+    float *row_max = state.row_max + g, *row_sum = state.row_sum + g, *acc = state.acc + g * D;
+    if (job.softcap > 0.f)
+      span_wide<C, NC, GB, true>(job, k_head, v_head, table, lo, hi, query + g * D, row_max, row_sum, acc);
+    else
+      span_wide<C, NC, GB, false>(job, k_head, v_head, table, lo, hi, query + g * D, row_max, row_sum, acc);
   });
 }
 

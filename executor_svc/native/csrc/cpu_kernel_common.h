@@ -32,6 +32,7 @@ struct Job {
   const int64_t* context_lens;  // [S]
   float scale;
   int64_t window;
+  float softcap;  // scores become softcap * tanh(score / softcap); 0: not capped
   int lanes;  // Lanes: dim order of the fp32 accumulators (and fp32 queries)
 };
 

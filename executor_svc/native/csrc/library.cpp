@@ -54,8 +54,8 @@ TORCH_LIBRARY(pagoda, m) {
   m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale, "
-      "int window) -> Tensor");
+      "int window, float softcap=0.) -> Tensor");
   m.def(
       "paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor spans, float scale, "
-      "Tensor(a!) out) -> ()");
+      "Tensor(a!) out, int window=0, float softcap=0.) -> ()");
 }
