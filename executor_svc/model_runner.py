@@ -7,7 +7,6 @@ owns no block accounting. A plan error hits only the sequence it concerns.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import structlog
