@@ -1,81 +1,81 @@
-"""Transparent failover, real processes: the scheduler a stream runs on is killed (kill -9 of its pid).
+"""Transparent failover under ``pagoda serve --schedulers 2 --executors 2``, real processes killed from outside.
 
-Two independent systems (a scheduler and an executor each, the same tiny
-model and settings) stand in for two schedulers; the client is given both
-addresses. Mid-stream, the test SIGKILLs one scheduler from outside; every
-stream that ran there must resume on the other and read, for the
-application, exactly as the fault-free run: token ids, text, logprobs,
-nothing repeated. The same through ``pagoda generate --target a,b``.
-The time from the kill to the next token of each resumed stream is printed.
+The system is the supervising launcher that ``pagoda serve`` runs: two
+schedulers sharing two executors through leases, every child restarted when it
+exits. The client is given both schedulers' addresses and runs on the first.
+Mid-stream, the test SIGKILLs that scheduler (``kill -9`` of its pid, as the
+kernel's OOM killer would); every stream that ran there must resume on the other
+and read, for the application, exactly as the fault-free run: token ids, text,
+logprobs, nothing repeated. Then the killed scheduler must be back, hold an
+executor again and take requests. The same through ``pagoda generate --target a,b``.
+The time from the kill to the next token of each resumed stream is printed (``-s``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import os
-import random
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support.streams import KillOnce, gaps_after, mixed_requests, p50_and_max, run_streams
 
 from pagoda.launch.launcher import Launcher
-from pagoda_client import Client
+from pagoda_client import Client, PagodaError
 
 pytestmark = pytest.mark.integration
 
 NUM_STREAMS = 16
 MAX_TOKENS = 120
+# The ownership rule hands an executor back about 2 s after its scheduler returns.
+HANDBACK_BOUND_S = 60.0
 
 
-@dataclasses.dataclass
-class Run:
-    """What the application saw of one stream."""
-
-    token_ids: list[int]
-    text: str
-    logprobs: list[float]
-    num_resumes: int = 0
-    # time.monotonic() of the first token from a resumed attempt.
-    resumed_token_at: float | None = None
-
-
-@pytest.fixture
-def two_systems(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[Launcher, Launcher]]:
-    """Two schedulers, each with its own executor, on the same model and settings."""
-    settings = {"num_executors": 1, "dtype": "float32", "kv_cache_memory": "2MiB", "startup_timeout_s": 180}
-    with (
-        Launcher(str(tiny_model_dir), log_dir=tmp_path / "a", **settings) as first,
-        Launcher(str(tiny_model_dir), log_dir=tmp_path / "b", **settings) as second,
-    ):
-        yield first, second
+@pytest.fixture(scope="module")
+def system(tiny_model_dir: Path, tmp_path_factory):
+    with Launcher(
+        str(tiny_model_dir),
+        num_schedulers=2,
+        num_executors=2,
+        dtype="float32",
+        kv_cache_memory="2MiB",
+        log_dir=tmp_path_factory.mktemp("serve"),
+        startup_timeout_s=180,
+        restart=True,
+    ) as launched:
+        yield launched
 
 
-def _request(i: int) -> dict:
-    rng = random.Random(700 + i)
-    kwargs: dict = {
-        "token_ids": [rng.randrange(3, 384) for _ in range(rng.randrange(4, 40))],
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "temperature": 0.0,
-    }
-    if i % 2:  # seeded sampling continues identically on the other scheduler
-        kwargs.update(temperature=0.8, seed=1000 + i)
-    if i == 6:
-        kwargs.update(logprobs=2)
-    return kwargs
+def _held(target: str) -> set[str]:
+    """Addresses of the executors the scheduler at ``target`` drives (READY in its status)."""
+    try:
+        with Client(target, timeout=5, max_retries=0) as client:
+            return {e.address for e in client.status().executors if e.state == "READY"}
+    except PagodaError:
+        return set()
 
 
-def _requests(client: Client) -> list[dict]:
-    """The streams; one stops at a string from two thirds into its fault-free text (so it spans tokens)."""
-    requests = [_request(i) for i in range(NUM_STREAMS)]
+def _wait_each_holds_one(system: Launcher) -> float:
+    """Bounded wait until each scheduler drives one executor; the seconds it took."""
+    start = time.monotonic()
+    while True:
+        system.check()
+        held = [_held(target) for target in system.targets]
+        if all(len(h) == 1 for h in held) and held[0] != held[1]:
+            return time.monotonic() - start
+        assert time.monotonic() - start < HANDBACK_BOUND_S, f"executors not split between the schedulers: {held}"
+        time.sleep(0.1)
+
+
+def _requests(client: Client) -> list[dict[str, Any]]:
+    """Greedy and seeded streams; one with logprobs, one stopping at a string two thirds into its text."""
+    requests = mixed_requests(NUM_STREAMS, MAX_TOKENS, seed=700)
+    requests[6]["logprobs"] = 2
     text = client.generate(**requests[5]).text
     start = 2 * len(text) // 3
     requests[5]["stop"] = [text[start : start + 3]]
@@ -83,64 +83,45 @@ def _requests(client: Client) -> list[dict]:
     return requests
 
 
-def _run_all(client: Client, requests: list[dict], on_tokens: Callable[[int], None] | None = None) -> list[Run]:
-    received = [0]
-    lock = threading.Lock()
-
-    def one(request: dict) -> Run:
-        run = Run([], "", [])
-        with client.stream(**request) as stream:
-            for delta in stream:
-                if stream.num_resumes and run.resumed_token_at is None and delta.token_ids:
-                    run.resumed_token_at = time.monotonic()
-                run.token_ids.extend(delta.token_ids)
-                run.text += delta.text
-                run.logprobs.extend(entry.sampled.logprob for entry in delta.logprobs)
-                with lock:
-                    received[0] += len(delta.token_ids)
-                    total = received[0]
-                if on_tokens is not None:
-                    on_tokens(total)
-            run.num_resumes = stream.num_resumes
-        return run
-
-    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-        return list(pool.map(one, requests))
+def _kill_first_scheduler(system: Launcher) -> int:
+    """SIGKILL the first scheduler from outside; its pid."""
+    pid = system.schedulers[0].pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
-def _kill_scheduler(system: Launcher) -> float:
-    """SIGKILL the scheduler process from outside, as the kernel's OOM killer would; returns when."""
-    killed_at = time.monotonic()
-    os.kill(system.scheduler_pid, signal.SIGKILL)
-    return killed_at
-
-
-def test_killing_the_scheduler_mid_stream_loses_and_repeats_nothing(two_systems):
-    first, second = two_systems
-    with Client(f"{first.target},{second.target}", timeout=180) as client:
+def test_killing_the_scheduler_mid_stream_loses_and_repeats_nothing(system):
+    _wait_each_holds_one(system)
+    with Client(",".join(system.targets), timeout=180) as client:
         requests = _requests(client)
-        expected = _run_all(client, requests)
-        total = sum(len(run.token_ids) for run in expected)
-        killed_at: list[float] = []
-
-        def kill_once(received: int) -> None:
-            if received >= total // 4 and not killed_at:
-                killed_at.append(_kill_scheduler(first))
-
-        got = _run_all(client, requests, kill_once)
-    assert killed_at, "the scheduler was never killed"
+        expected = run_streams(client, requests)
+        killed: list[int] = []
+        total = sum(len(record.token_ids) for record in expected)
+        kill = KillOnce(total // 4, lambda: killed.append(_kill_first_scheduler(system)))
+        got = run_streams(client, requests, kill)
+    assert kill.fired_at is not None and killed, "the scheduler was never killed"
     for i, (run, reference) in enumerate(zip(got, expected)):
         assert (run.token_ids, run.text) == (reference.token_ids, reference.text), f"stream {i}"
         assert run.logprobs == pytest.approx(reference.logprobs, abs=1e-4), f"stream {i}"
     resumed = [run for run in got if run.num_resumes]
     assert len(resumed) >= NUM_STREAMS // 4, "too few streams ran on the killed scheduler mid-stream"
     assert all(run.num_resumes == 1 for run in resumed)
-    gaps_s = sorted(run.resumed_token_at - killed_at[0] for run in resumed if run.resumed_token_at is not None)
+    assert '"request_resumed"' in system.logs()["scheduler-1"]
+
+    # The supervisor restarts the killed scheduler; the ownership rule gives it an executor back.
+    system.wait_restarted(system.schedulers[0], killed[0], timeout_s=120, serving=True)
+    handback_s = _wait_each_holds_one(system)
+    with Client(system.targets[0], timeout=60, max_retries=0) as back:
+        fresh = mixed_requests(4, 16, seed=9000)
+        assert [len(back.generate(**request).token_ids) for request in fresh] == [16] * 4
+        assert back.status().num_requests_total >= len(fresh)
+
+    gap_p50, gap_max = p50_and_max(gaps_after(resumed, kill.fired_at))
     print(
-        f"\nscheduler kill -> next token on the client, {len(gaps_s)} resumed streams: "
-        f"p50 {statistics.median(gaps_s) * 1e3:.0f} ms, max {gaps_s[-1] * 1e3:.0f} ms"
+        f"\nscheduler SIGKILL under pagoda serve --schedulers 2 --executors 2, {len(resumed)} of {NUM_STREAMS} "
+        f"streams resumed: kill -> next token p50 {gap_p50 * 1e3:.0f} ms, max {gap_max * 1e3:.0f} ms; "
+        f"restarted scheduler holds an executor again {handback_s:.1f} s after it serves"
     )
-    assert "request_resumed" in second.logs()["scheduler"]
 
 
 def _pagoda() -> list[str]:
@@ -154,23 +135,15 @@ def _read_all(pipe, chunks: list[bytes], started: threading.Event) -> None:
         started.set()
 
 
-def test_the_cli_streams_on_through_a_scheduler_kill(two_systems):
-    first, second = two_systems
+def test_the_cli_streams_on_through_a_scheduler_kill(system):
+    _wait_each_holds_one(system)
     request = {"token_ids": [9, 8, 7, 300, 42], "max_tokens": 600, "ignore_eos": True, "temperature": 0.8, "seed": 5}
-    with Client(first.target, timeout=120) as client:
+    with Client(system.targets[0], timeout=120) as client:
         expected = client.generate(**request).text
-    argv = [*_pagoda(), "generate", "--target", f"{first.target},{second.target}", "--timeout", "120"]
-    argv += [
-        "--token-ids",
-        "9,8,7,300,42",
-        "--max-tokens",
-        "600",
-        "--ignore-eos",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "5",
-    ]
+    resumed_before = system.logs()["scheduler-1"].count('"request_resumed"')
+    argv = [*_pagoda(), "generate", "--target", ",".join(system.targets), "--timeout", "120"]
+    argv += ["--token-ids", "9,8,7,300,42", "--max-tokens", "600", "--ignore-eos", "--temperature", "0.8"]
+    argv += ["--seed", "5"]
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as cli:
         chunks: list[bytes] = []
@@ -178,7 +151,7 @@ def test_the_cli_streams_on_through_a_scheduler_kill(two_systems):
         reader = threading.Thread(target=_read_all, args=(cli.stdout, chunks, started), daemon=True)
         reader.start()
         assert started.wait(60), "the CLI printed nothing within 60 s"
-        _kill_scheduler(first)  # the CLI's first call goes to the first address
+        killed = _kill_first_scheduler(system)  # the CLI's first call goes to the first address
         try:
             cli.wait(timeout=120)
         finally:
@@ -187,4 +160,5 @@ def test_the_cli_streams_on_through_a_scheduler_kill(two_systems):
         stderr = cli.stderr.read().decode(errors="replace")
     assert cli.returncode == 0, stderr
     assert b"".join(chunks).decode() == expected + "\n"
-    assert "request_resumed" in second.logs()["scheduler"], "the kill did not land mid-stream"
+    assert system.logs()["scheduler-1"].count('"request_resumed"') > resumed_before, "the kill missed the stream"
+    system.wait_restarted(system.schedulers[0], killed, timeout_s=120, serving=True)

@@ -42,6 +42,10 @@ class StreamRecord:
 
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    # The sampled token's logprob of each token, when the request asked for logprobs.
+    logprobs: list[float] = field(default_factory=list)
+    # How often the client library resumed the stream on another scheduler.
+    num_resumes: int = 0
     # (time.monotonic() when a delta arrived, number of tokens in it)
     arrivals: list[tuple[float, int]] = field(default_factory=list)
 
@@ -60,15 +64,18 @@ def run_streams(
 
     def one(request: dict[str, Any]) -> StreamRecord:
         record = StreamRecord()
-        for delta in client.stream(**request):
-            record.arrivals.append((time.monotonic(), len(delta.token_ids)))
-            record.token_ids.extend(delta.token_ids)
-            record.text += delta.text
-            with lock:
-                received[0] += len(delta.token_ids)
-                total = received[0]
-            if on_progress is not None:
-                on_progress(total)
+        with client.stream(**request) as stream:
+            for delta in stream:
+                record.arrivals.append((time.monotonic(), len(delta.token_ids)))
+                record.token_ids.extend(delta.token_ids)
+                record.text += delta.text
+                record.logprobs.extend(entry.sampled.logprob for entry in delta.logprobs)
+                with lock:
+                    received[0] += len(delta.token_ids)
+                    total = received[0]
+                if on_progress is not None:
+                    on_progress(total)
+            record.num_resumes = stream.num_resumes
         return record
 
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
