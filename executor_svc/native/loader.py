@@ -52,9 +52,29 @@ class Kernels:
 
     variant: str
     library: Path
-    ops: Any
+    ops: Any  # BoundOps of torch.ops.pagoda
     # Code paths compiled in (avx512, avx512_bf16, amx), from the library itself.
     features: frozenset[str]
+
+
+class BoundOps:
+    """``torch.ops.pagoda`` with each op bound once to its ``default`` overload.
+
+    An attribute of ``torch.ops.pagoda`` is looked up anew on every access
+    (about 3 us), and a decode step calls the kernels several hundred times;
+    bound here, the lookup is a plain attribute read.
+    """
+
+    def __init__(self, namespace: Any) -> None:
+        self._namespace = namespace
+
+    def __getattr__(self, name: str) -> Any:  # only for names not bound yet
+        if name.startswith("_"):
+            raise AttributeError(name)
+        packet = getattr(self._namespace, name)
+        op = packet.default if "default" in packet.overloads() else packet
+        setattr(self, name, op)
+        return op
 
 
 def installed(folder: Path | None = None) -> Installed:
@@ -99,7 +119,7 @@ def load(folder: Path | None = None, cpu_flags: Iterable[str] | None = None) -> 
     library = found.folder / found.libraries[variant.name]
     try:
         torch.ops.load_library(str(library))
-        ops = torch.ops.pagoda
+        ops = BoundOps(torch.ops.pagoda)
         features = frozenset(ops.cpu_features())
     except (OSError, RuntimeError, AttributeError) as exc:
         raise KernelsUnavailable(f"{library} failed to load ({exc})") from exc
