@@ -2,8 +2,15 @@
 
 Each round starts checkout A's ``pagoda serve`` (from its own venv), runs the
 same ``pagoda bench`` workload against it, stops it, then does the same for
-checkout B; rounds alternate which goes first, so drift on a shared machine
-hits both alike. Prints each run's output tokens/s, the medians and B/A.
+checkout B (and C, if given); each checkout goes first in turn, so drift on a
+shared machine hits all alike. The client is this interpreter's ``pagoda``, the
+same for every checkout. Prints each run's output tokens/s, the medians and
+the ratios to A.
+
+A checkout from before the kernels were built at install time compiles them
+with torch's JIT loader into ``TORCH_EXTENSIONS_DIR`` and silently runs the
+torch code when the cached build is older than its sources: point that
+variable at the cache its ``make install`` filled.
 
 Usage:
     python bench/ab_serve.py --a /path/to/checkout-before --b . --rounds 3 \\
@@ -76,8 +83,9 @@ def run_once(checkout: Path, client: Path, serve_args: list[str], bench_args: li
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a", required=True, type=Path, help="checkout A (its .venv is used)")
+    parser.add_argument("--a", required=True, type=Path, help="checkout A (its .venv is used); the reference")
     parser.add_argument("--b", required=True, type=Path, help="checkout B (its .venv is used)")
+    parser.add_argument("--c", type=Path, default=None, help="optionally a third checkout, C")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--serve-args", default="--dtype bfloat16 --kv-cache-memory 1GiB")
     parser.add_argument(
@@ -86,12 +94,14 @@ def main() -> int:
     )
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "ab_serve.log")
     args = parser.parse_args()
-    checkouts = {"A": args.a.resolve(), "B": args.b.resolve()}
+    given = {"A": args.a, "B": args.b, "C": args.c}
+    checkouts = {name: path.resolve() for name, path in given.items() if path is not None}
+    names = list(checkouts)
     client = Path(sys.executable).parent / "pagoda"
-    results: dict[str, list[float]] = {"A": [], "B": []}
+    results: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(args.rounds):
-        order = ("A", "B") if round_index % 2 == 0 else ("B", "A")
-        for name in order:
+        shift = round_index % len(names)  # each checkout goes first in turn
+        for name in names[shift:] + names[:shift]:
             tok_s = run_once(
                 checkouts[name], client, shlex.split(args.serve_args), shlex.split(args.bench_args), args.log
             )
@@ -101,7 +111,8 @@ def main() -> int:
     for name, values in results.items():
         runs = ", ".join(f"{v:.1f}" for v in values)
         print(f"{name} ({checkouts[name]}): median {medians[name]:.1f} output tok/s [{runs}]")
-    print(f"B/A = {medians['B'] / medians['A']:.3f}")
+    for name in names[1:]:
+        print(f"{name}/A = {medians[name] / medians['A']:.3f}")
     return 0
 
 
