@@ -76,10 +76,11 @@ def _executor_held_by(system, scheduler: str):
 def test_each_scheduler_holds_one_executor_and_both_serve(system):
     a, b = system["sched-a"], system["sched-b"]
     assert _generate(a) == _generate(b)
+    # sched-a sees the other executor's holder at its next poll of it (every 0.5 s).
+    held_by_each = {("READY", "sched-a"), ("HELD_BY_OTHER", "sched-b")}
+    wait_until(lambda: {(e.state, e.lease_holder) for e in _status(a).executors} == held_by_each, 10, "holders", a)
     status = _status(a)
     assert (status.scheduler_id, status.schedulers) == ("sched-a", ("sched-a", "sched-b"))
-    states = {(e.state, e.lease_holder) for e in status.executors}
-    assert states == {("READY", "sched-a"), ("HELD_BY_OTHER", "sched-b")}
     assert all(e.lease_epoch > 0 for e in status.executors)
 
 
@@ -193,7 +194,8 @@ def test_requests_without_an_executor_end_unavailable_when_another_scheduler_liv
     first_token = threading.Event()
 
     def long_stream() -> None:
-        with Client(b.address, timeout=60, max_retries=0) as client:
+        # No resume: the test looks at how sched-b ends the stream, not at the client's failover.
+        with Client(b.address, timeout=60, max_retries=0, max_resumes=0) as client:
             try:
                 for delta in client.stream(token_ids=PROMPT, max_tokens=900, temperature=0, ignore_eos=True):
                     if delta.token_ids:

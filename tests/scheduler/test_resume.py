@@ -111,7 +111,8 @@ def _system() -> System:
     handle = ExecutorHandle("scripted:1", engine, lambda info: config, step_timeout_s=1.0)
     handle.info, handle.scheduler, handle.state = INFO, Scheduler(config), ExecutorState.READY
     engine.executors[handle.address] = handle
-    assert engine.on_executor_ready(handle, INFO)
+    assert engine.on_executor_described(handle, INFO)
+    engine.on_executor_ready(handle, INFO)
     return System(engine, handle, handle.scheduler, ScriptedExecutor())
 
 
