@@ -65,6 +65,9 @@ class ConstraintEngine:
         self._executor = llguidance.LLExecutor()
         self._templates: collections.OrderedDict[Constraint, llguidance.LLMatcher] = collections.OrderedDict()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="masks")
+        # The bias rows of the last step, reused: a step's bias is added to its logits before the next step's
+        # masks start (one step at a time), and a fresh 12 MiB array per step (64 rows) costs page faults.
+        self._bias = np.empty((0, vocab_size), dtype=np.int32)
 
     def start(self, states: Sequence[SequenceState]) -> concurrent.futures.Future[StepMasks] | None:
         """Starts the masks of the constrained ``states`` on the worker thread; None when none is constrained."""
@@ -88,7 +91,10 @@ class ConstraintEngine:
                 bitmask[j] = -1  # sampled freely, then failed: the token is not returned
         if live:
             self._executor.unsafe_compute_mask_ptr(live, bitmask.ctypes.data, self.num_words * 4, len(entries))
-        return StepMasks([i for i, _ in entries], bias_of_bitmask(bitmask, self.vocab_size), errors)
+        if self._bias.shape[0] < len(entries):
+            self._bias = np.empty((len(entries), self.vocab_size), dtype=np.int32)
+        bias = bias_of_bitmask(bitmask, self.vocab_size, self._bias[: len(entries)])
+        return StepMasks([i for i, _ in entries], bias, errors)
 
     def compile(self, constraint: Constraint) -> llguidance.LLMatcher:
         """The template matcher of ``constraint`` (compiled on first use, then kept, least recently used out)."""
@@ -129,7 +135,7 @@ def _plain_tokenizer(tokenizer_json: str) -> str:
     return str(tokenizer.to_str())
 
 
-def bias_of_bitmask(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
+def bias_of_bitmask(bitmask: np.ndarray, vocab_size: int, out: np.ndarray | None = None) -> torch.Tensor:
     """The logit bias of a bitmask: [R, V] float32, 0 where a bit is set and -inf where not.
 
     Built here, on the mask thread, so that applying it on the critical path is one
@@ -138,6 +144,8 @@ def bias_of_bitmask(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
     Args:
         bitmask: [R, W] int32, little-endian words (token v is bit v % 8 of byte v // 8).
         vocab_size: V <= 32 W.
+        out: [R, V] int32 to write into (a new array when None).
     """
     refused = np.unpackbits(~bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]  # [R, V] 0/1
-    return torch.from_numpy(np.multiply(refused, _NEG_INF_BITS, dtype=np.int32).view(np.float32))
+    bias = np.multiply(refused, _NEG_INF_BITS, out=out, dtype=np.int32)
+    return torch.from_numpy(bias.view(np.float32))
