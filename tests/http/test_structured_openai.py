@@ -319,3 +319,25 @@ def test_grpc_library_and_cli_take_the_constraint(system, tmp_path):
         check=True,
     )
     jsonschema.validate(json.loads(json.loads(out.stdout)["text"]), SCHEMAS[6])
+
+
+def test_a_resumed_constrained_stream_continues_with_the_same_tokens(system):
+    """A resume replays the delivered tokens into a new matcher: the rest of the stream is unchanged, so the
+    whole output still validates."""
+    from pagoda.v1 import generation_pb2_grpc
+    from pagoda_client.core.requests import build_generate_request, resume_request
+
+    launcher, _ = system
+    options = {"json_schema": SCHEMAS[19], "seed": 5, "temperature": 1.0, "max_tokens": MAX_TOKENS, "request_id": "rz"}
+    original = build_generate_request("Hi", options)
+    with grpc.insecure_channel(launcher.target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        full = [t for r in stub.Generate(original, timeout=120) for t in r.token_ids]
+        assert len(full) > 4
+        for cut in (1, len(full) // 2, len(full) - 1):
+            resumed = resume_request(original, "rz", 5, full[:cut])
+            rest = [t for r in stub.Generate(resumed, timeout=120) for t in r.token_ids]
+            assert full[:cut] + rest == full
+    with Client(launcher.target, timeout=120) as client:
+        text = client.detokenize(full)
+    jsonschema.validate(json.loads(text), SCHEMAS[19])
