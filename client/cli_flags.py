@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pagoda import params
+from pagoda.constraint import KINDS
 from pagoda_client.core.kinds import kind_of
 
 T = TypeVar("T")
@@ -22,6 +23,15 @@ _CALL_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--request-id", "request_id", str, "the request's id (also sent as x-request-id)"),
     ("--cache-salt", "cache_salt", str, "isolates the prefix cache from requests with another salt"),
 )
+
+
+def file_text(path: str) -> str:
+    """An argparse type: the text of the file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def list_of(scalar: Callable[[str], T]) -> Callable[[str], list[T]]:
@@ -54,9 +64,20 @@ def add_param_flags(group: argparse._ArgumentGroup) -> None:
             group.add_argument(flag, dest=row.name, type=kind.scalar, help=row.spec.help)
     for flag, dest, kind_type, help_text in _CALL_FLAGS:
         group.add_argument(flag, dest=dest, type=kind_type, help=help_text)
+    add_structured_flags(group)
+
+
+def add_structured_flags(group: argparse._ArgumentGroup) -> None:
+    """The output constraint: at most one of these flags (the server refuses several)."""
+    group.add_argument("--json-schema", type=file_text, metavar="FILE", help="the output matches this JSON schema")
+    group.add_argument("--json-object", action="store_true", default=None, help="the output is a JSON object")
+    group.add_argument("--regex", metavar="R", help="the whole output matches this regular expression")
+    group.add_argument("--grammar", type=file_text, metavar="FILE", help="the output matches this Lark grammar")
+    group.add_argument("--choice", type=list_of(str), metavar="A,B,C", help="the output is one of these strings")
 
 
 def generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword options of ``Client.stream`` from the parsed flags (None where not given)."""
     names = [row.name for row in params.fields() if row.spec.cli] + [dest for _, dest, _, _ in _CALL_FLAGS]
+    names += list(KINDS)
     return {name: getattr(args, name) for name in names}

@@ -35,6 +35,16 @@ class CallOptions(TypedDict, total=False):
     add_generation_prompt: bool | None
     # Seconds for the whole call including retries; overrides the client's default.
     timeout: float | None
+    # Constrain the output (at most one of these): a JSON schema (a mapping, or its JSON text) ...
+    json_schema: Mapping[str, Any] | str | None
+    # ... any JSON object ...
+    json_object: bool | None
+    # ... a regex the whole output matches ...
+    regex: str | None
+    # ... a Lark grammar (llguidance's dialect) ...
+    grammar: str | None
+    # ... or exactly one of these strings.
+    choice: Sequence[str] | None
 
 
 class RequestOptions(ParamOptions, CallOptions, total=False):

@@ -56,6 +56,8 @@ async def load_model(config: ExecutorConfig, servicer: ExecutorServicer) -> Load
     tokenizer = await asyncio.to_thread(load_tokenizer_files, model_path)
     runner = await servicer.run_model(build_runner, config, model_path)
     await servicer.run_model(runner.warmup)
+    eos_token_ids = tuple(tokenizer.eos_token_ids or runner.info.eos_token_ids)
+    await asyncio.to_thread(runner.enable_constraints, tokenizer.tokenizer_json, eos_token_ids)
     kernels = await servicer.run_model(active_kernels, runner)  # probes the kernels: torch work
     library = loader.loaded()
     model_name = config.model_name or runner.info.model_name

@@ -7,12 +7,15 @@ owns no block accounting. A plan error hits only the sequence it concerns.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
+from collections.abc import Sequence
 
 import structlog
 import torch
 
 from executor_svc.attention import get_backend
+from executor_svc.constraints import ConstraintEngine, StepMasks
 from executor_svc.device import dtype_name, resolve_device, resolve_dtype
 from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 from executor_svc.model_config import ModelConfig
@@ -26,6 +29,8 @@ from pagoda.params import SamplingParams
 from pagoda.step import ExecutorInfo, SeqError, SeqOutput, StepPlan, StepResult, StepTimings
 
 log = structlog.get_logger(__name__)
+# A step's masks run beside its forward; waiting longer than this for them is a bug, not load.
+MASK_TIMEOUT_S = 60.0
 
 
 class ModelRunner:
@@ -69,6 +74,8 @@ class ModelRunner:
         self._seqs = self._table.seqs  # seq_id -> SequenceState
         # (sample function, request class); tests wrap it to record logits.
         self._sample_fn = (sample, SampleRequest)
+        # Matchers and masks of constrained sequences (enable_constraints: needs the tokenizer).
+        self.constraints: ConstraintEngine | None = None
 
     def _describe(self, model_name: str, extra_eos_token_ids: tuple[int, ...]) -> ExecutorInfo:
         """What Describe reports of the model and the KV cache; the servicer adds itself and the tokenizer."""
@@ -102,6 +109,10 @@ class ModelRunner:
         return KVCache(spec, num_blocks_for_budget(spec, self.device, memory_bytes, memory_fraction), self.device)
 
     # -- public API ---------------------------------------------------------
+
+    def enable_constraints(self, tokenizer_json: str, eos_token_ids: Sequence[int]) -> None:
+        """Accept constrained sequences, matched with this tokenizer (sequences without one pay nothing)."""
+        self.constraints = ConstraintEngine(tokenizer_json, self.config.vocab_size, eos_token_ids)
 
     def num_sequences(self) -> int:
         """Sequences whose state this runner holds."""
@@ -156,6 +167,8 @@ class ModelRunner:
 
     def _run(self, step_id, scheduled, errors, start_ns) -> StepResult:
         batch = build_step_batch(scheduled, self.block_size, self.device)
+        # The masks of the constrained rows are computed while the forward runs (None: no row is constrained).
+        masks = self.constraints.start(batch.sample_states) if self.constraints is not None else None
         prepared_ns = time.perf_counter_ns()
         hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.sample_rows]).float()  # [N, V]
@@ -164,7 +177,7 @@ class ModelRunner:
         forward_done_ns = time.perf_counter_ns()
         for state, num_scheduled in scheduled:
             state.num_computed_tokens += num_scheduled
-        outputs = self._sample(batch.sample_states, logits)
+        outputs = self._sample(batch.sample_states, logits, masks, errors)
         end_ns = time.perf_counter_ns()
         timings = StepTimings(prepared_ns - start_ns, forward_done_ns - prepared_ns, end_ns - forward_done_ns)
         return StepResult(
@@ -181,14 +194,37 @@ class ModelRunner:
         layer_states = [states[i] for i in self._layer_kind_index]  # [num_layers]
         return self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, layer_states)
 
-    def _sample(self, states: list[SequenceState], logits: torch.Tensor) -> list[SeqOutput]:
+    def _sample(
+        self,
+        states: list[SequenceState],
+        logits: torch.Tensor,
+        pending: concurrent.futures.Future[StepMasks] | None,
+        errors: list[SeqError],
+    ) -> list[SeqOutput]:
         if not states:
             return []
         sample_fn, request_cls = self._sample_fn
         requests = [request_cls(s.sampling, s.token_ids, s.num_prompt_tokens) for s in states]
+        failed = self._unmatched(states)
+        if pending is None:
+            sampled_rows = sample_fn(logits, requests, self.model.ops.argmax)
+        else:
+            masks = pending.result(timeout=MASK_TIMEOUT_S)
+            failed.update(masks.errors)
+            sampled_rows = sample_fn(logits, requests, self.model.ops.argmax, (masks.rows, masks.bias))
         outputs = []
-        for state, sampled in zip(states, sample_fn(logits, requests, self.model.ops.argmax)):
+        for i, (state, sampled) in enumerate(zip(states, sampled_rows)):
+            if i in failed:
+                self._seqs.pop(state.seq_id, None)
+                errors.append(SeqError(state.seq_id, failed[i]))
+                continue
             state.token_ids.append(sampled.token_id)
             logprobs = () if sampled.logprob is None else (sampled.logprob,)
             outputs.append(SeqOutput(state.seq_id, (sampled.token_id,), logprobs))
         return outputs
+
+    def _unmatched(self, states: list[SequenceState]) -> dict[int, str]:
+        """Constrained rows this runner cannot enforce (constraints not enabled): they fail, never run free."""
+        if self.constraints is not None:
+            return {}
+        return {i: "this executor does not enforce constraints" for i, s in enumerate(states) if s.structured}

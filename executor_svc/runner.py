@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
+from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, out_of_range
 from pagoda.step import ExecutorInfo, NewSequence, ScheduledSequence, SeqError, StepPlan, StepResult
 
@@ -51,6 +52,9 @@ class SequenceState:
     sampling: SamplingParams
     block_table: list[int]
     num_computed_tokens: int  # tokens whose KV is in the cache
+    # The output constraint, and the matcher derived from token_ids (built on first use: executor_svc.constraints).
+    structured: Constraint | None = None
+    matcher: Any = None
 
 
 # (state, tokens to compute this step) for each sequence a step runs.
@@ -118,6 +122,7 @@ class SequenceTable:
             entry.sampling,
             list(entry.block_ids),
             entry.num_computed_tokens,
+            entry.structured,
         )
 
     def _check_block_ids(self, block_ids: Iterable[int]) -> None:

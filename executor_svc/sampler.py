@@ -117,6 +117,7 @@ def sample(
     logits: torch.Tensor,
     requests: Sequence[SampleRequest],
     argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    masks: tuple[Sequence[int], torch.Tensor] | None = None,
 ) -> list[SampleOutput]:
     """Samples one token per row (see the module docstring for the exact rules).
 
@@ -125,12 +126,26 @@ def sample(
         requests: B requests, in row order.
         argmax: row-wise argmax for the all-greedy fast path (a faster kernel
             for the logits' dtype); torch.argmax when None.
+        masks: (rows, [R, V] float32 bias: 0 or -inf) of the constrained rows:
+            their disallowed tokens are -inf before anything else (so logprobs
+            are those of the constrained distribution). None: no row is.
 
     Returns:
         B outputs, in row order.
     """
     if logits.dim() != 2 or logits.shape[0] != len(requests):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(requests)} requests")
+    if masks is not None:
+        logits = sampling_ops.apply_bias(logits.float(), *masks)
+    return _sample(logits, requests, argmax)
+
+
+def _sample(
+    logits: torch.Tensor,
+    requests: Sequence[SampleRequest],
+    argmax: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> list[SampleOutput]:
+    """``sample`` once the constrained rows are masked."""
     if all(_is_plain_greedy(r.params) for r in requests):
         token_ids = argmax(logits) if argmax is not None else logits.argmax(dim=-1)
         return [SampleOutput(t, None) for t in token_ids.tolist()]

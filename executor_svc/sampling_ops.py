@@ -9,6 +9,8 @@ which other rows share its batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -334,3 +336,17 @@ def _sparse_gumbel_argmax(
     keep = above | (tied & (torch.cumsum(tied.to(torch.int32), dim=-1) <= num_tied_needed))
     noisy = (values + gumbel_noise(keys, ids)).masked_fill(~keep, float("-inf"))
     return ids.gather(1, noisy.argmax(dim=-1, keepdim=True))[:, 0]
+
+
+def apply_bias(logits: torch.Tensor, rows: Sequence[int], bias: torch.Tensor) -> torch.Tensor:
+    """``logits`` with ``bias`` added to ``rows`` (in place).
+
+    Args:
+        logits: [B, V] float32.
+        rows: R distinct row indices.
+        bias: [R, V] float32 on the host (0 or -inf: a constraint's mask).
+    """
+    bias = bias.to(logits.device)
+    if len(rows) == logits.shape[0] and list(rows) == list(range(len(rows))):
+        return logits.add_(bias)
+    return logits.index_add_(0, torch.tensor(list(rows), dtype=torch.int64, device=logits.device), bias)

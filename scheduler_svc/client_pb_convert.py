@@ -6,6 +6,7 @@ Sampling and stopping parameters are read generically over the table
 
 from __future__ import annotations
 
+from pagoda.constraint_pb import constraint_from_pb
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.params_pb import given_from_pb
 from pagoda.step import FinishReason
@@ -48,6 +49,7 @@ def request_from_pb(msg: generation_pb2.GenerateRequest, request_id: str, timeou
         skip_special_tokens=skip,
         timeout_s=timeout_s,
         resume=resume_from_pb(msg),
+        structured=constraint_from_pb(msg.structured),
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import json
 import socket
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -182,6 +183,7 @@ class Engine:
         validation.check_prompt_tokens(token_ids, self.limits)
         sampling = validation.sampling_params(request.sampling, self.limits)
         stopping = validation.stopping_criteria(request.stopping, len(token_ids), self.limits)
+        validation.check_structured(request.structured)
         delivered: tuple[int, ...] = ()
         if request.resume is not None:
             validation.check_resume(request.resume, len(token_ids), stopping, self.limits)
@@ -199,6 +201,7 @@ class Engine:
             cache_salt=request.cache_salt,
             arrival_time_s=arrival_ns / 1e9,
             output_token_ids=delivered,
+            structured=request.structured,
         )
         self._check_fits(seq)
         state = RequestState(seq, self.tokenizer, request.skip_special_tokens, arrival_ns)
@@ -232,9 +235,10 @@ class Engine:
             return list(prompt.token_ids)
         if prompt.text is not None:
             return self.tokenizer.encode(prompt.text, add_special_tokens=True)
-        messages = [{"role": m.role, "content": m.content} for m in prompt.messages or ()]
+        messages = [m.template_fields() for m in prompt.messages or ()]
+        tools = json.loads(prompt.tools_json) if prompt.tools_json else None
         try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=prompt.add_generation_prompt)
+            return self.tokenizer.apply_chat_template(messages, prompt.add_generation_prompt, tools)
         except ValueError as exc:
             raise InvalidRequest("chat", str(exc)) from None
 

@@ -9,9 +9,11 @@ table's default and checks the rest.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from pagoda.constraint import Constraint
 from pagoda.step import FinishReason, LogprobEntry
 
 # Parameter values a client set, by name (one group of pagoda.params' table).
@@ -24,6 +26,31 @@ class ChatMessage:
 
     role: str
     content: str
+    # An assistant message's tool calls, OpenAI's list as JSON text ("" for none).
+    tool_calls_json: str = ""
+    # A tool message's answer to this call id.
+    tool_call_id: str = ""
+
+    def template_fields(self) -> dict[str, Any]:
+        """The message as a chat template reads it (Hugging Face's shape: tool_calls, tool_call_id)."""
+        fields: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls_json:
+            fields["tool_calls"] = [_with_parsed_arguments(call) for call in json.loads(self.tool_calls_json)]
+        if self.tool_call_id:
+            fields["tool_call_id"] = self.tool_call_id
+        return fields
+
+
+def _with_parsed_arguments(call: Any) -> Any:
+    """A tool call whose function arguments, JSON text in OpenAI's shape, are an object (templates print them)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +61,8 @@ class PromptInput:
     token_ids: tuple[int, ...] | None = None
     messages: tuple[ChatMessage, ...] | None = None
     add_generation_prompt: bool = True
+    # Tool definitions for the chat template (OpenAI's `tools`, JSON text; "" for none).
+    tools_json: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +89,8 @@ class GenerationRequest:
     timeout_s: float | None = None
     # Set when the client resumes a broken stream (the sampling seed is then given too).
     resume: ResumeFrom | None = None
+    # What the output must match (None: anything).
+    structured: Constraint | None = None
 
 
 @dataclasses.dataclass(frozen=True)

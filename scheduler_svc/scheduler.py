@@ -381,6 +381,7 @@ class Scheduler:
                 block_ids=tuple(seq.block_ids),
                 num_computed_tokens=num_hit_tokens,
                 num_scheduled_tokens=num_tokens,
+                structured=seq.structured,
             )
         )
         step.commit(seq, num_tokens)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import FinishReason
 
@@ -39,8 +40,10 @@ class SchedulerSequence:
         arrival_time_s: float | None = None,
         cache_salt: str = "",
         output_token_ids: Sequence[int] = (),
+        structured: Constraint | None = None,
     ) -> None:
-        """``output_token_ids``: outputs it starts with (a resumed request's delivered tokens)."""
+        """``output_token_ids``: outputs it starts with (a resumed request's delivered tokens);
+        ``structured``: the output constraint the executor enforces."""
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids must not be empty")
         self.seq_id = seq_id
@@ -51,6 +54,7 @@ class SchedulerSequence:
         self.token_ids = self.prompt_token_ids + self.output_token_ids
         self.sampling = sampling
         self.stopping = stopping
+        self.structured = structured
         self.priority = priority
         # None: set from the scheduler's clock by add().
         self.arrival_time_s = arrival_time_s

@@ -82,7 +82,7 @@ def compile_chat_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def _check_messages(messages: Any) -> list[dict[str, str]]:
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
     """Returns plain copies of the messages, or raises ValueError."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("messages must be a non-empty list of {role, content} objects")
@@ -159,8 +159,10 @@ class Tokenizer:
         """Whether token_id is a special added token (skipped when decoding)."""
         return token_id in self.special_ids
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The chat template's text for messages.
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
+    ) -> str:
+        """The chat template's text for messages (and ``tools``, OpenAI's tool definitions, as Hugging Face does).
 
         Raises:
             ValueError: no chat template, malformed messages, or the template
@@ -172,7 +174,7 @@ class Tokenizer:
         try:
             return self._template.render(
                 messages=checked,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
@@ -181,11 +183,13 @@ class Tokenizer:
         except Exception as e:  # Template code is data: any failure is a bad request.
             raise ValueError(f"chat template error: {e}") from e
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
+    ) -> list[int]:
         """Token ids of the rendered chat (the template writes the special tokens).
 
         Raises:
             ValueError: as render_chat.
         """
-        text = self.render_chat(messages, add_generation_prompt)
+        text = self.render_chat(messages, add_generation_prompt, tools)
         return self.encode(text, add_special_tokens=False)

@@ -17,6 +17,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from pagoda import grammar
+from pagoda.constraint import Constraint
 from pagoda.params import RANDOM_SEED, Group, SamplingParams, StoppingCriteria, rows
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest
 from scheduler_svc.request import GenerationRequest, GivenParams, PromptInput, ResumeFrom
@@ -193,3 +195,12 @@ def check_resume(resume: ResumeFrom, num_prompt_tokens: int, stopping: StoppingC
         )
     if len(delivered) > stopping.max_tokens:
         raise InvalidRequest(field, f"{len(delivered)} delivered tokens, more than max_tokens ({stopping.max_tokens})")
+
+
+def check_structured(structured: Constraint | None) -> None:
+    """A constraint the engine compiles (invalid schema, unsupported keyword, bad regex: named by field)."""
+    if structured is None:
+        return
+    problem = grammar.check(structured)
+    if problem is not None:
+        raise InvalidRequest(structured.field, problem)

@@ -25,6 +25,15 @@ class PagodaBackendConfig:
     max_concurrency: int | None = None
     max_duration_s: float = 600.0
     request_timeout_s: float | None = None
+    # Constrain a share of the requests (spread evenly over the workload's order) to this JSON schema.
+    json_schema: str | None = None
+    structured_fraction: float = 1.0
+
+    def schema_of(self, index: int) -> str | None:
+        """The schema request ``index`` is constrained to, or None."""
+        fraction = self.structured_fraction
+        constrained = math.floor((index + 1) * fraction) > math.floor(index * fraction)
+        return self.json_schema if constrained else None
 
 
 async def _run_one(
@@ -38,6 +47,7 @@ async def _run_one(
             ignore_eos=True,
             temperature=config.temperature,
             timeout=config.request_timeout_s,
+            json_schema=config.schema_of(request.index),
         ) as deltas:
             async for delta in deltas:
                 if delta.token_ids:

@@ -23,6 +23,7 @@ from pagoda_bench.workload import (
     random_workload,
     sharegpt_workload,
 )
+from pagoda_client.cli_flags import file_text
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +57,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-duration-s", type=float, default=600.0, help="bound on each run's wall time")
     parser.add_argument("--request-timeout-s", type=float, default=None)
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--json-schema", type=file_text, metavar="FILE", help="constrain --structured-fraction of the requests to it"
+    )
+    parser.add_argument(
+        "--structured-fraction", type=float, default=1.0, help="share of requests --json-schema constrains"
+    )
 
 
 def is_loopback(target: str) -> bool:
@@ -98,6 +105,8 @@ def _run_pagoda(
         max_concurrency=args.max_concurrency,
         max_duration_s=args.max_duration_s,
         request_timeout_s=args.request_timeout_s,
+        json_schema=args.json_schema,
+        structured_fraction=args.structured_fraction,
     )
     arrivals = arrival_times(len(requests), args.request_rate, args.burstiness, args.seed)
     progress = ProgressBar(len(requests), "pagoda", enabled=not args.no_progress)

@@ -7,6 +7,7 @@ under its own name, so a row added to the table is sent without a change here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ from google.protobuf.message import Message as ProtoMessage
 
 from pagoda import params
 from pagoda.channel import auth_metadata
+from pagoda.constraint import KINDS, Constraint
+from pagoda.constraint_pb import constraint_to_pb
 from pagoda.v1 import generation_pb2
 from pagoda_client.core.kinds import kind_of
 from pagoda_client.options import CALL_OPTION_NAMES, INPUT_NAMES, Message
@@ -65,6 +68,35 @@ def _set_call_options(request: generation_pb2.GenerateRequest, options: Mapping[
     request.cache_salt = options.get("cache_salt") or ""
     if options.get("skip_special_tokens") is not None:
         request.skip_special_tokens = options["skip_special_tokens"]
+    structured = constraint_to_pb(constraint_of(options))
+    if structured is not None:
+        request.structured.CopyFrom(structured)
+
+
+def constraint_of(options: Mapping[str, Any]) -> Constraint | None:
+    """The output constraint the options give (json_schema, json_object, regex, grammar, choice), or None.
+
+    Raises:
+        ValueError: more than one of them.
+        TypeError: a value of the wrong type (named).
+    """
+    given = [kind for kind in KINDS if options.get(kind) not in (None, False)]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"give at most one of {', '.join(KINDS)}; got {', '.join(given)}")
+    kind, value = given[0], options[given[0]]
+    if kind == "json_object":
+        return Constraint("json_object")
+    if kind == "choice":
+        if isinstance(value, str) or not all(isinstance(c, str) for c in value):
+            raise TypeError(f"choice must be a sequence of strings, got {value!r}")
+        return Constraint("choice", choices=tuple(value))
+    if kind == "json_schema" and isinstance(value, Mapping):
+        value = json.dumps(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{kind} must be a string, got {value!r}")
+    return Constraint(kind, text=value)
 
 
 def _set_param(message: ProtoMessage, row: params.ParamField, value: Any) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams
 
 
@@ -43,6 +44,8 @@ class NewSequence:
     num_computed_tokens: int
     # Tokens to compute this step, starting at num_computed_tokens.
     num_scheduled_tokens: int
+    # The output constraint; the executor derives its matcher from token_ids[num_prompt_tokens:].
+    structured: Constraint | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pagoda.by_name import copy_by_name
+from pagoda.constraint_pb import constraint_from_pb, constraint_to_pb
 from pagoda.params import SamplingParams
 from pagoda.params_pb import params_from_pb, params_to_pb
 from pagoda.step import (
@@ -34,7 +35,15 @@ def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
     """A delta plan: new sequences whole, the others as diffs."""
     return executor_pb2.StepPlan(
         step_id=plan.step_id,
-        new_seqs=[copy_by_name(executor_pb2.NewSequence, s, sampling=params_to_pb(s.sampling)) for s in plan.new_seqs],
+        new_seqs=[
+            copy_by_name(
+                executor_pb2.NewSequence,
+                s,
+                sampling=params_to_pb(s.sampling),
+                structured=constraint_to_pb(s.structured),
+            )
+            for s in plan.new_seqs
+        ],
         scheduled_seqs=[
             executor_pb2.ScheduledSequence(
                 seq_id=s.seq_id, num_scheduled_tokens=s.num_scheduled_tokens, new_block_ids=s.new_block_ids
@@ -51,7 +60,13 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
     return StepPlan(
         step_id=msg.step_id,
         new_seqs=tuple(
-            copy_by_name(NewSequence, s, sampling=params_from_pb(s.sampling, SamplingParams)) for s in msg.new_seqs
+            copy_by_name(
+                NewSequence,
+                s,
+                sampling=params_from_pb(s.sampling, SamplingParams),
+                structured=constraint_from_pb(s.structured),
+            )
+            for s in msg.new_seqs
         ),
         # Most steps append no block to most sequences: skip the copy of an empty list.
         scheduled_seqs=tuple(

@@ -18,12 +18,16 @@ import dataclasses
 import json
 from typing import Any, Literal
 
+from pagoda.constraint import Constraint
 from pagoda.params import Group, Kind, rows
 from scheduler_svc.http_api.errors import bad_request
+from scheduler_svc.http_api.tools import ToolSpec, parse_tools
 from scheduler_svc.request import ChatMessage, GenerationRequest, PromptInput
 
 # OpenAI's documented default for /v1/completions (chat has none: up to the context).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# Choices per request at most (each is a sequence; they share the prompt's KV through the prefix cache).
+MAX_N = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,10 @@ class ParsedRequest:
     # Engine field name → the OpenAI parameter the client used (for error messages).
     param_aliases: dict[str, str]
     user: str | None = None
+    # Choices asked for (n).
+    n: int = 1
+    # The chat request's tools and tool_choice (None: no tools).
+    tools: ToolSpec | None = None
 
 
 def read_json(raw: bytes) -> dict[str, Any]:
@@ -150,25 +158,29 @@ def parse_completion(body: dict[str, Any], request_id: str) -> ParsedRequest:
     _set_given(sampling, "logprobs", f.get("logprobs", "int"))
     stopping = _stopping(f)
     stopping.setdefault("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+    structured, aliases = _constraint(f)
     generation = GenerationRequest(
         request_id,
         _completion_prompt(body.get("prompt")),
         sampling,
         stopping,
         skip_special_tokens=f.get("skip_special_tokens", "bool", True),
+        structured=structured,
     )
     stream, include_usage = _stream_flags(f)
-    return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, {}, f.get("user", "str"))
+    return ParsedRequest(
+        generation, f.get("model", "str"), stream, include_usage, aliases, f.get("user", "str"), n=_n(f)
+    )
 
 
 def parse_chat(body: dict[str, Any], request_id: str) -> ParsedRequest:
     """A /v1/chat/completions body."""
     f = _Fields(body)
     _refuse_unsupported(f)
-    for name in ("tools", "functions"):
-        if f.get(name, "list"):
-            raise bad_request(name, "tool and function calling are not supported")
-    aliases = {}
+    if f.get("functions", "list"):
+        raise bad_request("functions", "the legacy functions parameter is not supported; use tools")
+    tools = parse_tools(body.get("tools"), body.get("tool_choice"))
+    structured, aliases = _chat_constraint(f, tools)
     sampling = table_params(f, "sampling")
     if f.get("logprobs", "bool", False):
         sampling["logprobs"] = f.get("top_logprobs", "int", 0)
@@ -179,13 +191,62 @@ def parse_chat(body: dict[str, Any], request_id: str) -> ParsedRequest:
     if _set_given(stopping, "max_tokens", f.get("max_completion_tokens", "int")):
         aliases["max_tokens"] = "max_completion_tokens"
     prompt = PromptInput(
-        messages=_messages(body.get("messages")), add_generation_prompt=f.get("add_generation_prompt", "bool", True)
+        messages=_messages(body.get("messages")),
+        add_generation_prompt=f.get("add_generation_prompt", "bool", True),
+        tools_json=tools.tools_json if tools is not None else "",
     )
     generation = GenerationRequest(
-        request_id, prompt, sampling, stopping, skip_special_tokens=f.get("skip_special_tokens", "bool", True)
+        request_id,
+        prompt,
+        sampling,
+        stopping,
+        skip_special_tokens=f.get("skip_special_tokens", "bool", True),
+        structured=structured,
     )
     stream, include_usage = _stream_flags(f)
-    return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, aliases, f.get("user", "str"))
+    user = f.get("user", "str")
+    return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, aliases, user, _n(f), tools)
+
+
+def _chat_constraint(f: _Fields, tools: ToolSpec | None) -> tuple[Constraint | None, dict[str, str]]:
+    """The output constraint of a chat body (response_format, structured_outputs or a forced tool call)."""
+    structured, aliases = _constraint(f)
+    if tools is not None and tools.constraint is not None:
+        if structured is not None:
+            raise bad_request("tool_choice", "a forced tool call cannot be combined with another output constraint")
+        return tools.constraint, {tools.constraint.field: "tool_choice"}
+    return structured, aliases
+
+
+def _constraint(f: _Fields) -> tuple[Constraint | None, dict[str, str]]:
+    """response_format (OpenAI) or structured_outputs (vLLM's extension: json, regex, choice, grammar), and the
+    name of the parameter it came from, for the engine's errors."""
+    by_format, by_extension = _response_format(f), _structured_outputs(f)
+    if by_format is not None and by_extension is not None:
+        raise bad_request("structured_outputs", "cannot be combined with a response_format other than text")
+    if by_format is not None:
+        return by_format, {by_format.field: "response_format"}
+    if by_extension is not None:
+        name = "json" if by_extension.kind == "json_schema" else by_extension.kind
+        return by_extension, {by_extension.field: f"structured_outputs.{name}"}
+    return None, {}
+
+
+def _structured_outputs(f: _Fields) -> Constraint | None:
+    """vLLM's ``structured_outputs``: exactly one of json (a schema), regex, choice, grammar."""
+    spec = f.get("structured_outputs", "dict")
+    if not spec:
+        return None
+    given = _Fields(spec)
+    found = [key for key in ("json", "regex", "choice", "grammar") if spec.get(key) is not None]
+    if len(found) != 1:
+        raise bad_request("structured_outputs", "set exactly one of json, regex, choice, grammar")
+    key = found[0]
+    if key == "json":
+        return Constraint("json_schema", text=json.dumps(given.get("json", "dict")))
+    if key == "choice":
+        return Constraint("choice", choices=given.list_of("choice", "str") or ())
+    return Constraint("regex" if key == "regex" else "grammar", text=given.get(key, "str"))
 
 
 def _set_given(given: dict[str, Any], name: str, value: Any) -> bool:
@@ -198,13 +259,33 @@ def _set_given(given: dict[str, Any], name: str, value: Any) -> bool:
 
 def _refuse_unsupported(f: _Fields) -> None:
     """Parameters whose meaning we cannot honour get a 400, not silence."""
-    if f.get("n", "int", 1) != 1:
-        raise bad_request("n", "only n=1 is supported; send one request per completion")
     if f.get("logit_bias", "dict"):
         raise bad_request("logit_bias", "logit_bias is not supported")
+
+
+def _n(f: _Fields) -> int:
+    n: int = f.get("n", "int", 1)
+    if not 1 <= n <= MAX_N:
+        raise bad_request("n", f"must be in [1, {MAX_N}], got {n}")
+    return n
+
+
+def _response_format(f: _Fields) -> Constraint | None:
+    """text (None), json_object, or json_schema ({name, schema, strict}; the schema is always enforced)."""
     response_format = f.get("response_format", "dict")
-    if response_format and response_format.get("type", "text") != "text":
-        raise bad_request("response_format", "only the 'text' response format is supported")
+    kind = _Fields(response_format or {}).get("type", "str", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_object")
+    if kind != "json_schema":
+        raise bad_request("response_format.type", f"expected text, json_object or json_schema, got {kind!r}")
+    spec = _Fields(response_format or {}).get("json_schema", "dict")
+    schema = _Fields(spec or {}).get("schema", "dict")
+    if schema is None:
+        raise bad_request("response_format.json_schema.schema", "expected a JSON schema object")
+    _Fields(spec or {}).get("strict", "bool")  # type-checked; the schema is enforced either way
+    return Constraint("json_schema", text=json.dumps(schema))
 
 
 def _stopping(f: _Fields) -> dict[str, Any]:
@@ -263,7 +344,11 @@ def _message(index: int, message: Any) -> ChatMessage:
         content = _text_parts(param, content)
     if not isinstance(content, str):
         raise bad_request(f"{param}.content", "expected a string or an array of text parts")
-    return ChatMessage(role=role, content=content)
+    fields = _Fields(message)
+    tool_calls = fields.get("tool_calls", "list") if role == "assistant" else None
+    tool_call_id = fields.get("tool_call_id", "str", "") if role == "tool" else ""
+    calls_json = json.dumps(tool_calls) if tool_calls else ""
+    return ChatMessage(role=role, content=content, tool_calls_json=calls_json, tool_call_id=tool_call_id)
 
 
 def _text_parts(param: str, parts: list[Any]) -> str:

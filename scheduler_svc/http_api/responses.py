@@ -12,6 +12,7 @@ from typing import Any
 
 from pagoda.step import FinishReason, LogprobEntry
 from scheduler_svc.http_api.errors import server_error, unavailable
+from scheduler_svc.http_api.tools import ToolSpec, ToolStream, parse_calls
 from scheduler_svc.request import RequestOutput, Usage
 from scheduler_svc.tokenizer import Tokenizer
 
@@ -27,6 +28,12 @@ def check_output(out: RequestOutput) -> None:
         raise unavailable(f"request {out.request_id} was aborted: {out.error or 'server shutting down'}")
 
 
+def merged_usage(usages: list[Usage]) -> Usage:
+    """The usage of a request's choices: the prompt once (as its first choice saw it), every completion."""
+    first = usages[0]
+    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens)
+
+
 def usage_body(usage: Usage) -> Json:
     """OpenAI's usage object (cached prompt tokens in prompt_tokens_details)."""
     return {
@@ -38,18 +45,30 @@ def usage_body(usage: Usage) -> Json:
 
 
 class Formatter:
-    """What both endpoints share: id, model, timestamps, token strings."""
+    """What both endpoints share: id, model, timestamps, token strings; one formatter per choice."""
 
     object_name = ""
     chunk_object_name = ""
 
-    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        tokenizer: Tokenizer,
+        logprobs: int | None,
+        index: int = 0,
+        tools: ToolSpec | None = None,
+    ) -> None:
         self.response_id = response_id
         self.model = model
         self.created = int(time.time())
+        self.index = index
         self._tokenizer = tokenizer
         self._logprobs = logprobs
-        self._usage: Usage | None = None
+        self._tools = tools
+        # Chat with tools: holds back the calls of a streamed output.
+        self._tool_stream = ToolStream(tools) if tools is not None and tools.parse else None
+        self.usage: Usage | None = None
 
     def token_str(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
@@ -64,33 +83,48 @@ class Formatter:
             "choices": choices,
         }
 
-    def usage_chunk(self) -> Json:
-        """The last chunk when stream_options.include_usage: no choices, only usage."""
-        assert self._usage is not None, "usage_chunk before the final output"
-        return {**self._envelope(self.chunk_object_name, []), "usage": usage_body(self._usage)}
+    def usage_chunk(self, usage: Usage | None = None) -> Json:
+        """The last chunk when stream_options.include_usage: no choices, only usage (this choice's by default)."""
+        usage = usage or self.usage
+        assert usage is not None, "usage_chunk before the final output"
+        return {**self._envelope(self.chunk_object_name, []), "usage": usage_body(usage)}
 
     def response(self, outputs: list[RequestOutput]) -> Json:
-        """The whole non-streamed body of a request's outputs: one choice, and the usage."""
+        """The whole non-streamed body of a one-choice request."""
+        choice = self.choice(outputs)
+        assert self.usage is not None, "a response before the final output"
+        return self.body([choice], self.usage)
+
+    def choice(self, outputs: list[RequestOutput]) -> Json:
+        """This formatter's choice in a non-streamed body, from all of its outputs."""
         for out in outputs:
             self._note(out)
-        choice = _choice(outputs[-1], self._answer(outputs))
-        assert self._usage is not None, "a response before the final output"
-        return {**self._envelope(self.object_name, [choice]), "usage": usage_body(self._usage)}
+        fields, finish = self._answer(outputs)
+        return self._choice(outputs[-1], fields, finish)
 
-    def _chunk(self, out: RequestOutput, fields: Json) -> list[Json]:
+    def body(self, choices: list[Json], usage: Usage) -> Json:
+        """The whole non-streamed body: the choices and the usage."""
+        return {**self._envelope(self.object_name, choices), "usage": usage_body(usage)}
+
+    def _chunk(self, out: RequestOutput, fields: Json, finish: str | None = None) -> list[Json]:
         """The stream chunk of ``out`` whose choice carries ``fields``."""
-        return [self._envelope(self.chunk_object_name, [_choice(out, fields)])]
+        return [self._envelope(self.chunk_object_name, [self._choice(out, fields, finish)])]
+
+    def _choice(self, out: RequestOutput, fields: Json, finish: str | None) -> Json:
+        """This choice with ``fields``, ended by ``out``'s finish reason (or ``finish``; null while it runs)."""
+        reason = finish or (out.finish_reason.value if out.finish_reason is not None else None)
+        return {"index": self.index, **fields, "finish_reason": reason, "stop_reason": out.stop_reason}
 
     def _note(self, out: RequestOutput) -> None:
         check_output(out)
         if out.usage is not None:
-            self._usage = out.usage
+            self.usage = out.usage
 
     def chunks(self, out: RequestOutput) -> list[Json]:
         raise NotImplementedError
 
-    def _answer(self, outputs: list[RequestOutput]) -> Json:
-        """The choice's text (or message) and logprobs, over all outputs."""
+    def _answer(self, outputs: list[RequestOutput]) -> tuple[Json, str | None]:
+        """The choice's text (or message) and logprobs over all outputs, and a finish reason that overrides."""
         raise NotImplementedError
 
 
@@ -99,9 +133,8 @@ class CompletionFormatter(Formatter):
 
     object_name = chunk_object_name = "text_completion"
 
-    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None) -> None:
-        super().__init__(response_id, model, tokenizer, logprobs)
-        self._text_offset = 0
+    # Characters of text before the next token (legacy logprobs' text_offset).
+    _text_offset = 0
 
     def chunks(self, out: RequestOutput) -> list[Json]:
         self._note(out)
@@ -109,11 +142,11 @@ class CompletionFormatter(Formatter):
             return []
         return self._chunk(out, {"text": out.text, "logprobs": self._logprobs_body(out)})
 
-    def _answer(self, outputs: list[RequestOutput]) -> Json:
+    def _answer(self, outputs: list[RequestOutput]) -> tuple[Json, str | None]:
         logprobs = None
         if self._logprobs is not None:
             logprobs = _merge_legacy([self._logprobs_body(out) for out in outputs])
-        return {"text": "".join(o.text for o in outputs), "logprobs": logprobs}
+        return {"text": "".join(o.text for o in outputs), "logprobs": logprobs}, None
 
     def _logprobs_body(self, out: RequestOutput) -> Json | None:
         if self._logprobs is None:
@@ -147,24 +180,37 @@ class ChatFormatter(Formatter):
 
     def role_chunk(self) -> Json:
         """The first chunk of a stream: the role, no content yet."""
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}
         return self._envelope(self.chunk_object_name, [choice])
 
     def chunks(self, out: RequestOutput) -> list[Json]:
         self._note(out)
         content = self._logprobs_content(out)
-        if not (out.text or out.finished or content):
+        text, calls = out.text, list[Json]()
+        if self._tool_stream is not None:
+            text = self._tool_stream.feed(out.text)
+            if out.finished:
+                rest, calls = self._tool_stream.finish()
+                text += rest
+        if not (text or out.finished or content):
             return []
-        delta = {"content": out.text} if out.text else {}
+        delta: Json = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
         logprobs = None if content is None else {"content": content, "refusal": None}
-        return self._chunk(out, {"delta": delta, "logprobs": logprobs})
+        return self._chunk(out, {"delta": delta, "logprobs": logprobs}, "tool_calls" if calls else None)
 
-    def _answer(self, outputs: list[RequestOutput]) -> Json:
+    def _answer(self, outputs: list[RequestOutput]) -> tuple[Json, str | None]:
         logprobs = None
         if self._logprobs is not None:
             logprobs = {"content": [e for o in outputs for e in self._logprobs_content(o) or ()], "refusal": None}
-        message = {"role": "assistant", "content": "".join(o.text for o in outputs), "refusal": None}
-        return {"message": message, "logprobs": logprobs}
+        text = "".join(o.text for o in outputs)
+        content, calls = parse_calls(text, self._tools) if self._tools is not None else (text, [])
+        message: Json = {"role": "assistant", "content": content if content or not calls else None, "refusal": None}
+        if calls:
+            message["tool_calls"] = calls
+        return {"message": message, "logprobs": logprobs}, "tool_calls" if calls else None
 
     def _logprobs_content(self, out: RequestOutput) -> list[Json] | None:
         if self._logprobs is None:
@@ -180,12 +226,3 @@ class ChatFormatter(Formatter):
     def _token(self, token_id: int, logprob: float) -> Json:
         token = self.token_str(token_id)
         return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
-
-
-def _choice(out: RequestOutput, fields: Json) -> Json:
-    """Choice 0 with ``fields``, ended by ``out``'s finish and stop reasons (null while it runs)."""
-    return {"index": 0, **fields, "finish_reason": _finish(out), "stop_reason": out.stop_reason}
-
-
-def _finish(out: RequestOutput) -> str | None:
-    return out.finish_reason.value if out.finish_reason is not None else None

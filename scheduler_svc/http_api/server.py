@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_svc.auth import bearer_token, key_is_valid, load_api_keys
 from scheduler_svc.errors import RequestError
+from scheduler_svc.http_api.choices import Choices
 from scheduler_svc.http_api.errors import (
     ApiError,
     from_request_error,
@@ -30,15 +31,19 @@ from scheduler_svc.http_api.errors import (
     unavailable,
 )
 from scheduler_svc.http_api.protocol import ParsedRequest, parse_chat, parse_completion, read_json
-from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter, Formatter, Json, check_output
-from scheduler_svc.request import RequestOutput
+from scheduler_svc.http_api.responses import (
+    ChatFormatter,
+    CompletionFormatter,
+    Formatter,
+    Json,
+    check_output,
+    merged_usage,
+)
 
 if TYPE_CHECKING:
     from scheduler_svc.config import SchedulerServiceConfig
     from scheduler_svc.engine import Engine
     from scheduler_svc.metrics import SchedulerMetrics
-
-Outputs = AsyncGenerator[RequestOutput, None]
 
 log = structlog.get_logger("scheduler")
 
@@ -168,39 +173,45 @@ class HttpApi:
             log.info("http_request", path=request.path, stream=parsed.stream, user=parsed.user)
             formatter_cls = ChatFormatter if chat else CompletionFormatter
             assert self.engine.tokenizer is not None  # known with the model
-            formatter = formatter_cls(
-                f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
-                served,
-                self.engine.tokenizer,
-                parsed.generation.sampling.get("logprobs"),
-            )
-            return await self._run(request, parsed, formatter, chat)
+            formatters: list[Formatter] = [
+                formatter_cls(
+                    f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
+                    served,
+                    self.engine.tokenizer,
+                    parsed.generation.sampling.get("logprobs"),
+                    index,
+                    parsed.tools,
+                )
+                for index in range(parsed.n)
+            ]
+            return await self._run(request, parsed, formatters, chat)
         finally:
             structlog.contextvars.unbind_contextvars("request_id")
 
     async def _run(
-        self, request: web.Request, parsed: ParsedRequest, formatter: Formatter, chat: bool
+        self, request: web.Request, parsed: ParsedRequest, formatters: list[Formatter], chat: bool
     ) -> web.StreamResponse:
-        outputs = self.engine.generate(parsed.generation)
+        choices = Choices(self.engine, parsed.generation, parsed.n)
         try:
-            first = await anext(outputs)
+            await choices.open()
             if parsed.stream:
-                return await self._stream(request, parsed, formatter, first, outputs)
-            collected = [first]
-            if not first.finished:
-                collected += [out async for out in outputs]
-            body = formatter.response(collected)
+                return await self._stream(request, parsed, formatters, choices)
+            collected = await choices.collect()
+            bodies = [formatter.choice(outputs) for formatter, outputs in zip(formatters, collected)]
+            usage = merged_usage([f.usage for f in formatters if f.usage is not None])
+            body = formatters[0].body(bodies, usage)
             return web.json_response(body, headers={"x-request-id": parsed.generation.request_id})
         except RequestError as exc:
             log.info("request_rejected", error=str(exc))
             raise from_request_error(exc, chat=chat, aliases=parsed.param_aliases) from None
         finally:
-            await outputs.aclose()
+            await choices.aclose()
 
     async def _stream(
-        self, request: web.Request, parsed: ParsedRequest, formatter: Formatter, first: RequestOutput, outputs: Outputs
+        self, request: web.Request, parsed: ParsedRequest, formatters: list[Formatter], choices: Choices
     ) -> web.StreamResponse:
-        check_output(first)  # a request that failed before any token gets a plain error reply
+        for first in choices.firsts:
+            check_output(first)  # a request that failed before any token gets a plain error reply
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -210,7 +221,7 @@ class HttpApi:
         )
         await response.prepare(request)
         try:
-            await self._write_events(response, parsed, formatter, first, outputs)
+            await self._write_events(response, parsed, formatters, choices)
         except ConnectionError:
             log.info("http_client_disconnected")
             return response
@@ -218,27 +229,20 @@ class HttpApi:
         return response
 
     async def _write_events(
-        self,
-        response: web.StreamResponse,
-        parsed: ParsedRequest,
-        formatter: Formatter,
-        first: RequestOutput,
-        outputs: Outputs,
+        self, response: web.StreamResponse, parsed: ParsedRequest, formatters: list[Formatter], choices: Choices
     ) -> None:
+        chat = isinstance(formatters[0], ChatFormatter)
         try:
-            if isinstance(formatter, ChatFormatter):
-                await response.write(sse(formatter.role_chunk()))
-            out = first
-            while True:
-                for chunk in formatter.chunks(out):
+            for formatter in formatters:
+                if isinstance(formatter, ChatFormatter):
+                    await response.write(sse(formatter.role_chunk()))
+            async for index, out in choices.interleave():
+                for chunk in formatters[index].chunks(out):
                     await response.write(sse(chunk))
-                if out.finished:
-                    break
-                out = await anext(outputs)
             if parsed.include_usage:
-                await response.write(sse(formatter.usage_chunk()))
+                usage = merged_usage([f.usage for f in formatters if f.usage is not None])
+                await response.write(sse(formatters[0].usage_chunk(usage)))
         except RequestError as exc:
-            chat = isinstance(formatter, ChatFormatter)
             await response.write(sse(from_request_error(exc, chat=chat, aliases=parsed.param_aliases).body()))
         except ApiError as exc:
             await response.write(sse(exc.body()))

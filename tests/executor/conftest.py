@@ -147,12 +147,12 @@ class LogitsRecorder:
     def __init__(self):
         self.records: list[tuple[list[int], torch.Tensor]] = []
 
-    def __call__(self, logits, requests, argmax=None):
+    def __call__(self, logits, requests, argmax=None, masks=None):
         from executor_svc.sampler import sample
 
         for row, request in zip(logits, requests):
             self.records.append((list(request.token_ids), row.clone()))
-        return sample(logits, requests, argmax)
+        return sample(logits, requests, argmax, masks)
 
 
 def install_recorder(runner) -> LogitsRecorder:

@@ -168,7 +168,7 @@ def test_completion_logprobs_legacy_layout(oai, grpc, model):
     [
         (dict(temperature=-1), "temperature", "must be >= 0"),
         (dict(top_p=1.5), "top_p", "(0, 1]"),
-        (dict(n=2), "n", "only n=1"),
+        (dict(n=9), "n", "must be in [1, 8]"),
         (dict(max_tokens=5000), "max_tokens", "above the limit"),
         (dict(max_tokens=1000, prompt="x " * 100), "max_tokens", "context"),
         (dict(logprobs=99), "logprobs", "must be in [0, 20]"),
