@@ -35,6 +35,9 @@ class CallOptions(TypedDict, total=False):
     add_generation_prompt: bool | None
     # Seconds for the whole call including retries; overrides the client's default.
     timeout: float | None
+    # W3C trace context of the call, sent as traceparent metadata (default: the application's
+    # current OpenTelemetry span when it uses OpenTelemetry, else none); docs/tracing.md.
+    traceparent: str | None
 
 
 class RequestOptions(ParamOptions, CallOptions, total=False):

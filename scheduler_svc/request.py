@@ -60,6 +60,8 @@ class GenerationRequest:
     timeout_s: float | None = None
     # Set when the client resumes a broken stream (the sampling seed is then given too).
     resume: ResumeFrom | None = None
+    # W3C trace context the client sent (validated at the edge; empty: none), docs/tracing.md.
+    traceparent: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

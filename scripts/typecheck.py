@@ -25,6 +25,7 @@ PACKAGES = (
     "pagoda.step",
     "pagoda.step_pb",
     "pagoda.channel",
+    "pagoda.tracing",
     "pagoda.launch",
     "executor_svc.lease",
 )

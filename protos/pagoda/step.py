@@ -43,6 +43,8 @@ class NewSequence:
     num_computed_tokens: int
     # Tokens to compute this step, starting at num_computed_tokens.
     num_scheduled_tokens: int
+    # W3C trace context of the request span, for sampled requests only (docs/tracing.md); empty: not traced.
+    traceparent: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
