@@ -303,6 +303,7 @@ class Engine:
 
     def on_executor_described(self, executor: ExecutorHandle, info: ExecutorInfo) -> bool:
         """Learn the model from the first executor described; refuse executors that serve another one."""
+        self.metrics.on_executor_described(executor.address, info.incarnation_id)
         if self.model is None:
             self._set_model(info)
         elif (info.model_name, info.vocab_size) != (self.model.model_name, self.model.vocab_size):
