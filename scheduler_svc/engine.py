@@ -287,7 +287,7 @@ class Engine:
             log.info("request_aborted", request_id=state.request_id)
         self._requests.pop(state.seq.seq_id, None)
         if self.tracer is not None:
-            self.tracer.end(state, state.finish_reason or FinishReason.ABORT)
+            self.tracer.end(state.seq, state.finish_reason or FinishReason.ABORT)
 
     @property
     def num_waiting(self) -> int:

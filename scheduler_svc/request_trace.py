@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
     from opentelemetry.util.types import Attributes
 
-    from scheduler_svc.output_processor import RequestState
     from scheduler_svc.request import GenerationRequest
     from scheduler_svc.sequence import SchedulerSequence
 
@@ -146,11 +145,10 @@ class RequestTrace:
         self._end_prefill(None)
         self.on_queued("executor_lost")
 
-    def end(self, state: RequestState, reason: FinishReason) -> None:
+    def end(self, seq: SchedulerSequence, reason: FinishReason) -> None:
         """The request is over: a `finish` span with its reason; every open span ends."""
         from opentelemetry.trace import StatusCode
 
-        seq = state.seq
         for span in (self._queue, self._prefill, self._decode):
             if span is not None:
                 span.end()
@@ -219,10 +217,9 @@ class RequestTracer:
             if seq.trace is not None:
                 seq.trace.on_executor_lost(executor, seq.num_tokens)
 
-    def end(self, state: RequestState, reason: FinishReason) -> None:
+    def end(self, seq: SchedulerSequence, reason: FinishReason) -> None:
         """The request left the engine."""
-        seq = state.seq
         trace = self._traces.pop(seq.seq_id, None)
         if trace is not None:
             tracing.trace_ids.pop(seq.request_id, None)
-            trace.end(state, reason)
+            trace.end(seq, reason)

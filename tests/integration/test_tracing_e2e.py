@@ -17,13 +17,14 @@ import random
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 from support.otlp_receiver import OtlpReceiver, ReceivedSpan
 from support.system import fp32_launcher
 
-from pagoda.launch.launcher import Launcher
+from pagoda.launch.launcher import Launcher, free_port
 from pagoda_client import Client
 
 pytestmark = pytest.mark.integration
@@ -69,6 +70,7 @@ def test_one_request_is_one_trace_across_client_scheduler_and_executor(tiny_mode
     rng = random.Random(21)
     prompt = [rng.randrange(3, 384) for _ in range(100)]
     endpoint = ["--otlp-endpoint", receiver.endpoint]
+    http_port = free_port()
     with fp32_launcher(
         tiny_model_dir,
         tmp_path,
@@ -76,6 +78,7 @@ def test_one_request_is_one_trace_across_client_scheduler_and_executor(tiny_mode
         env=FAST_EXPORT,
         extra_scheduler_args=[*endpoint, "--max-num-batched-tokens", "32", "--log-format", "json"],
         extra_executor_args=[*endpoint, "--log-format", "json"],
+        http_port=http_port,
     ) as system:
         argv = [sys.executable, "-m", "pagoda_client.cli", "generate", "--target", system.target, *endpoint]
         argv += ["--token-ids", ",".join(map(str, prompt)), "--max-tokens", "8", "--temperature", "0"]
@@ -117,10 +120,24 @@ def test_one_request_is_one_trace_across_client_scheduler_and_executor(tiny_mode
         assert all(s.trace_id != request.trace_id and s.parent_span_id == "" for s in steps)
         assert all(s.attributes["pagoda.batch_size"] >= 1 and s.attributes["pagoda.forward_ns"] > 0 for s in steps)
         assert sum(s.attributes["pagoda.num_tokens"] for s in steps) >= 100 + 7
+        _check_http_traceparent(http_port, receiver)
     # Log lines name the trace: the scheduler's admission and the executor's sequence.
     for event in ("request_admitted", "sequence_added"):
         lines = [x for x in _log_lines(tmp_path, event) if x.get("request_id") == "traced-1"]
         assert lines and all(x.get("trace_id") == client.trace_id for x in lines), (event, lines)
+
+
+def _check_http_traceparent(http_port: int, receiver: OtlpReceiver) -> None:
+    """The OpenAI-compatible HTTP API continues the trace of a `traceparent` header."""
+    traceparent = _traceparent(random.Random(1))
+    body = json.dumps({"prompt": "Hello", "max_tokens": 2}).encode()
+    headers = {"Content-Type": "application/json", "traceparent": traceparent}
+    url = f"http://127.0.0.1:{http_port}/v1/completions"
+    with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=60) as response:
+        assert response.status == 200
+    _, trace_id, span_id, _ = traceparent.split("-")
+    spans = receiver.wait_for(_request_done(trace_id), SPAN_WAIT_S, "the HTTP request's span")
+    assert _one(_of_trace(spans, trace_id), "pagoda.request").parent_span_id == span_id
 
 
 def test_a_preempted_request_carries_the_preemption(tiny_model_dir, receiver, tmp_path):
