@@ -12,10 +12,18 @@ with torch's JIT loader into ``TORCH_EXTENSIONS_DIR`` and silently runs the
 torch code when the cached build is older than its sources: point that
 variable at the cache its ``make install`` filled.
 
+``--env-a/-b/-c`` add environment variables to one checkout's server, so one
+checkout can be measured two ways (the same path as B and C). ``--otlp-sink``
+starts an OTLP/gRPC receiver in this process that counts the spans it gets;
+``{otlp}`` in those variables is its endpoint (tracing on, exported locally).
+
 Usage:
     python bench/ab_serve.py --a /path/to/checkout-before --b . --rounds 3 \\
         --serve-args "--dtype bfloat16 --kv-cache-memory 1GiB" \\
         --bench-args "--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"
+    # tracing off and on (docs/tracing.md):
+    python bench/ab_serve.py --a /path/to/checkout-before --b . --c . --otlp-sink \\
+        --env-c "OTEL_EXPORTER_OTLP_ENDPOINT={otlp}"
 """
 
 from __future__ import annotations
@@ -58,13 +66,55 @@ def _wait_ready(bench: Path, target: str, server: subprocess.Popen[bytes]) -> No
     raise SystemExit(f"no READY executor at {target} after {READY_TIMEOUT_S:.0f}s")
 
 
-def run_once(checkout: Path, client: Path, serve_args: list[str], bench_args: list[str], log: Path) -> float:
-    """Output tokens/s of one served run of ``checkout``."""
+class SpanSink:
+    """An OTLP/gRPC trace receiver on 127.0.0.1 that only counts the spans it gets (opentelemetry-proto)."""
+
+    def __init__(self) -> None:
+        import concurrent.futures
+        import threading
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        sink = self
+        self.num_spans = 0
+        self._lock = threading.Lock()
+
+        class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):
+                count = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+                with sink._lock:
+                    sink.num_spans += count
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self._server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), self._server)
+        self.endpoint = f"http://127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        self._server.start()
+
+    def take(self) -> int:
+        """Spans received since the last call."""
+        with self._lock:
+            count, self.num_spans = self.num_spans, 0
+        return count
+
+
+def run_once(
+    checkout: Path, client: Path, serve_args: list[str], bench_args: list[str], log: Path, env: dict[str, str]
+) -> float:
+    """Output tokens/s of one served run of ``checkout`` (its server gets ``env`` added)."""
     port = _free_port()
     target = f"127.0.0.1:{port}"
     serve = [str(checkout / ".venv" / "bin" / "pagoda"), "serve", "--port", str(port), *serve_args]
     with open(log, "ab") as out:
-        server = subprocess.Popen(serve, cwd=checkout, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            serve,
+            cwd=checkout,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait_ready(client, target, server)
         with tempfile.TemporaryDirectory() as tmp:
@@ -81,6 +131,14 @@ def run_once(checkout: Path, client: Path, serve_args: list[str], bench_args: li
             server.wait()
 
 
+def _env(text: str, sink: SpanSink | None) -> dict[str, str]:
+    """``KEY=VALUE ...`` as a dict; ``{otlp}`` is the sink's endpoint."""
+    pairs = [item.split("=", 1) for item in shlex.split(text)]
+    if sink is None and "{otlp}" in text:
+        raise SystemExit("{otlp} needs --otlp-sink")
+    return {key: value.replace("{otlp}", sink.endpoint if sink else "") for key, value in pairs}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", required=True, type=Path, help="checkout A (its .venv is used); the reference")
@@ -93,20 +151,25 @@ def main() -> int:
         default="--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0",
     )
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "ab_serve.log")
+    for name in "abc":
+        parser.add_argument(f"--env-{name}", default="", help=f"KEY=VALUE ... added to {name.upper()}'s server")
+    parser.add_argument("--otlp-sink", action="store_true", help="count spans at {otlp}, a local OTLP receiver")
     args = parser.parse_args()
+    sink = SpanSink() if args.otlp_sink else None
     given = {"A": args.a, "B": args.b, "C": args.c}
     checkouts = {name: path.resolve() for name, path in given.items() if path is not None}
     names = list(checkouts)
     client = Path(sys.executable).parent / "pagoda"
     results: dict[str, list[float]] = {name: [] for name in names}
+    envs = {name: _env(getattr(args, f"env_{name.lower()}"), sink) for name in names}
     for round_index in range(args.rounds):
         shift = round_index % len(names)  # each checkout goes first in turn
         for name in names[shift:] + names[:shift]:
-            tok_s = run_once(
-                checkouts[name], client, shlex.split(args.serve_args), shlex.split(args.bench_args), args.log
-            )
+            serve_args, bench_args = shlex.split(args.serve_args), shlex.split(args.bench_args)
+            tok_s = run_once(checkouts[name], client, serve_args, bench_args, args.log, envs[name])
             results[name].append(tok_s)
-            print(f"round {round_index + 1} {name}: {tok_s:.1f} output tok/s", flush=True)
+            spans = f", {sink.take()} spans exported" if sink is not None else ""
+            print(f"round {round_index + 1} {name}: {tok_s:.1f} output tok/s{spans}", flush=True)
     medians = {name: statistics.median(values) for name, values in results.items()}
     for name, values in results.items():
         runs = ", ".join(f"{v:.1f}" for v in values)
