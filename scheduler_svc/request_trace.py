@@ -79,7 +79,7 @@ class RequestTrace:
         """A client resumed the request after `num_delivered` tokens (docs/durability.md)."""
         self.span.add_event("resumed", {"pagoda.num_delivered_tokens": num_delivered})
 
-    def on_admitted(self, executor: str, num_tokens: int, num_hit_tokens: int, step_id: int, start_ns: int) -> None:
+    def on_admitted(self, executor: str, num_tokens: int, num_hit_tokens: int, start_ns: int) -> None:
         """A step admitted the sequence (its NewSequence): the wait ends, a prefill starts."""
         if self._queue is not None:
             self._queue.set_attribute("pagoda.executor", executor)
@@ -204,7 +204,7 @@ class RequestTracer:
             trace = traces.get(new.seq_id)
             if trace is not None:
                 num_tokens = len(new.token_ids)
-                trace.on_admitted(executor, num_tokens, new.num_computed_tokens, plan.step_id, start_ns)
+                trace.on_admitted(executor, num_tokens, new.num_computed_tokens, start_ns)
                 trace.on_ran(plan.step_id, new.num_scheduled_tokens, start_ns, end_ns)
         for scheduled in plan.scheduled_seqs:
             trace = traces.get(scheduled.seq_id)
