@@ -99,10 +99,29 @@ class SpanSink:
         return count
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its descendants (Linux /proc)."""
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:  # exited meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        stack += [int(child) for child in children]
+    return total
+
+
 def run_once(
     checkout: Path, client: Path, serve_args: list[str], bench_args: list[str], log: Path, env: dict[str, str]
-) -> float:
-    """Output tokens/s of one served run of ``checkout`` (its server gets ``env`` added)."""
+) -> tuple[float, float]:
+    """(output tokens/s, CPU ms per output token) of one served run of ``checkout`` (its server gets ``env``).
+
+    The CPU time is the server's (launcher, scheduler, executors) while the
+    benchmark runs: on a shared machine it varies far less than throughput does.
+    """
     port = _free_port()
     target = f"127.0.0.1:{port}"
     serve = [str(checkout / ".venv" / "bin" / "pagoda"), "serve", "--port", str(port), *serve_args]
@@ -117,11 +136,13 @@ def run_once(
         )
     try:
         _wait_ready(client, target, server)
+        cpu_before = _tree_cpu_s(server.pid)
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "bench.json"
             bench = [str(client), "bench", "--target", target, "--no-progress", "--json", str(report), *bench_args]
             subprocess.run(bench, check=True, timeout=BENCH_TIMEOUT_S, stdout=subprocess.DEVNULL)
-            return float(json.loads(report.read_text())["runs"]["pagoda"]["metrics"]["output_throughput"])
+            metrics = json.loads(report.read_text())["runs"]["pagoda"]["metrics"]
+        cpu_ms = (_tree_cpu_s(server.pid) - cpu_before) * 1e3
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -129,6 +150,7 @@ def run_once(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+    return float(metrics["output_throughput"]), cpu_ms / float(metrics["total_output_tokens"])
 
 
 def _env(text: str, sink: SpanSink | None) -> dict[str, str]:
@@ -161,21 +183,31 @@ def main() -> int:
     names = list(checkouts)
     client = Path(sys.executable).parent / "pagoda"
     results: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     envs = {name: _env(getattr(args, f"env_{name.lower()}"), sink) for name in names}
     for round_index in range(args.rounds):
         shift = round_index % len(names)  # each checkout goes first in turn
         for name in names[shift:] + names[:shift]:
             serve_args, bench_args = shlex.split(args.serve_args), shlex.split(args.bench_args)
-            tok_s = run_once(checkouts[name], client, serve_args, bench_args, args.log, envs[name])
+            tok_s, cpu_ms = run_once(checkouts[name], client, serve_args, bench_args, args.log, envs[name])
             results[name].append(tok_s)
+            cpu[name].append(cpu_ms)
             spans = f", {sink.take()} spans exported" if sink is not None else ""
-            print(f"round {round_index + 1} {name}: {tok_s:.1f} output tok/s{spans}", flush=True)
+            print(
+                f"round {round_index + 1} {name}: {tok_s:.1f} output tok/s, {cpu_ms:.3f} CPU ms/token{spans}",
+                flush=True,
+            )
     medians = {name: statistics.median(values) for name, values in results.items()}
     for name, values in results.items():
         runs = ", ".join(f"{v:.1f}" for v in values)
         print(f"{name} ({checkouts[name]}): median {medians[name]:.1f} output tok/s [{runs}]")
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+    for name in names:
+        runs = ", ".join(f"{v:.3f}" for v in cpu[name])
+        print(f"{name}: median {cpu_medians[name]:.3f} CPU ms per output token [{runs}]")
     for name in names[1:]:
-        print(f"{name}/A = {medians[name] / medians['A']:.3f}")
+        ratio, cpu_ratio = medians[name] / medians["A"], cpu_medians[name] / cpu_medians["A"]
+        print(f"{name}/A = {ratio:.3f} (throughput), {cpu_ratio:.3f} (CPU per token)")
     return 0
 
 
