@@ -73,7 +73,8 @@ class StepTracer:
             "pagoda.incarnation_id": self._incarnation_id,
         }
         span = self._tracer.start_span("executor.sequence", parent, attributes=attributes, start_time=start_ns)
-        link = Link(tracing.span_context_of(new.traceparent), {"pagoda.seq_id": new.seq_id})
+        # No attributes on the link: the SDK copies a link's attributes into every span that carries it.
+        link = Link(tracing.span_context_of(new.traceparent))
         self._traced[new.seq_id] = _Traced(new.request_id, span, link)
         tracing.trace_ids[new.request_id] = tracing.trace_id_of(new.traceparent)
 

@@ -149,11 +149,11 @@ class RequestTrace:
         """The request is over: a `finish` span with its reason; every open span ends."""
         from opentelemetry.trace import StatusCode
 
+        if self._decode is not None:
+            self._decode.set_attribute("pagoda.num_output_tokens", len(seq.output_token_ids))
         for span in (self._queue, self._prefill, self._decode):
             if span is not None:
                 span.end()
-        if self._decode is not None:
-            self._decode.set_attribute("pagoda.num_output_tokens", len(seq.output_token_ids))
         finish = self._child("finish", {"pagoda.finish_reason": reason.value})
         if seq.stop_reason is not None:
             finish.set_attribute("pagoda.stop_reason", seq.stop_reason)
