@@ -107,7 +107,9 @@ async def serve(config: ExecutorConfig) -> None:
     credentials = grpc_server.server_credentials(config.tls_cert, config.tls_key, config.tls_ca)
     port = grpc_server.add_port(server, f"{config.host}:{config.port}", credentials)
     await server.start()
-    log.info("executor_listening", address=f"{config.host}:{port}", tls=credentials is not None)
+    log.info(
+        "executor_listening", address=f"{config.host}:{port}", tls=credentials is not None, tracing=tracer is not None
+    )
 
     loaded = load_simulated(config) if config.simulate else await load_model(config, servicer)
     info = loaded.runner.info

@@ -62,6 +62,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
         scheduler_id=engine.scheduler_id,
         executors=config.executors,
         tls=credentials is not None,
+        tracing=engine.tracer is not None,
     )
 
     stop = asyncio.Event()
