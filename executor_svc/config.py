@@ -42,6 +42,9 @@ class ExecutorConfig:
     )
     metrics_port: int = dataclasses.field(default=0, metadata=_help("Prometheus port, 0 = off"))
     log_format: str = dataclasses.field(default="auto", metadata=_help("json, console or auto"))
+    otlp_endpoint: str = dataclasses.field(
+        default="", metadata=_help("OTLP/gRPC collector for traces (default: OTEL_* variables; off)")
+    )
     drain_timeout_s: float = dataclasses.field(default=30.0, metadata=_help("SIGTERM: time to finish work"))
     tls_cert: str = dataclasses.field(default="", metadata=_help("server certificate (PEM)"))
     tls_key: str = dataclasses.field(default="", metadata=_help("server private key (PEM)"))

@@ -19,9 +19,11 @@ from executor_svc.config import ExecutorConfig, load_config
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.runner import Runner
 from executor_svc.server import ExecutorServicer
+from executor_svc.step_tracing import StepTracer
 from executor_svc.tokenizer_files import TokenizerFiles
 from pagoda.runtime import grpc_server
 from pagoda.runtime.logs import configure_logging, run_logged
+from pagoda.tracing import setup_tracing, shutdown_tracing
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 if TYPE_CHECKING:
@@ -100,11 +102,16 @@ async def serve(config: ExecutorConfig) -> None:
     await grpc_server.set_live(health)
     metrics = ExecutorMetrics()
     servicer = ExecutorServicer(metrics)
+    tracer = setup_tracing("pagoda-executor", config.otlp_endpoint)
+    if tracer is not None:
+        servicer.tracer = StepTracer(tracer, servicer.incarnation_id)
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)
     credentials = grpc_server.server_credentials(config.tls_cert, config.tls_key, config.tls_ca)
     port = grpc_server.add_port(server, f"{config.host}:{config.port}", credentials)
     await server.start()
-    log.info("executor_listening", address=f"{config.host}:{port}", tls=credentials is not None)
+    log.info(
+        "executor_listening", address=f"{config.host}:{port}", tls=credentials is not None, tracing=tracer is not None
+    )
 
     loaded = load_simulated(config) if config.simulate else await load_model(config, servicer)
     info = loaded.runner.info
@@ -129,6 +136,7 @@ async def serve(config: ExecutorConfig) -> None:
     await stop.wait()
     await drain(servicer, health, config.drain_timeout_s)
     await server.stop(grace=2.0)
+    shutdown_tracing()
     log.info("executor_stopped")
 
 

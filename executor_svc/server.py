@@ -28,6 +28,7 @@ import structlog
 from executor_svc.lease import LeaseRefused, LeaseTable
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.runner import Runner
+from executor_svc.step_tracing import StepTracer
 from executor_svc.tokenizer_files import TokenizerFiles
 from pagoda.step import ExecutorInfo, StepResult
 from pagoda.step_pb import info_to_pb, plan_from_pb, result_to_pb
@@ -60,6 +61,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         # seq_id -> request_id of the sequences held, for log lines.
         self._request_ids: dict[int, str] = {}
         self._model_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        # Spans of traced sequences and their steps (docs/tracing.md); None when tracing is off.
+        self.tracer: StepTracer | None = None
 
     async def run_model(self, fn, *args):
         """Runs fn(*args) on the model thread (every torch call goes there)."""
@@ -136,6 +139,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 finished_at = time.perf_counter_ns()
                 yield result
         finally:
+            if self.tracer is not None:
+                self.tracer.end_all("stream ended")
             self._active_streams -= 1
             self.leases.release(epoch)
             log.info("scheduler_disconnected", peer=peer, scheduler_id=scheduler_id, epoch=epoch)
@@ -146,6 +151,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 
     async def _run_step(self, plan: executor_pb2.StepPlan, idle_ns: int, started_ns: int) -> executor_pb2.StepResult:
         step = plan_from_pb(plan)
+        wall_start_ns = time.time_ns() if self.tracer is not None else 0
+        if self.tracer is not None:  # before the log lines below, which then carry the trace id
+            self.tracer.on_plan(step, wall_start_ns)
         for seq_id in step.dropped_seq_ids:
             self._request_ids.pop(seq_id, None)
         for seq in step.new_seqs:
@@ -169,6 +177,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         step_ns = time.perf_counter_ns() - started_ns
         if self._metrics is not None:
             self._metrics.observe_step(out, step_ns, idle_ns, self.runner.num_sequences())
+        if self.tracer is not None:
+            self.tracer.on_step(step, out, wall_start_ns, time.time_ns())
         return result_to_pb(self._stamp(out, step_ns, idle_ns))
 
     def _stamp(self, out: StepResult, step_ns: int, idle_ns: int) -> StepResult:

@@ -44,6 +44,9 @@ class SchedulerServiceConfig:
     api_keys_file: str = _f("", "file with one API key per line")
     api_keys: str = _f("", "comma-separated API keys")
     log_format: str = _f("auto", "json, console or auto")
+    otlp_endpoint: str = _f(
+        "", "OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (default: OTEL_* variables; off)"
+    )
     drain_timeout_s: float = _f(30.0, "SIGTERM: time for in-flight requests to finish")
     tls_cert: str = _f("", "client API certificate (PEM)")
     tls_key: str = _f("", "client API private key (PEM)")

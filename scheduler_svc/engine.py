@@ -33,6 +33,7 @@ from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.output_processor import RequestState
 from scheduler_svc.ownership import ORPHAN_TIMEOUT_S
 from scheduler_svc.request import GenerationRequest, PromptInput, RequestOutput
+from scheduler_svc.request_trace import RequestTracer
 from scheduler_svc.router import choose_executor
 from scheduler_svc.scheduler import SchedulerConfig, SeqUpdate
 from scheduler_svc.sequence import SchedulerSequence
@@ -49,8 +50,11 @@ class Engine:
         config: SchedulerServiceConfig,
         metrics: SchedulerMetrics | None = None,
         executor_credentials: grpc.ChannelCredentials | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.config = config
+        # Spans of sampled requests (docs/tracing.md); None when tracing is off: every hook is skipped.
+        self.tracer = tracer
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.bind_engine(self)
         self.fleet = Fleet(config, self, self._scheduler_config, executor_credentials)
@@ -204,6 +208,8 @@ class Engine:
             structured=request.structured,
         )
         self._check_fits(seq)
+        if self.tracer is not None:
+            self.tracer.start(request, seq)
         state = RequestState(seq, self.tokenizer, request.skip_special_tokens, arrival_ns)
         self._requests[seq.seq_id] = state
         self.metrics.on_admitted(len(token_ids))
@@ -284,6 +290,8 @@ class Engine:
             self.metrics.on_finished(state, FinishReason.ABORT)
             log.info("request_aborted", request_id=state.request_id)
         self._requests.pop(state.seq.seq_id, None)
+        if self.tracer is not None:
+            self.tracer.end(state.seq, state.finish_reason or FinishReason.ABORT)
 
     @property
     def num_waiting(self) -> int:
@@ -299,6 +307,7 @@ class Engine:
 
     def on_executor_described(self, executor: ExecutorHandle, info: ExecutorInfo) -> bool:
         """Learn the model from the first executor described; refuse executors that serve another one."""
+        self.metrics.on_executor_described(executor.address, info.incarnation_id)
         if self.model is None:
             self._set_model(info)
         elif (info.model_name, info.vocab_size) != (self.model.model_name, self.model.vocab_size):
@@ -345,6 +354,8 @@ class Engine:
                 state.first_scheduled_ns = now
         if executor.scheduler is not None:
             self.metrics.on_step(plan, result, duration_s, executor.scheduler)
+        if self.tracer is not None:
+            self.tracer.on_step(executor.address, plan, duration_s)
         if result.draining:
             self._update_health()
 
@@ -366,6 +377,8 @@ class Engine:
             executor.wake()
 
     def on_executor_lost(self, executor: ExecutorHandle, seqs: list[SchedulerSequence]) -> None:
+        if self.tracer is not None:
+            self.tracer.on_executor_lost(executor.address, seqs)
         moved = 0
         for seq in seqs:
             state = self._requests.get(seq.seq_id)

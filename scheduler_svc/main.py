@@ -12,12 +12,14 @@ import structlog
 
 from pagoda.runtime import grpc_server
 from pagoda.runtime.logs import configure_logging, run_logged
+from pagoda.tracing import setup_tracing, shutdown_tracing
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from scheduler_svc.auth import build_interceptors
 from scheduler_svc.config import SchedulerServiceConfig, load_config
 from scheduler_svc.engine import Engine
 from scheduler_svc.http_api import start_http_api
 from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.request_trace import RequestTracer
 from scheduler_svc.server import GenerationServicer
 
 log = structlog.get_logger("scheduler")
@@ -30,7 +32,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
     executor_creds = grpc_server.channel_credentials(
         config.executor_tls_ca, config.executor_tls_cert, config.executor_tls_key
     )
-    engine = Engine(config, metrics, executor_creds)
+    tracer = setup_tracing("pagoda-scheduler", config.otlp_endpoint)
+    engine = Engine(config, metrics, executor_creds, RequestTracer(tracer) if tracer is not None else None)
     options = [*grpc_server.KEEPALIVE_OPTIONS, *grpc_server.message_size_options(config.max_message_bytes)]
     server = grpc.aio.server(options=options, interceptors=build_interceptors(config.api_keys, config.api_keys_file))
     generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
@@ -59,6 +62,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
         scheduler_id=engine.scheduler_id,
         executors=config.executors,
         tls=credentials is not None,
+        tracing=engine.tracer is not None,
     )
 
     stop = asyncio.Event()
@@ -71,6 +75,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     if http_api is not None:
         await http_api.stop()
     await engine.stop()
+    shutdown_tracing()
     log.info("scheduler_stopped")
 
 

@@ -7,8 +7,11 @@ import weakref
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from pagoda.step import FinishReason, StepPlan, StepResult
+from scheduler_svc.executor_handle import ExecutorState
 
 if TYPE_CHECKING:
     from scheduler_svc.engine import Engine
@@ -78,6 +81,11 @@ class SchedulerMetrics:
         self.batch_seqs = Histogram(
             P + "step_batch_sequences", "Sequences per step", buckets=_BATCH_BUCKETS, registry=r
         )
+        self.executor_restarts = Counter(
+            P + "executor_restarts", "Executors seen again with a new incarnation", ["executor"], registry=r
+        )
+        # Executor address -> the incarnation last described (a new one is a restart).
+        self._incarnations: dict[str, str] = {}
         self._last_token_ns: dict[int, int] = {}
         # Scheduler-owned counters already exported, per scheduler core.
         self._exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, int, int]] = weakref.WeakKeyDictionary()
@@ -130,8 +138,16 @@ class SchedulerMetrics:
         if state.first_scheduled_ns is not None:
             self.queue_time.observe((state.first_scheduled_ns - state.arrival_ns) / 1e9)
 
+    def on_executor_described(self, address: str, incarnation_id: str) -> None:
+        """Count a restart when an executor comes back as a new incarnation."""
+        last = self._incarnations.get(address)
+        if last is not None and last != incarnation_id:
+            self.executor_restarts.labels(executor=address).inc()
+        self._incarnations[address] = incarnation_id
+
     def bind_engine(self, engine: Engine) -> None:
         """Gauges read the engine at scrape time (never stale)."""
+        self.registry.register(_ExecutorStates(engine))
         self.num_requests_running.set_function(lambda: engine.num_running)
         self.num_requests_waiting.set_function(lambda: engine.num_waiting)
         self.kv_cache_usage_perc.set_function(lambda: kv_cache_usage(engine))
@@ -139,6 +155,21 @@ class SchedulerMetrics:
     def serve(self, host: str, port: int) -> None:
         """Expose /metrics on host:port (a daemon thread)."""
         start_http_server(port, addr=host, registry=self.registry)
+
+
+class _ExecutorStates(Collector):
+    """`pagoda:executors{state}`: how many executors this scheduler sees in each state, read at scrape time."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = weakref.ref(engine)
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily(P + "executors", "Executors by state, as this scheduler sees them", labels=["state"])
+        engine = self._engine()
+        states = [e.state for e in engine.executors.values()] if engine is not None else []
+        for state in ExecutorState:
+            family.add_metric([state.value], states.count(state))
+        return [family]
 
 
 def kv_cache_usage(engine: Engine) -> float:

@@ -44,6 +44,8 @@ class RequestState:
         # The executor holding the sequence (None while it waits for one).
         self.executor: ExecutorHandle | None = None
         self.finished = False
+        # The reason of the final response, once sent.
+        self.finish_reason: FinishReason | None = None
         self._detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_token_ids, skip_special_tokens)
         self._stop_checker = StopChecker(seq.stopping.stop, seq.stopping.include_stop_str_in_output)
         self._sent_prompt = False
@@ -126,6 +128,7 @@ class RequestState:
         usage: Usage | None = None
         timings: RequestTimings | None = None
         if reason is not None:
+            self.finish_reason = reason
             usage = self._usage()
             timings = self._timings()
         return RequestOutput(

@@ -91,6 +91,8 @@ class GenerationRequest:
     resume: ResumeFrom | None = None
     # What the output must match (None: anything).
     structured: Constraint | None = None
+    # W3C trace context the client sent (validated at the edge; empty: none), docs/tracing.md.
+    traceparent: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -335,6 +335,8 @@ class Scheduler:
     def _preempt(self, seq: SchedulerSequence) -> None:
         """Frees the tail running sequence and puts it at the head of its priority."""
         assert self._running[-1] is seq
+        if seq.trace is not None:
+            seq.trace.on_preempted(seq.num_computed_tokens)
         self._running.pop()
         self._kv.free(seq)
         if seq.executor_holds:
@@ -382,6 +384,7 @@ class Scheduler:
                 num_computed_tokens=num_hit_tokens,
                 num_scheduled_tokens=num_tokens,
                 structured=seq.structured,
+                traceparent=seq.trace.traceparent if seq.trace is not None else "",
             )
         )
         step.commit(seq, num_tokens)

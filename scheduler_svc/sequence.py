@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import FinishReason
+
+if TYPE_CHECKING:
+    from scheduler_svc.request_trace import RequestTrace
 
 
 class SequenceStatus(enum.Enum):
@@ -84,6 +88,8 @@ class SchedulerSequence:
         # (effective priority, admission order): the running order; the
         # largest is preempted first.
         self.rank: tuple[float, int] = (float(priority), 0)
+        # The request's spans when it is traced (docs/tracing.md); None: not traced, nothing to do.
+        self.trace: RequestTrace | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

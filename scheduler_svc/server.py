@@ -7,6 +7,7 @@ id (field, `x-request-id` metadata, or a fresh one) into every log line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
@@ -16,6 +17,7 @@ import structlog
 from pagoda.by_name import copy_by_name
 from pagoda.runtime.grpc_server import Context
 from pagoda.step import FinishReason
+from pagoda.tracing import traceparent_in
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from scheduler_svc import client_pb_convert as convert
 from scheduler_svc.engine import Engine
@@ -68,6 +70,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
             gen_request = convert.request_from_pb(request, request_id, context.time_remaining())
+            traceparent = traceparent_in(context.invocation_metadata() or ())
+            if traceparent:
+                gen_request = dataclasses.replace(gen_request, traceparent=traceparent)
             # aclosing: a cancelled call must abort the request now, not when
             # the generator happens to be garbage-collected.
             async with contextlib.aclosing(self.engine.generate(gen_request)) as outputs:

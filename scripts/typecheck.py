@@ -28,6 +28,7 @@ PACKAGES = (
     "pagoda.constraint_pb",
     "pagoda.grammar",
     "pagoda.channel",
+    "pagoda.tracing",
     "pagoda.launch",
     "executor_svc.lease",
 )

@@ -70,7 +70,7 @@ class CallState(Generic[T]):
         self.request = request
         self.metadata = metadata
         self.request_id = request_id
-        self.done = False
+        self._done = False
         self.num_responses = 0
         self.num_retries = 0
         self._convert = convert
@@ -81,6 +81,21 @@ class CallState(Generic[T]):
         # The endpoint of the attempt in flight (of the first one until it starts), whether it answered.
         self.endpoint = self._targets.pick()
         self._started = self._answered = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the call is over (ended, given up, or failed for good)."""
+        return self._done
+
+    @done.setter
+    def done(self, value: bool) -> None:
+        if value and not self._done:
+            self._done = True
+            self._on_done()
+        self._done = value
+
+    def _on_done(self) -> None:
+        """The call just ended (a subclass closes what it opened)."""
 
     def next_request(self) -> ProtoMessage:
         """The request of the next attempt."""

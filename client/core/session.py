@@ -12,6 +12,7 @@ from pagoda_client.core.requests import build_generate_request, call_metadata
 from pagoda_client.core.retry import Clock, Deadline, Jitter, RetryPolicy
 from pagoda_client.core.stream import StreamState
 from pagoda_client.core.targets import DEFAULT_TARGET, Targets
+from pagoda_client.core.tracing import call_trace
 
 T = TypeVar("T")
 
@@ -60,13 +61,15 @@ class ClientCore:
         timeout = options.get("timeout")
         if timeout is not None and not isinstance(timeout, (int, float)):
             raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+        trace_metadata, span = call_trace(options.get("traceparent"))
         return StreamState(
             request,
             policy=self.retry,
             deadline=self.deadline(timeout),
-            metadata=call_metadata(self.api_key, request.request_id or None),
+            metadata=call_metadata(self.api_key, request.request_id or None) + trace_metadata,
             jitter=self._jitter,
             targets=self.targets,
+            span=span,
         )
 
     def unary(self, call: UnaryCall[T], timeout: float | None) -> CallState[T]:

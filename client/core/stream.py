@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -16,6 +17,9 @@ from pagoda_client.core.retry import Deadline, Jitter, RetryPolicy
 from pagoda_client.core.targets import Targets
 from pagoda_client.errors import PagodaError
 from pagoda_client.results import GenerationDelta, GenerationResult
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +47,10 @@ class StreamState(CallState[GenerationDelta]):
         metadata: Metadata = (),
         jitter: Jitter = random.random,
         targets: Targets | None = None,
+        span: Span | None = None,
     ) -> None:
+        """``span``: the client span of the call (``pagoda_client.core.tracing``), ended with it."""
+        self._span = span
         super().__init__(
             request,
             delta_from_pb,
@@ -76,6 +83,22 @@ class StreamState(CallState[GenerationDelta]):
         self.result.add(delta)
         self.request_id = delta.request_id or self.request_id
         return delta
+
+    def _on_done(self) -> None:
+        span, self._span = self._span, None
+        if span is None:
+            return
+        result = self.result
+        span.set_attribute("pagoda.request_id", self.request_id or "")
+        span.set_attribute("pagoda.num_completion_tokens", len(result.token_ids))
+        span.set_attribute("pagoda.num_resumes", self.num_resumes)
+        if result.finish_reason is None:
+            from opentelemetry.trace import StatusCode
+
+            span.set_status(StatusCode.ERROR, "the stream ended without a final response")
+        else:
+            span.set_attribute("pagoda.finish_reason", result.finish_reason.value)
+        span.end()
 
     def _check_continues(self, response: generation_pb2.GenerateResponse) -> None:
         if response.HasField("seed"):

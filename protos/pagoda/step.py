@@ -46,6 +46,8 @@ class NewSequence:
     num_scheduled_tokens: int
     # The output constraint; the executor derives its matcher from token_ids[num_prompt_tokens:].
     structured: Constraint | None = None
+    # W3C trace context of the request span, for sampled requests only (docs/tracing.md); empty: not traced.
+    traceparent: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

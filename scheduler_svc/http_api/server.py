@@ -9,6 +9,7 @@ aborts the request and frees its KV blocks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -19,6 +20,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pagoda.tracing import TRACEPARENT_KEY, parse_traceparent
 from scheduler_svc.auth import bearer_token, key_is_valid, load_api_keys
 from scheduler_svc.errors import RequestError
 from scheduler_svc.http_api.choices import Choices
@@ -166,6 +168,11 @@ class HttpApi:
         served = self._served_model()
         request_id = _request_id(request)
         parsed = (parse_chat if chat else parse_completion)(body, request_id)
+        traceparent = parse_traceparent(request.headers.get(TRACEPARENT_KEY, ""))
+        if traceparent:  # W3C trace context (docs/tracing.md); a malformed one is ignored, as the spec says
+            parsed = dataclasses.replace(
+                parsed, generation=dataclasses.replace(parsed.generation, traceparent=traceparent)
+            )
         if parsed.model and parsed.model != served:
             raise model_not_found(parsed.model, served)
         structlog.contextvars.bind_contextvars(request_id=request_id)

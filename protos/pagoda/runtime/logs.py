@@ -11,6 +11,8 @@ from typing import Any
 
 import structlog
 
+from pagoda.tracing import add_trace_id
+
 
 def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
     """Configure structlog and the stdlib root logger.
@@ -25,6 +27,7 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_trace_id,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
