@@ -173,3 +173,9 @@ class ServerStatus:
     """This scheduler's id in the executors' leases."""
     schedulers: tuple[str, ...] = ()
     """Every live scheduler the executors report."""
+    spec_num_drafts_total: int = 0
+    """Speculative decoding: sequence-steps that verified draft tokens."""
+    spec_draft_tokens_total: int = 0
+    """Draft tokens proposed."""
+    spec_accepted_tokens_total: int = 0
+    """Draft tokens accepted."""

@@ -201,26 +201,35 @@ class ModelRunner:
         pending: concurrent.futures.Future[StepMasks] | None,
         errors: list[SeqError],
     ) -> list[SeqOutput]:
+        """Samples every row ([R, V] logits), then appends each sequence's token (or accepted drafts and one)."""
         if not states:
             return []
         sample_fn, request_cls = self._sample_fn
-        requests = [request_cls(s.sampling, s.token_ids, s.num_prompt_tokens) for s in states]
+        # (state, row of it): one row per sequence, one more per draft.
+        rows = [(state, j) for state in states for j in range(state.num_sample_rows)]
+        requests = [request_cls(s.sampling, s.tokens_at_row(j), s.num_prompt_tokens) for s, j in rows]
         failed = self._unmatched(states)
         if pending is None:
             sampled_rows = sample_fn(logits, requests, self.model.ops.argmax)
         else:
             masks = pending.result(timeout=MASK_TIMEOUT_S)
             failed.update(masks.errors)
-            sampled_rows = sample_fn(logits, requests, self.model.ops.argmax, (masks.rows, masks.bias))
+            sampled_rows = sample_fn(
+                logits, requests, self.model.ops.argmax, (_logit_rows(states, masks.rows), masks.bias)
+            )
         outputs = []
-        for i, (state, sampled) in enumerate(zip(states, sampled_rows)):
+        first_row = 0
+        for i, state in enumerate(states):
+            sampled = sampled_rows[first_row : first_row + state.num_sample_rows]
+            first_row += state.num_sample_rows
             if i in failed:
                 self._seqs.pop(state.seq_id, None)
                 errors.append(SeqError(state.seq_id, failed[i]))
                 continue
-            state.token_ids.append(sampled.token_id)
-            logprobs = () if sampled.logprob is None else (sampled.logprob,)
-            outputs.append(SeqOutput(state.seq_id, (sampled.token_id,), logprobs))
+            num_tokens = state.accept([out.token_id for out in sampled], self.block_size)
+            new_token_ids = tuple(state.token_ids[-num_tokens:])
+            logprobs = tuple(out.logprob for out in sampled[:num_tokens] if out.logprob is not None)
+            outputs.append(SeqOutput(state.seq_id, new_token_ids, logprobs))
         return outputs
 
     def _unmatched(self, states: list[SequenceState]) -> dict[int, str]:
@@ -228,3 +237,12 @@ class ModelRunner:
         if self.constraints is not None:
             return {}
         return {i: "this executor does not enforce constraints" for i, s in enumerate(states) if s.structured}
+
+
+def _logit_rows(states: list[SequenceState], state_indices: list[int]) -> list[int]:
+    """Logit rows of the given sampling states (a state with drafts has several rows; constrained ones never do)."""
+    firsts, row = [], 0
+    for state in states:
+        firsts.append(row)
+        row += state.num_sample_rows
+    return [firsts[i] for i in state_indices]

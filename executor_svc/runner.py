@@ -11,7 +11,7 @@ fails only the sequence it concerns. Pure Python: no torch here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from pagoda.constraint import Constraint
@@ -55,6 +55,38 @@ class SequenceState:
     # The output constraint, and the matcher derived from token_ids (built on first use: executor_svc.constraints).
     structured: Constraint | None = None
     matcher: Any = None
+    # This step's speculative tokens, verified after the scheduled ones (docs/speculative-decoding.md).
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_sample_rows(self) -> int:
+        """Rows this step samples for the sequence, if it samples: its last token's and one per draft."""
+        return 1 + len(self.draft_token_ids)
+
+    def tokens_at_row(self, row: int) -> list[int]:
+        """The tokens before the row-th sampled position (row 0: the known ones; row j: plus j drafts)."""
+        return self.token_ids if row == 0 else self.token_ids + list(self.draft_token_ids[:row])
+
+    def accept(self, sampled: Sequence[int], block_size: int) -> int:
+        """After a step that verified drafts: appends the accepted ones and the sample after them.
+
+        ``sampled`` holds one token per row. Draft j is accepted when row j sampled it (with the
+        position-keyed random stream, that is plain decoding's token there, so greedy and seeded
+        outputs are unchanged); the first disagreement, or the row after the last draft, gives the
+        sequence's own token. The rejected drafts' KV is dropped: the computed count stops after the
+        accepted ones and the block table is cut to the blocks of those computed tokens, the rule the
+        scheduler applies too. Returns the number of tokens appended.
+        """
+        drafts = self.draft_token_ids
+        num_accepted = 0
+        while num_accepted < len(drafts) and sampled[num_accepted] == drafts[num_accepted]:
+            num_accepted += 1
+        self.token_ids.extend(sampled[: num_accepted + 1])
+        if drafts:
+            self.num_computed_tokens += num_accepted
+            del self.block_table[-(-self.num_computed_tokens // block_size) :]
+            self.draft_token_ids = ()
+        return num_accepted + 1
 
 
 # (state, tokens to compute this step) for each sequence a step runs.
@@ -103,7 +135,11 @@ class SequenceTable:
             self._check_block_ids(entry.new_block_ids)
             known.block_table.extend(entry.new_block_ids)
             state = known
+        state.draft_token_ids = ()
         self._check_schedule(state, entry.num_scheduled_tokens)
+        if isinstance(entry, ScheduledSequence) and entry.draft_token_ids:
+            self._check_drafts(state, entry.num_scheduled_tokens, entry.draft_token_ids)
+            state.draft_token_ids = entry.draft_token_ids
         return state, entry.num_scheduled_tokens
 
     def _new_state(self, entry: NewSequence) -> SequenceState:
@@ -136,6 +172,21 @@ class SequenceTable:
         if token_ids and not (min(token_ids) >= 0 and max(token_ids) < vocab_size):
             bad = next(i for i in token_ids if not 0 <= i < vocab_size)
             raise PlanError(f"token id {bad} outside the vocabulary [0, {vocab_size})")
+
+    def _check_drafts(self, state: SequenceState, num_scheduled: int, drafts: tuple[int, ...]) -> None:
+        """Drafts follow a sequence's last known token, fit its blocks and the context, and are unconstrained."""
+        if state.num_computed_tokens + num_scheduled != len(state.token_ids):
+            raise PlanError("draft tokens for a step that does not reach the sequence's last token")
+        if state.structured is not None:
+            raise PlanError("draft tokens for a constrained sequence (its drafts are not checked against masks)")
+        self._check_token_ids(drafts)
+        end = len(state.token_ids) + len(drafts)
+        if end > self.max_model_len:
+            raise PlanError(f"drafts reach token {end}, beyond max_model_len {self.max_model_len}")
+        if end > len(state.block_table) * self.block_size:
+            raise PlanError(
+                f"{len(state.block_table)} blocks of {self.block_size} cannot hold {end} tokens with drafts"
+            )
 
     def _check_schedule(self, state: SequenceState, num_scheduled: int) -> None:
         end = state.num_computed_tokens + num_scheduled

@@ -73,7 +73,9 @@ class SimulatedRunner:
         """Follows `step`, samples every sequence that reaches its end, and sleeps the modelled step time."""
         start_ns = time.perf_counter_ns()
         scheduled, errors = self._table.apply(step)
-        features = StepFeatures.of((state.num_computed_tokens, n) for state, n in scheduled)
+        features = StepFeatures.of(
+            (state.num_computed_tokens, n + len(state.draft_token_ids)) for state, n in scheduled
+        )
         outputs = []
         for state, num_scheduled in scheduled:
             state.num_computed_tokens += num_scheduled
@@ -94,16 +96,21 @@ class SimulatedRunner:
         )
 
     def _sample(self, state: SequenceState) -> SeqOutput:
-        """The next token of `state` (appended to it), with logprobs when asked."""
+        """The next token of `state` (or its accepted drafts and one), appended to it, with logprobs when asked."""
         sampling = state.sampling
         seed = _GREEDY if sampling.temperature < _GREEDY_TEMPERATURE else sampling.seed
-        bits = token_hash(seed, len(state.token_ids), state.token_ids)
-        num_choices = self.info.vocab_size - self._first_token_id
-        token_id = self._first_token_id + bits % num_choices
-        state.token_ids.append(token_id)
+        rows = [self._token_at(seed, state.tokens_at_row(j)) for j in range(state.num_sample_rows)]
+        num_tokens = state.accept([token_id for token_id, _ in rows], self.info.block_size)
+        token_ids = tuple(token_id for token_id, _ in rows[:num_tokens])
         if sampling.logprobs is None:
-            return SeqOutput(state.seq_id, (token_id,))
-        return SeqOutput(state.seq_id, (token_id,), (self._logprobs(token_id, bits, sampling.logprobs),))
+            return SeqOutput(state.seq_id, token_ids)
+        logprobs = tuple(self._logprobs(token_id, bits, sampling.logprobs) for token_id, bits in rows[:num_tokens])
+        return SeqOutput(state.seq_id, token_ids, logprobs)
+
+    def _token_at(self, seed: int, token_ids: list[int]) -> tuple[int, int]:
+        """(token, its hash bits) after token_ids."""
+        bits = token_hash(seed, len(token_ids), token_ids)
+        return self._first_token_id + bits % (self.info.vocab_size - self._first_token_id), bits
 
     def _logprobs(self, token_id: int, bits: int, num_top: int) -> LogprobEntry:
         """A deterministic logprob for the token; the `num_top` best are it and the ids after it, less likely."""

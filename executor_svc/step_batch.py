@@ -22,7 +22,9 @@ class StepBatch:
     positions: torch.Tensor  # [T] int64
     attn_meta: AttentionMetadata
     sample_rows: torch.Tensor  # [N] int64, rows of the hidden states to sample
-    sample_states: list[SequenceState]  # the N sequences, in sample_rows order
+    # The sequences that sample, in sample_rows order: each has state.num_sample_rows consecutive entries
+    # of sample_rows (one, or one per draft plus one when it verifies drafts).
+    sample_states: list[SequenceState]
 
     @property
     def num_tokens(self) -> int:
@@ -36,39 +38,42 @@ def build_step_batch(
     device: torch.device,
     sliding_window: int | None = None,
 ) -> StepBatch:
-    """Lays out the scheduled tokens, decode (one token) sequences first.
+    """Lays out the scheduled tokens, decode (one token) rows first.
 
+    A sequence with drafts (docs/speculative-decoding.md) is laid out as one
+    decode row per token it computes, its last known token and each draft:
+    the rows share its block table and see one more position each (the step
+    writes every row's K/V before any row attends), so each position runs the
+    decode path plain decoding runs, and it samples at every one of them.
     ``sliding_window`` is the one the attention metadata carries (the runner
     leaves it None and sets each layer group's window on a copy).
     """
-    # Decode sequences by context length, so backends can group similar lengths.
-    decodes = sorted((e for e in scheduled if e[1] == 1), key=lambda e: e[0].num_computed_tokens)
-    ordered = decodes + [e for e in scheduled if e[1] != 1]
-    num_decode = sum(1 for _, n in ordered if n == 1)
+    rows = _rows(scheduled)
     input_ids: list[int] = []
     flat_blocks: list[int] = []
-    starts, counts, block_counts, sample_rows, sample_states = [], [], [], [], []
-    for state, num_scheduled in ordered:
-        start = state.num_computed_tokens
-        end = start + num_scheduled
-        input_ids.extend(state.token_ids[start:end])
+    starts, counts, block_counts = [], [], []
+    # seq_id -> (state, its sampled rows in position order), in order of first appearance.
+    sampled: dict[int, tuple[SequenceState, list[int]]] = {}
+    for state, start, token_ids in rows:
+        end = start + len(token_ids)
+        input_ids.extend(token_ids)
         num_blocks = -(-end // block_size)
         flat_blocks.extend(state.block_table[:num_blocks])
         starts.append(start)
-        counts.append(num_scheduled)
+        counts.append(len(token_ids))
         block_counts.append(num_blocks)
-        if end == len(state.token_ids):
-            sample_rows.append(len(input_ids) - 1)
-            sample_states.append(state)
+        if end >= len(state.token_ids):  # reaches the last known token (or a draft after it)
+            sampled.setdefault(state.seq_id, (state, []))[1].append(len(input_ids) - 1)
+    num_decode = sum(1 for n in counts if n == 1)
     counts_t = torch.tensor(counts, dtype=torch.int64)
     starts_t = torch.tensor(starts, dtype=torch.int64)
-    query_start_loc = torch.zeros(len(ordered) + 1, dtype=torch.int64)
+    query_start_loc = torch.zeros(len(rows) + 1, dtype=torch.int64)
     torch.cumsum(counts_t, 0, out=query_start_loc[1:])
-    seq_of_token = torch.repeat_interleave(torch.arange(len(ordered)), counts_t)  # [T]
+    seq_of_token = torch.repeat_interleave(torch.arange(len(rows)), counts_t)  # [T]
     positions = torch.arange(len(input_ids)) + (starts_t - query_start_loc[:-1])[seq_of_token]
     block_tables = _padded_block_tables(flat_blocks, block_counts)  # [S, MB]
     slot_mapping = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    prefills = _prefill_spans(ordered, num_decode, query_start_loc, block_counts)
+    prefills = _prefill_spans(rows, num_decode, query_start_loc, block_counts)
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
         block_tables=block_tables.to(device),
@@ -83,9 +88,28 @@ def build_step_batch(
         input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device),
         positions=positions.to(device),
         attn_meta=meta,
-        sample_rows=torch.tensor(sample_rows, dtype=torch.int64).to(device),
-        sample_states=sample_states,
+        sample_rows=torch.tensor([r for _, rs in sampled.values() for r in rs], dtype=torch.int64).to(device),
+        sample_states=[state for state, _ in sampled.values()],
     )
+
+
+def _rows(scheduled: list[tuple[SequenceState, int]]) -> list[tuple[SequenceState, int, list[int]]]:
+    """(state, first position, token ids) of each attention row: decode rows by context length, then chunks."""
+    decodes: list[tuple[SequenceState, int, list[int]]] = []
+    chunks = []
+    for state, num_scheduled in scheduled:
+        start = state.num_computed_tokens
+        token_ids = state.token_ids[start : start + num_scheduled]
+        if state.draft_token_ids:
+            token_ids += state.draft_token_ids
+            decodes.extend((state, start + i, [token_id]) for i, token_id in enumerate(token_ids))
+        elif num_scheduled == 1:
+            decodes.append((state, start, token_ids))
+        else:
+            chunks.append((state, start, token_ids))
+    # Decode rows by context length, so backends can group similar lengths.
+    decodes.sort(key=lambda row: row[1])
+    return decodes + chunks
 
 
 def _padded_block_tables(flat_blocks: list[int], block_counts: list[int]) -> torch.Tensor:
@@ -99,15 +123,15 @@ def _padded_block_tables(flat_blocks: list[int], block_counts: list[int]) -> tor
     return tables
 
 
-def _prefill_spans(ordered, num_decode, query_start_loc, block_counts) -> tuple[PrefillSpan, ...]:
+def _prefill_spans(rows, num_decode, query_start_loc, block_counts) -> tuple[PrefillSpan, ...]:
     starts = query_start_loc.tolist()
     return tuple(
         PrefillSpan(
             seq_index=i,
             query_start=starts[i],
-            num_query_tokens=ordered[i][1],
-            num_cached_tokens=ordered[i][0].num_computed_tokens,
+            num_query_tokens=len(rows[i][2]),
+            num_cached_tokens=rows[i][1],
             num_blocks=block_counts[i],
         )
-        for i in range(num_decode, len(ordered))
+        for i in range(num_decode, len(rows))
     )

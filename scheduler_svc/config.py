@@ -8,6 +8,9 @@ from typing import Any
 
 from pagoda.runtime.flags import parse_config, parse_size
 
+# Drafts per sequence and step: beyond this the chance that all are accepted is negligible.
+MAX_SPECULATIVE_TOKENS = 16
+
 
 def _f(default: Any, text: str, **extra: Any) -> Any:
     """A config field with its help text (and extra metadata, e.g. ``parse``)."""
@@ -38,6 +41,9 @@ class SchedulerServiceConfig:
     max_logprobs: int = _f(20, "most top logprobs per token")
     request_timeout_s: float = _f(600.0, "deadline of a request without one")
     enable_prefix_caching: bool = _f(True, "automatic prefix caching")
+    speculative: str = _f("off", "speculative decoding: off or ngram (prompt-lookup drafts; draft: not implemented)")
+    num_speculative_tokens: int = _f(4, "most draft tokens per sequence and step")
+    speculative_max_batch: int = _f(8, "no drafts while more sequences than this run on an executor")
     step_timeout_s: float = _f(60.0, "watchdog: longest step before the executor is unhealthy")
     metrics_port: int = _f(0, "Prometheus port, 0 = off")
     http_port: int = _f(0, "OpenAI-compatible HTTP port, 0 = off")
@@ -65,6 +71,14 @@ class SchedulerServiceConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.speculative == "draft":
+            raise ValueError("--speculative draft: a draft model is not implemented yet (use ngram)")
+        if self.speculative not in ("off", "ngram"):
+            raise ValueError(f"--speculative must be off or ngram, got {self.speculative!r}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}]")
+        if self.speculative_max_batch < 1:
+            raise ValueError("--speculative-max-batch must be positive")
 
     @property
     def executor_targets(self) -> list[str]:

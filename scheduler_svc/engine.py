@@ -108,6 +108,9 @@ class Engine:
             max_model_len=self._max_model_len(info),
             enable_prefix_caching=self.config.enable_prefix_caching,
             eos_token_ids=tuple(info.eos_token_ids),
+            speculative=self.config.speculative,
+            num_speculative_tokens=self.config.num_speculative_tokens,
+            speculative_max_batch=self.config.speculative_max_batch,
         )
 
     def _max_model_len(self, info: ExecutorInfo) -> int:
@@ -364,10 +367,11 @@ class Engine:
             state = self._requests.get(update.seq.seq_id)
             if state is None or state.finished:
                 continue
+            num_sent = state.num_sent_tokens
             stop = state.on_update(update)
             if stop is not None and executor.scheduler is not None:
                 executor.scheduler.finish(update.seq.seq_id, FinishReason.STOP)
-            self.metrics.on_tokens(state, len(update.new_token_ids))
+            self.metrics.on_tokens(state, state.num_sent_tokens - num_sent)
             if state.finished:
                 reason = FinishReason.STOP if stop is not None else update.seq.finish_reason or FinishReason.STOP
                 if reason is FinishReason.ERROR:

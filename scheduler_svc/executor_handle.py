@@ -303,9 +303,11 @@ class ExecutorHandle:
             raise ConnectionError("executor stream ended")
 
     def _schedule_more(self, in_flight: InFlight) -> list[StepPlan]:
-        """Schedule plans until MAX_IN_FLIGHT are out or there is nothing to do."""
+        """Schedule plans until MAX_IN_FLIGHT are out (one while speculating) or there is nothing to do."""
         new_plans = []
         while len(in_flight) < MAX_IN_FLIGHT and self.scheduler is not None:
+            if in_flight and not self.scheduler.may_plan_ahead:
+                break
             plan = self.scheduler.schedule()
             if not plan.has_work and not plan.dropped_seq_ids:
                 break

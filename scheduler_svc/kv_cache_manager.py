@@ -133,6 +133,18 @@ class KVCacheManager:
             parent_key = block.prefix_id
         seq.num_registered_blocks = num_full
 
+    def truncate(self, seq: SchedulerSequence, num_blocks: int) -> None:
+        """Frees the blocks of seq's table past its first num_blocks (rejected drafts' KV only), last first.
+
+        They were never offered to the prefix cache: only blocks full of computed tokens are.
+        """
+        if num_blocks >= len(seq.block_ids):
+            return
+        assert num_blocks >= seq.num_registered_blocks, "a cached block held rejected KV"
+        blocks = self.pool.blocks
+        self.pool.free([blocks[block_id] for block_id in reversed(seq.block_ids[num_blocks:])])
+        del seq.block_ids[num_blocks:]
+
     def free(self, seq: SchedulerSequence) -> None:
         """Releases the sequence's blocks, last block first (so it is evicted first)."""
         blocks = self.pool.blocks

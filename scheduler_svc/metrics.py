@@ -81,6 +81,19 @@ class SchedulerMetrics:
         self.batch_seqs = Histogram(
             P + "step_batch_sequences", "Sequences per step", buckets=_BATCH_BUCKETS, registry=r
         )
+        self.spec_drafts = Counter(
+            P + "spec_decode_num_drafts", "Sequence-steps that verified draft tokens", registry=r
+        )
+        self.spec_draft_tokens = Counter(P + "spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
+        self.spec_accepted_tokens = Counter(P + "spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.spec_acceptance_rate = Gauge(
+            P + "spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens (0 before any)", registry=r
+        )
+        self.spec_tokens_per_step = Gauge(
+            P + "spec_decode_mean_tokens_per_step",
+            "Tokens a sequence gained per step that verified drafts (1 + accepted)",
+            registry=r,
+        )
         self.executor_restarts = Counter(
             P + "executor_restarts", "Executors seen again with a new incarnation", ["executor"], registry=r
         )
@@ -89,6 +102,10 @@ class SchedulerMetrics:
         self._last_token_ns: dict[int, int] = {}
         # Scheduler-owned counters already exported, per scheduler core.
         self._exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, int, int]] = weakref.WeakKeyDictionary()
+        self._spec_exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, int, int]] = weakref.WeakKeyDictionary()
+        self.spec_num_drafts_total = 0
+        self.spec_draft_tokens_total = 0
+        self.spec_accepted_tokens_total = 0
         # Plain totals for the GetStatus RPC.
         self.num_requests_total = 0
         self.num_preemptions_total = 0
@@ -111,9 +128,30 @@ class SchedulerMetrics:
         self.num_preemptions_total += preemptions
         self.prefix_cache_queries_total += queries
         self.prefix_cache_hits_total += hits
+        if scheduler.drafter is not None:
+            self._export_speculation(scheduler)
         self.step_duration.observe(duration_s)
         self.batch_size.observe(plan.num_scheduled_tokens)
         self.batch_seqs.observe(len(plan.new_seqs) + len(plan.scheduled_seqs))
+
+    def _export_speculation(self, scheduler: Scheduler) -> None:
+        """The drafter's counters since the last step, and the running totals' ratios."""
+        assert scheduler.drafter is not None
+        stats = scheduler.drafter.stats
+        counts = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+        last = self._spec_exported.get(scheduler, (0, 0, 0))
+        self._spec_exported[scheduler] = counts
+        drafts, drafted, accepted = (now - before for now, before in zip(counts, last))
+        if not drafts:
+            return
+        self.spec_drafts.inc(drafts)
+        self.spec_draft_tokens.inc(drafted)
+        self.spec_accepted_tokens.inc(accepted)
+        self.spec_num_drafts_total += drafts
+        self.spec_draft_tokens_total += drafted
+        self.spec_accepted_tokens_total += accepted
+        self.spec_acceptance_rate.set(self.spec_accepted_tokens_total / max(self.spec_draft_tokens_total, 1))
+        self.spec_tokens_per_step.set(1 + self.spec_accepted_tokens_total / self.spec_num_drafts_total)
 
     def on_tokens(self, state: RequestState, num_tokens: int) -> None:
         """Count generated tokens and the gap since the request's previous ones."""

@@ -56,13 +56,20 @@ class RequestState:
     def request_id(self) -> str:
         return self.seq.request_id
 
+    @property
+    def num_sent_tokens(self) -> int:
+        """Output tokens streamed to the client so far (delivered ones of a resume included)."""
+        return self._num_sent_tokens
+
     def on_update(self, update: SeqUpdate) -> str | None:
         """Stream the new tokens; returns the stop string that ended the request, if any."""
         now = time.monotonic_ns()
         if self.first_token_ns is None and update.new_token_ids:
             self.first_token_ns = now
-        text = self._detokenizer.add(update.new_token_ids)
-        emitted, matched = self._stop_checker.process(text)
+        if len(update.new_token_ids) > 1 and self._stop_checker.has_stops:
+            emitted, matched, update = self._read_by_token(update)
+        else:
+            emitted, matched = self._stop_checker.process(self._detokenizer.add(update.new_token_ids))
         if matched is not None:
             self._finish(emitted, update, FinishReason.STOP, matched)
             return matched
@@ -74,6 +81,22 @@ class RequestState:
         else:
             self._put(emitted, update)
         return None
+
+    def _read_by_token(self, update: SeqUpdate) -> tuple[str, str | None, SeqUpdate]:
+        """Several tokens (accepted drafts) read one at a time, as plain decoding would have read them.
+
+        A stop string ends the request at the token that completes it: the tokens after it are
+        dropped from the update and from the sequence's outputs, as if never generated.
+        """
+        texts = []
+        for i, token_id in enumerate(update.new_token_ids):
+            emitted, matched = self._stop_checker.process(self._detokenizer.add((token_id,)))
+            texts.append(emitted)
+            if matched is not None:
+                self.seq.drop_last_outputs(len(update.new_token_ids) - i - 1)
+                cut = update._replace(new_token_ids=update.new_token_ids[: i + 1], logprobs=update.logprobs[: i + 1])
+                return "".join(texts), matched, cut
+        return "".join(texts), None, update
 
     def replay(self, eos_token_ids: tuple[int, ...], max_model_len: int) -> bool:
         """A resume: runs the delivered tokens (the outputs the sequence starts with) through

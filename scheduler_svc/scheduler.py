@@ -29,6 +29,7 @@ from pagoda.step import FinishReason, LogprobEntry, NewSequence, ScheduledSequen
 from scheduler_svc.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens
 from scheduler_svc.request_queue import WaitingQueue
 from scheduler_svc.sequence import SchedulerSequence, SequenceStatus
+from scheduler_svc.speculation import Drafter
 from scheduler_svc.step_builder import StepBuilder, StepEntry
 
 # A sequence is planned at most this many tokens ahead of the results (the
@@ -50,11 +51,18 @@ class SchedulerConfig:
     eos_token_ids: tuple[int, ...] = ()
     # A request waiting longer than this is served first, whatever its priority.
     max_priority_wait_s: float = 30.0
+    # Speculative decoding (docs/speculative-decoding.md): "off" or "ngram"; drafts per sequence and step;
+    # no drafts while more sequences than speculative_max_batch run.
+    speculative: str = "off"
+    num_speculative_tokens: int = 4
+    speculative_max_batch: int = 8
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.speculative not in ("off", "ngram"):
+            raise ValueError(f"speculative must be off or ngram, got {self.speculative!r}")
 
 
 class SeqUpdate(NamedTuple):
@@ -92,6 +100,11 @@ class Scheduler:
         self._next_step_id = 0
         self._next_admission = 0
         self._num_preemptions = 0
+        self._drafter: Drafter | None = None
+        if config.speculative == "ngram":
+            self._drafter = Drafter(config.num_speculative_tokens, config.speculative_max_batch)
+        # Steps in flight that verify drafts.
+        self._draft_steps: set[int] = set()
 
     # -- state ----------------------------------------------------------------
 
@@ -137,6 +150,25 @@ class Scheduler:
     def num_inflight_steps(self) -> int:
         """Plans with work whose result has not arrived."""
         return len(self._inflight)
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """The speculation policy and its counters (None: speculation off)."""
+        return self._drafter
+
+    @property
+    def may_plan_ahead(self) -> bool:
+        """Whether the next plan may be built before the last one's result arrives.
+
+        Not while a step verifying drafts is in flight (how many tokens it adds is
+        unknown), nor while a sequence would draft (drafts follow the known tokens).
+        """
+        if self._draft_steps:
+            return False
+        drafter = self._drafter
+        if drafter is None or not drafter.allows(len(self._running)):
+            return True
+        return not any(drafter.wants(seq) for seq in self.running)
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
@@ -210,6 +242,7 @@ class Scheduler:
         self._seqs = {}
         self._dropped = []
         self._inflight = {}
+        self._draft_steps.clear()
         return seqs
 
     # -- one step -----------------------------------------------------------------
@@ -221,6 +254,7 @@ class Scheduler:
         """
         self._compact_running()
         step = StepBuilder(self.config.max_num_batched_tokens)
+        step.speculate = self._drafter is not None and self._drafter.allows(len(self._running))
         self._schedule_running(step)
         if not step.num_preempted:
             self._schedule_waiting(step, self._clock())
@@ -233,6 +267,8 @@ class Scheduler:
         self._dropped = []
         if plan.has_work:
             self._inflight[plan.step_id] = step.entries
+            if step.num_drafts:
+                self._draft_steps.add(plan.step_id)
         if plan.has_work or plan.dropped_seq_ids:
             self._next_step_id += 1
         return plan
@@ -244,6 +280,7 @@ class Scheduler:
         executor reports as failed finishes with ERROR (it dropped it already).
         """
         entries = self._inflight.pop(result.step_id, None)
+        self._draft_steps.discard(result.step_id)
         if entries is None:
             # A plan without work, or a result from before take_all().
             return []
@@ -259,10 +296,14 @@ class Scheduler:
                     self._kv.cache_full_blocks(seq, entry.num_computed_after)
                 continue
             out = outputs.get(seq.seq_id)
-            if out is None or not out.token_ids:
-                updates.append(self._fail(seq.seq_id, "executor returned no token for a sampling step"))
+            if out is None or not 1 <= len(out.token_ids) <= entry.num_drafts + 1:
+                num = 0 if out is None else len(out.token_ids)
+                message = f"executor returned {num} tokens for a step with {entry.num_drafts} drafts"
+                updates.append(self._fail(seq.seq_id, message))
                 continue
-            updates.append(self._accept_token(seq, out.token_ids[0], out.logprobs[:1], entry, current))
+            if entry.num_drafts:
+                self._on_verified(seq, entry, len(out.token_ids) - 1, current)
+            updates.append(self._accept_tokens(seq, out.token_ids, out.logprobs, entry, current))
         return updates
 
     # -- scheduling internals ---------------------------------------------------------
@@ -282,6 +323,8 @@ class Scheduler:
             if num_wanted == 1:
                 step.num_decodes_left -= 1
                 num_tokens = 1
+                if step.speculate and self._schedule_drafts(seq, step):
+                    continue
             else:
                 num_tokens = min(num_wanted, step.budget - step.num_decodes_left)
                 if num_tokens <= 0:
@@ -305,12 +348,34 @@ class Scheduler:
         num_pending = seq.num_pending_tokens
         num_total = len(seq.token_ids) + num_pending
         if (
-            num_pending >= MAX_PENDING_TOKENS
+            seq.drafts_in_flight
+            or num_pending >= MAX_PENDING_TOKENS
             or len(seq.output_token_ids) + num_pending >= seq.stopping.max_tokens
             or num_total >= self.config.max_model_len
         ):
             return 0
         return num_total - seq.num_computed_tokens
+
+    def _schedule_drafts(self, seq: SchedulerSequence, step: StepBuilder) -> bool:
+        """Plans seq's next token with drafts after it, if it has any and their blocks are free.
+
+        Drafts never preempt: without free blocks the sequence decodes one token.
+        """
+        assert self._drafter is not None
+        max_len = self.config.max_model_len - len(seq.token_ids) - 1
+        drafts = self._drafter.propose(seq, min(step.budget - step.num_decodes_left - 1, max_len))
+        if not drafts:
+            return False
+        num_tokens = 1 + len(drafts)
+        if seq.num_computed_tokens + num_tokens <= len(seq.block_ids) * self.config.block_size:
+            new_block_ids: list[int] | None = []
+        else:
+            new_block_ids = self._kv.allocate_slots(seq, num_tokens)
+            if new_block_ids is None:
+                return False
+        step.scheduled_seqs.append(ScheduledSequence(seq.seq_id, 1, tuple(new_block_ids), drafts))
+        step.commit(seq, 1, len(drafts))
+        return True
 
     def _allocate_or_preempt(
         self, seq: SchedulerSequence, num_tokens: int, step: StepBuilder, wanted: list[int]
@@ -392,21 +457,50 @@ class Scheduler:
 
     # -- update internals ------------------------------------------------------------
 
-    def _accept_token(
-        self, seq: SchedulerSequence, token_id: int, logprobs: tuple[LogprobEntry, ...], entry: StepEntry, current: bool
+    def _on_verified(self, seq: SchedulerSequence, entry: StepEntry, num_accepted: int, current: bool) -> None:
+        """Rolls back the KV of rejected drafts: fewer computed tokens, blocks past the computed ones freed.
+
+        The executor cuts its block table by the same rule, so both keep the same blocks;
+        the freed ones held rejected KV only and are never offered to the prefix cache.
+        """
+        assert self._drafter is not None
+        seq.drafts_in_flight = False
+        num_rejected = entry.num_drafts - num_accepted
+        entry.num_computed_after -= num_rejected
+        if current:
+            seq.num_computed_tokens -= num_rejected
+            self._kv.truncate(seq, cdiv(seq.num_computed_tokens, self.config.block_size))
+        self._drafter.on_verified(seq, entry.num_drafts, num_accepted)
+
+    def _accept_tokens(
+        self,
+        seq: SchedulerSequence,
+        token_ids: tuple[int, ...],
+        logprobs: tuple[LogprobEntry, ...],
+        entry: StepEntry,
+        current: bool,
     ) -> SeqUpdate:
-        """Fills a pending token, caches what it made full, and checks stops."""
+        """Fills a pending token (and accepted drafts before it), caches what they made full, checks stops.
+
+        Tokens after one that stops the sequence are dropped, as if they had never been drafted.
+        """
         config = self.config
         seq.num_pending_tokens -= 1
-        seq.append_token(token_id)
+        finished = False
+        num_taken = 0
+        for token_id in token_ids:
+            seq.append_token(token_id)
+            num_taken += 1
+            finished = seq.check_stop(token_id, config.eos_token_ids, config.max_model_len)
+            if finished:
+                break
         # Known and computed tokens reach the end of the next block to cache: it is full now.
         next_full_tokens = (seq.num_registered_blocks + 1) * config.block_size
         if current and min(entry.num_computed_after, len(seq.token_ids)) >= next_full_tokens:
             self._kv.cache_full_blocks(seq, entry.num_computed_after)
-        finished = seq.check_stop(token_id, config.eos_token_ids, config.max_model_len)
         if finished:
             self._release(seq)
-        return SeqUpdate(seq, (token_id,), logprobs, finished)
+        return SeqUpdate(seq, token_ids[:num_taken], logprobs[:num_taken], finished)
 
     def _fail(self, seq_id: int, message: str) -> SeqUpdate:
         seq = self._seqs[seq_id]

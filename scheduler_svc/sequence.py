@@ -12,6 +12,7 @@ from pagoda.step import FinishReason
 
 if TYPE_CHECKING:
     from scheduler_svc.request_trace import RequestTrace
+    from scheduler_svc.speculation import SeqSpeculation
 
 
 class SequenceStatus(enum.Enum):
@@ -90,6 +91,10 @@ class SchedulerSequence:
         self.rank: tuple[float, int] = (float(priority), 0)
         # The request's spans when it is traced (docs/tracing.md); None: not traced, nothing to do.
         self.trace: RequestTrace | None = None
+        # Its n-gram drafter and acceptance record, made at its first draft (speculation on only).
+        self.speculation: SeqSpeculation | None = None
+        # A step verifying drafts of it is in flight: how many tokens it adds is unknown until its result.
+        self.drafts_in_flight = False
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -105,6 +110,12 @@ class SchedulerSequence:
         """Adds one generated token (a pending one that arrived)."""
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
+
+    def drop_last_outputs(self, num_tokens: int) -> None:
+        """Forgets the last num_tokens outputs (accepted drafts after a stop string: never delivered)."""
+        if num_tokens > 0:
+            del self.output_token_ids[-num_tokens:]
+            del self.token_ids[-num_tokens:]
 
     def check_stop(self, token_id: int, eos_token_ids: tuple[int, ...], max_model_len: int) -> bool:
         """After appending token_id: sets finish_reason if it ends the sequence."""
@@ -125,6 +136,7 @@ class SchedulerSequence:
         self.block_ids = []
         self.num_registered_blocks = 0
         self.executor_holds = False
+        self.drafts_in_flight = False
 
     def __repr__(self) -> str:
         return (

@@ -172,6 +172,9 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
         num_preemptions_total=m.num_preemptions_total,
         prefix_cache_queries_total=m.prefix_cache_queries_total,
         prefix_cache_hits_total=m.prefix_cache_hits_total,
+        spec_num_drafts_total=m.spec_num_drafts_total,
+        spec_draft_tokens_total=m.spec_draft_tokens_total,
+        spec_accepted_tokens_total=m.spec_accepted_tokens_total,
         scheduler_id=engine.scheduler_id,
         schedulers=engine.fleet.ownership.live_schedulers(),
     )

@@ -9,9 +9,9 @@ from scheduler_svc.sequence import SchedulerSequence
 class StepEntry:
     """One sequence in a planned step, kept until the step's result arrives."""
 
-    __slots__ = ("seq", "num_admissions", "num_computed_after", "samples")
+    __slots__ = ("seq", "num_admissions", "num_computed_after", "samples", "num_drafts")
 
-    def __init__(self, seq: SchedulerSequence, samples: bool) -> None:
+    def __init__(self, seq: SchedulerSequence, samples: bool, num_drafts: int = 0) -> None:
         self.seq = seq
         # Tells apart a later admission of the same sequence (after preemption).
         self.num_admissions = seq.num_admissions
@@ -19,6 +19,8 @@ class StepEntry:
         self.num_computed_after = seq.num_computed_tokens
         # The step samples a token for this sequence (its chunk reaches its length).
         self.samples = samples
+        # Draft tokens it verifies after that token (their KV counts in num_computed_after until the result).
+        self.num_drafts = num_drafts
 
 
 class StepBuilder:
@@ -33,16 +35,25 @@ class StepBuilder:
         # them one token each so a long prompt never stalls decoding.
         self.num_decodes_left = 0
         self.num_preempted = 0
+        # Decoding sequences may draft in this step (the global rule allows it).
+        self.speculate = False
+        # Sequences that draft in this step.
+        self.num_drafts = 0
 
-    def commit(self, seq: SchedulerSequence, num_tokens: int) -> None:
+    def commit(self, seq: SchedulerSequence, num_tokens: int, num_drafts: int = 0) -> None:
         """Advances a planned sequence; reaching its length samples a pending token.
 
         num_computed_tokens moves now, not when the result arrives: the next
         plan may be built before then, and must start where this one ends.
+        Drafts count as computed until the result says how many were accepted.
         """
         seq.num_computed_tokens += num_tokens
         samples = seq.num_computed_tokens == len(seq.token_ids) + seq.num_pending_tokens
         if samples:
             seq.num_pending_tokens += 1
-        self.entries[seq.seq_id] = StepEntry(seq, samples)
-        self.budget -= num_tokens
+        if num_drafts:
+            seq.num_computed_tokens += num_drafts
+            seq.drafts_in_flight = True
+            self.num_drafts += 1
+        self.entries[seq.seq_id] = StepEntry(seq, samples, num_drafts)
+        self.budget -= num_tokens + num_drafts

@@ -30,6 +30,11 @@ class StopChecker:
         self._held = ""
         self.matched: str | None = None
 
+    @property
+    def has_stops(self) -> bool:
+        """Whether any stop string is watched for."""
+        return bool(self._stops)
+
     def process(self, delta: str) -> tuple[str, str | None]:
         """Takes the next text delta.
 

@@ -56,8 +56,12 @@ class ScheduledSequence:
 
     seq_id: int
     num_scheduled_tokens: int
-    # Blocks appended to the block table for this step.
+    # Blocks appended to the block table for this step (they cover the drafts too).
     new_block_ids: tuple[int, ...] = ()
+    # Speculative tokens to verify after the scheduled ones (docs/speculative-decoding.md): extra query
+    # tokens of this step. The executor returns the accepted ones plus one token of its own, keeps the KV of
+    # the accepted ones only and cuts its block table to the blocks of its computed tokens, as the scheduler does.
+    draft_token_ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +78,17 @@ class StepPlan:
 
     @property
     def num_scheduled_tokens(self) -> int:
-        """Tokens this step computes across all sequences."""
-        return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
-            s.num_scheduled_tokens for s in self.scheduled_seqs
+        """Tokens this step computes across all sequences (draft tokens included)."""
+        return (
+            sum(s.num_scheduled_tokens for s in self.new_seqs)
+            + sum(s.num_scheduled_tokens for s in self.scheduled_seqs)
+            + self.num_draft_tokens
         )
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Speculative tokens this step verifies."""
+        return sum(len(s.draft_token_ids) for s in self.scheduled_seqs)
 
     @property
     def has_work(self) -> bool:

@@ -46,7 +46,10 @@ def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
         ],
         scheduled_seqs=[
             executor_pb2.ScheduledSequence(
-                seq_id=s.seq_id, num_scheduled_tokens=s.num_scheduled_tokens, new_block_ids=s.new_block_ids
+                seq_id=s.seq_id,
+                num_scheduled_tokens=s.num_scheduled_tokens,
+                new_block_ids=s.new_block_ids,
+                draft_token_ids=s.draft_token_ids,
             )
             for s in plan.scheduled_seqs
         ],
@@ -70,7 +73,12 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
         ),
         # Most steps append no block to most sequences: skip the copy of an empty list.
         scheduled_seqs=tuple(
-            ScheduledSequence(s.seq_id, s.num_scheduled_tokens, tuple(s.new_block_ids) if s.new_block_ids else ())
+            ScheduledSequence(
+                s.seq_id,
+                s.num_scheduled_tokens,
+                tuple(s.new_block_ids) if s.new_block_ids else (),
+                tuple(s.draft_token_ids) if s.draft_token_ids else (),
+            )
             for s in msg.scheduled_seqs
         ),
         dropped_seq_ids=tuple(msg.dropped_seq_ids),

@@ -5,13 +5,18 @@ The fake executor is strict: it keeps its own copy of every sequence, writes a
 prefix up to it), and before sampling checks that every slot the sequence
 attends to holds the value its own tokens imply. A block shared wrongly,
 evicted while in use, or missing from a block table fails loudly. Its "model"
-is deterministic: the next token is a function of the whole token prefix.
+is deterministic: the next token is a function of the whole token prefix (or,
+for speculation tests, `copy_model`: of the last two tokens, so outputs repeat
+and n-gram drafts are accepted). Draft tokens are verified as the executor
+does: accepted while the model agrees, one token of its own after them, the
+block table cut to the blocks of the computed tokens.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 
 from pagoda.step import FinishReason, SeqOutput, StepPlan, StepResult
 from scheduler_svc.scheduler import Scheduler, SeqUpdate
@@ -22,6 +27,20 @@ VOCAB_SIZE = 50
 def next_token(prefix_digest: int) -> int:
     """The fake model: a token from the digest of all previous tokens."""
     return (prefix_digest * 2654435761 >> 7) % VOCAB_SIZE
+
+
+# (all previous tokens, their digest) -> the next token.
+Model = Callable[[list[int], int], int]
+
+
+def digest_model(token_ids: list[int], digest: int) -> int:
+    return next_token(digest)
+
+
+def copy_model(token_ids: list[int], digest: int) -> int:
+    """A model whose output cycles (a recurrence over 7 values): n-gram drafts are mostly right."""
+    previous = token_ids[-2] if len(token_ids) > 1 else 0
+    return (3 * token_ids[-1] + previous + 1) % 7
 
 
 class ProtocolError(AssertionError):
@@ -40,9 +59,10 @@ class _ExecSeq:
 class FakeExecutor:
     """Executes StepPlans against a slot -> value "KV cache"."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, model: Model = digest_model):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.model = model
         self.kv: dict[tuple[int, int], int] = {}
         self.seqs: dict[int, _ExecSeq] = {}
         self.num_steps = 0
@@ -56,13 +76,13 @@ class FakeExecutor:
             if new.seq_id in self.seqs:
                 raise ProtocolError(f"new seq {new.seq_id} already held")
             self.seqs[new.seq_id] = _ExecSeq(list(new.token_ids), list(new.block_ids), new.num_computed_tokens, [])
-            work.append((new.seq_id, new.num_scheduled_tokens))
+            work.append((new.seq_id, new.num_scheduled_tokens, ()))
         for sched in plan.scheduled_seqs:
             if sched.seq_id not in self.seqs:
                 raise ProtocolError(f"scheduled seq {sched.seq_id} not held")
             self.seqs[sched.seq_id].block_ids.extend(sched.new_block_ids)
-            work.append((sched.seq_id, sched.num_scheduled_tokens))
-        outputs = [out for seq_id, n in work if (out := self._run(seq_id, n)) is not None]
+            work.append((sched.seq_id, sched.num_scheduled_tokens, sched.draft_token_ids))
+        outputs = [out for seq_id, n, drafts in work if (out := self._run(seq_id, n, drafts)) is not None]
         return StepResult(
             step_id=plan.step_id,
             incarnation_id="fake",
@@ -84,11 +104,13 @@ class FakeExecutor:
             prev = seq.digests[-1] if seq.digests else 0
             seq.digests.append(hash((prev, seq.token_ids[len(seq.digests)])))
 
-    def _run(self, seq_id: int, num_tokens: int) -> SeqOutput | None:
+    def _run(self, seq_id: int, num_tokens: int, drafts: tuple[int, ...]) -> SeqOutput | None:
         seq = self.seqs[seq_id]
         start, end = seq.num_computed, seq.num_computed + num_tokens
         if num_tokens <= 0 or end > len(seq.token_ids):
             raise ProtocolError(f"seq {seq_id}: {num_tokens} tokens from {start} of {len(seq.token_ids)}")
+        if drafts and end != len(seq.token_ids):
+            raise ProtocolError(f"seq {seq_id}: drafts after a chunk that does not reach its end")
         self._digest(seq, end)
         for pos in range(start, end):
             self.kv[self._slot(seq, pos)] = seq.digests[pos]
@@ -98,19 +120,38 @@ class FakeExecutor:
         seq.num_computed = end
         if end < len(seq.token_ids):
             return None
-        token = next_token(seq.digests[end - 1])
-        seq.token_ids.append(token)
-        return SeqOutput(seq_id, (token,))
+        return SeqOutput(seq_id, self._verify(seq, drafts))
+
+    def _verify(self, seq: _ExecSeq, drafts: tuple[int, ...]) -> tuple[int, ...]:
+        """Writes the drafts' KV, samples after each, keeps the accepted ones and one more token."""
+        tokens, digest = list(seq.token_ids), seq.digests[-1]
+        sampled = []
+        for i, draft in enumerate((*drafts, None)):
+            sampled.append(self.model(tokens, digest))
+            if draft is None or sampled[-1] != draft:
+                break
+            digest = hash((digest, draft))
+            tokens.append(draft)
+            self.kv[self._slot(seq, seq.num_computed + i)] = digest
+        for i in range(len(sampled) - 1, len(drafts)):  # rejected drafts: KV that matches no prefix
+            self.kv[self._slot(seq, seq.num_computed + i)] = -1
+        seq.token_ids.extend(sampled)
+        if drafts:
+            seq.num_computed += len(sampled) - 1
+            del seq.block_ids[-(-seq.num_computed // self.block_size) :]
+        return tuple(sampled)
 
 
-def reference_output(prompt: list[int], max_tokens: int, eos_token_ids=(), max_model_len=10**9) -> list[int]:
+def reference_output(
+    prompt: list[int], max_tokens: int, eos_token_ids=(), max_model_len=10**9, model: Model = digest_model
+) -> list[int]:
     """What the fake model generates for a prompt, computed directly."""
     digest = 0
     for token in prompt:
         digest = hash((digest, token))
     out: list[int] = []
     while True:
-        token = next_token(digest)
+        token = model(prompt + out, digest)
         out.append(token)
         if token in eos_token_ids or len(out) >= max_tokens or len(prompt) + len(out) >= max_model_len:
             return out
@@ -130,7 +171,13 @@ class Engine:
         self.finish_reasons: dict[int, FinishReason] = {}
 
     def step(self) -> list[SeqUpdate]:
-        """One schedule(), then update() with the oldest result once the pipeline is full."""
+        """One schedule(), then update() with the oldest result once the pipeline is full.
+
+        As the executor handle does, a plan is not built ahead of a result the scheduler waits for.
+        """
+        updates: list[SeqUpdate] = []
+        if self.inflight and not self.scheduler.may_plan_ahead:
+            updates += self._apply(self.scheduler.update(self.inflight.popleft()))
         plan = self.scheduler.schedule()
         sent = plan.has_work or bool(plan.dropped_seq_ids)
         if sent:
@@ -138,9 +185,11 @@ class Engine:
             result = self.executor.execute(plan)
             if plan.has_work:
                 self.inflight.append(result)
-        updates: list[SeqUpdate] = []
         while self.inflight and (len(self.inflight) >= self.max_inflight or not plan.has_work):
-            updates += self.scheduler.update(self.inflight.popleft())
+            updates += self._apply(self.scheduler.update(self.inflight.popleft()))
+        return updates
+
+    def _apply(self, updates: list[SeqUpdate]) -> list[SeqUpdate]:
         for upd in updates:
             self.outputs[upd.seq.seq_id].extend(upd.new_token_ids)
             if upd.finished:
@@ -180,7 +229,8 @@ def check_invariants(scheduler: Scheduler) -> None:
         assert len(seq.block_ids) == -(-seq.num_computed_tokens // bs), seq
         assert len(set(seq.block_ids)) == len(seq.block_ids)
         assert 0 <= seq.num_pending_tokens <= 2
-        assert seq.num_computed_tokens <= len(seq.token_ids) + seq.num_pending_tokens
+        num_drafts = scheduler.config.num_speculative_tokens if seq.drafts_in_flight else 0
+        assert seq.num_computed_tokens <= len(seq.token_ids) + seq.num_pending_tokens + num_drafts
         for index, block_id in enumerate(seq.block_ids):
             holders[block_id].append((seq.seq_id, index))
     for block in pool.blocks:

@@ -10,7 +10,7 @@ and every output equals what the fake model generates with no memory limit.
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, reference_output
+from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, digest_model, reference_output
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import FinishReason
@@ -65,6 +65,9 @@ op_args = {
 
 
 class Harness:
+    # The fake executor's model (speculation tests use one whose outputs repeat).
+    model = staticmethod(digest_model)
+
     def __init__(self, config: dict, max_inflight: int):
         self.clock = Clock()
         self.config = SchedulerConfig(eos_token_ids=(EOS,), **config)
@@ -74,7 +77,7 @@ class Harness:
         self.requests: dict[int, tuple[list[int], StoppingCriteria]] = {}
 
     def _new_engine(self) -> Engine:
-        executor = FakeExecutor(self.config.num_blocks, self.config.block_size)
+        executor = FakeExecutor(self.config.num_blocks, self.config.block_size, self.model)
         return Engine(self.scheduler, executor, self.max_inflight)
 
     def add(self, prefix_index, prefix_len, tail, max_tokens, priority, salt, ignore_eos):
@@ -122,7 +125,7 @@ class Harness:
     def check_outputs(self):
         for seq_id, (prompt, stopping) in self.requests.items():
             eos = () if stopping.ignore_eos else (EOS,)
-            expected = reference_output(prompt, stopping.max_tokens, eos, self.config.max_model_len)
+            expected = reference_output(prompt, stopping.max_tokens, eos, self.config.max_model_len, self.model)
             got = self.engine.outputs.get(seq_id, [])
             reason = self.engine.finish_reasons[seq_id]
             ended_by_model = reason in (FinishReason.STOP, FinishReason.LENGTH) and got and got[-1] in eos + (None,)

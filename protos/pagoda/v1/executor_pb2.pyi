@@ -111,14 +111,16 @@ class NewSequence(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., structured: _Optional[_Union[_common_pb2.StructuredOutput, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class ScheduledSequence(_message.Message):
-    __slots__ = ("seq_id", "num_scheduled_tokens", "new_block_ids")
+    __slots__ = ("seq_id", "num_scheduled_tokens", "new_block_ids", "draft_token_ids")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     num_scheduled_tokens: int
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_id: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_id: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
     __slots__ = ("step_id", "new_seqs", "scheduled_seqs", "dropped_seq_ids", "epoch")

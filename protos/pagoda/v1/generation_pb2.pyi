@@ -229,7 +229,7 @@ class ExecutorStatus(_message.Message):
     def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ...) -> None: ...
 
 class ServerStatus(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers")
+    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers", "spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,9 @@ class ServerStatus(_message.Message):
     PREFIX_CACHE_HITS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_DRAFTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_cache_usage: float
@@ -250,4 +253,7 @@ class ServerStatus(_message.Message):
     prefix_cache_hits_total: int
     scheduler_id: str
     schedulers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ..., num_requests_total: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ...) -> None: ...
+    spec_num_drafts_total: int
+    spec_draft_tokens_total: int
+    spec_accepted_tokens_total: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ..., num_requests_total: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ..., spec_num_drafts_total: _Optional[int] = ..., spec_draft_tokens_total: _Optional[int] = ..., spec_accepted_tokens_total: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,179 @@
+"""Speculative decoding in the scheduler: exact plans with drafts, rollback of rejected ones, stops, policy."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, copy_model, reference_output
+from scheduler.test_scheduler_properties import MAX_DRAIN_STEPS, OP_KINDS, Harness, configs, op_args
+
+from pagoda.constraint import Constraint
+from pagoda.params import SamplingParams, StoppingCriteria
+from pagoda.step import ScheduledSequence, SeqOutput, StepPlan, StepResult
+from scheduler_svc.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.speculation import MIN_ACCEPTED_PER_ATTEMPT, SeqSpeculation
+
+EOS = 3
+
+
+def make_sched(**kwargs) -> Scheduler:
+    fields = {"num_blocks": 10, "block_size": 4, "speculative": "ngram", "eos_token_ids": (99,), **kwargs}
+    return Scheduler(SchedulerConfig(**fields), clock=lambda: 0.0)
+
+
+def make_seq(seq_id, prompt, max_tokens=8, structured=None) -> SchedulerSequence:
+    stopping = StoppingCriteria(max_tokens=max_tokens)
+    return SchedulerSequence(seq_id, f"r{seq_id}", list(prompt), SamplingParams(), stopping, structured=structured)
+
+
+def result(plan: StepPlan, tokens: dict[int, tuple[int, ...]]) -> StepResult:
+    outputs = tuple(SeqOutput(seq_id, token_ids) for seq_id, token_ids in tokens.items())
+    return StepResult(step_id=plan.step_id, incarnation_id="inc", outputs=outputs)
+
+
+def started(scheduler: Scheduler, prompt, token: int, **kwargs) -> SchedulerSequence:
+    """A sequence admitted, prefilled and given its first token."""
+    seq = make_seq(1, prompt, **kwargs)
+    scheduler.add(seq)
+    scheduler.update(result(scheduler.schedule(), {1: (token,)}))
+    return seq
+
+
+def test_drafts_are_planned_and_rejected_ones_rolled_back():
+    s = make_sched()
+    seq = started(s, [1, 2, 3, 1, 2], 3)
+    assert seq.block_ids == [0, 1] and s.may_plan_ahead is False
+    plan = s.schedule()
+    # (1, 2, 3) occurred at the start, followed by 1, 2, 3: positions 5..8 need a third block.
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (2,), (1, 2, 3)),)
+    assert plan.num_scheduled_tokens == 4 and plan.num_draft_tokens == 3
+    assert s.schedule().has_work is False  # nothing more for it until the result
+    # Drafts 1, 2 accepted, 3 rejected: the executor's own token there is 7.
+    (update,) = s.update(result(plan, {1: (1, 2, 7)}))
+    assert update.new_token_ids == (1, 2, 7) and not update.finished
+    assert seq.output_token_ids == [3, 1, 2, 7]
+    # KV of positions 0..7 stays; the block made for the rejected draft alone goes back.
+    assert seq.num_computed_tokens == 8 and seq.block_ids == [0, 1]
+    assert s.num_free_blocks == 8 and s.drafter.stats.num_accepted_tokens == 2
+    assert [b.block_id for b in s.kv_cache_manager.pool.cached.values()] == [0, 1]
+    # No n-gram ends in (2, 7): one token, into the block freed just now.
+    assert s.schedule().scheduled_seqs == (ScheduledSequence(1, 1, (2,), ()),)
+
+
+def test_a_block_with_rejected_kv_is_never_cached():
+    s = make_sched(block_size=2)
+    seq = started(s, [5, 6, 5, 6, 5], 6)
+    plan = s.schedule()
+    # Position 5 and drafts at 6, 7: a fourth block, which holds rejected drafts only.
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (3,), (5, 6)),)
+    s.update(result(plan, {1: (9,)}))  # the first draft is rejected
+    assert seq.num_computed_tokens == 6 and seq.block_ids == [0, 1, 2]
+    cached = {b.block_id for b in s.kv_cache_manager.pool.cached.values()}
+    assert cached == {0, 1, 2} and s.num_free_blocks == 7
+
+
+def test_eos_inside_an_accepted_run_ends_the_sequence_there():
+    s = make_sched(eos_token_ids=(EOS,))
+    seq = started(s, [1, 2, EOS, 5, 1], 2)
+    plan = s.schedule()
+    assert plan.scheduled_seqs[0].draft_token_ids == (EOS, 5, 1, 2)
+    # All accepted: the tokens after EOS are dropped, as plain decoding never made them.
+    (update,) = s.update(result(plan, {1: (EOS, 5, 1, 2, 9)}))
+    assert update.finished and update.new_token_ids == (EOS,)
+    assert seq.output_token_ids == [2, EOS] and s.num_free_blocks == 10
+
+
+def test_drafts_leave_room_for_max_tokens():
+    s = make_sched()
+    started(s, [1, 2, 3, 1, 2], 3, max_tokens=3)
+    # One output so far, three at most: one draft plus the executor's own token.
+    assert s.schedule().scheduled_seqs[0].draft_token_ids == (1,)
+
+
+def test_constrained_sequences_and_large_batches_do_not_draft():
+    s = make_sched()
+    started(s, [1, 2, 3, 1, 2], 3, structured=Constraint("regex", "[0-9]+"))
+    assert s.may_plan_ahead and s.schedule().scheduled_seqs[0].draft_token_ids == ()
+    s = make_sched(speculative_max_batch=1)
+    for seq_id in (1, 2):
+        s.add(make_seq(seq_id, [1, 2, 3, 1, 2]))
+    s.update(result(s.schedule(), {1: (3,), 2: (3,)}))
+    assert s.may_plan_ahead
+    assert [x.draft_token_ids for x in s.schedule().scheduled_seqs] == [(), ()]
+
+
+def test_too_many_tokens_for_the_drafts_fail_the_sequence():
+    s = make_sched()
+    seq = started(s, [1, 2, 3, 1, 2], 3)
+    plan = s.schedule()
+    (update,) = s.update(result(plan, {1: (1, 2, 3, 4, 5)}))
+    assert update.finished and "5 tokens for a step with 3 drafts" in seq.error_message
+    assert s.num_free_blocks == 10
+
+
+def test_fruitless_attempts_pause_a_sequence_then_it_tries_again():
+    spec = SeqSpeculation()
+    for num_output_tokens in range(5):
+        assert spec.active(num_output_tokens)
+        spec.record(0, num_output_tokens)
+    # Five attempts without an accepted draft: paused for 16 generated tokens.
+    assert not spec.active(19) and spec.active(20)
+    # Right after a pause one fruitless attempt pauses it again, twice as long.
+    spec.record(0, 20)
+    assert not spec.active(51) and spec.active(52)
+    spec.record(1, 52)  # an accepted draft keeps it going
+    assert spec.active(53) and spec.mean_accepted > MIN_ACCEPTED_PER_ATTEMPT
+
+
+def test_greedy_outputs_with_speculation_equal_those_without():
+    prompts = [[1, 2, 3, 4] * 3, [5, 6, 0, 1, 5, 6], [2], [4, 4, 4, 4, 4, 4, 4]]
+
+    def run(speculative: str) -> tuple[dict[int, list[int]], int]:
+        config = SchedulerConfig(
+            num_blocks=24, block_size=2, max_num_batched_tokens=16, max_model_len=48, speculative=speculative
+        )
+        scheduler = Scheduler(config, clock=lambda: 0.0)
+        engine = Engine(scheduler, FakeExecutor(24, 2, copy_model))
+        for i, prompt in enumerate(prompts):
+            scheduler.add(SchedulerSequence(i, f"r{i}", prompt, SamplingParams(), StoppingCriteria(30)))
+        num_steps = engine.run(max_steps=MAX_DRAIN_STEPS)
+        assert scheduler.num_free_blocks == 24
+        return dict(engine.outputs), num_steps
+
+    plain, plain_steps = run("off")
+    drafted, drafted_steps = run("ngram")
+    assert drafted == plain == {i: reference_output(p, 30, model=copy_model) for i, p in enumerate(prompts)}
+    # Four sequences of up to 42 tokens in 48 slots: preempted and recomputed on the way.
+    assert drafted_steps < plain_steps
+
+
+class SpeculationHarness(Harness):
+    model = staticmethod(copy_model)
+
+
+spec_configs = configs.map(lambda c: {**c, "speculative": "ngram"}).flatmap(
+    lambda c: st.fixed_dictionaries(
+        {"num_speculative_tokens": st.integers(1, 5), "speculative_max_batch": st.integers(1, 6)}
+    ).map(lambda extra: {**c, **extra})
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=spec_configs, kinds=st.lists(st.sampled_from(OP_KINDS), min_size=10, max_size=60), data=st.data())
+def test_random_programs_with_speculation_keep_block_accounting_exact(config, kinds, data):
+    harness = SpeculationHarness(config, max_inflight=2)
+    for kind in kinds:
+        harness.apply(kind, data.draw(op_args[kind], label=kind))
+        check_invariants(harness.scheduler)
+    engine, scheduler = harness.engine, harness.scheduler
+    for _ in range(MAX_DRAIN_STEPS):
+        if not (scheduler.has_unfinished() or engine.inflight):
+            break
+        engine.step()
+        check_invariants(scheduler)
+    else:
+        raise AssertionError("livelock: requests did not finish")
+    engine.step()  # the last dropped ids
+    assert scheduler.num_free_blocks == harness.config.num_blocks
+    assert all(block.ref_cnt == 0 for block in scheduler.kv_cache_manager.pool.blocks)
+    assert engine.executor.seqs == {}
+    harness.check_outputs()
