@@ -166,7 +166,7 @@ class Scheduler:
         if self._draft_steps:
             return False
         drafter = self._drafter
-        if drafter is None or not drafter.allows(len(self._running)):
+        if drafter is None or not drafter.allows(len(self.running)):
             return True
         return not any(drafter.wants(seq) for seq in self.running)
 

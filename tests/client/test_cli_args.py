@@ -171,6 +171,22 @@ def test_serve_flags_and_passthrough():
     assert len(set(launcher.executor_addresses)) == 2
 
 
+def test_serve_passes_the_speculation_flags_to_the_scheduler():
+    args, unknown = build_parser().parse_known_args(
+        ["serve", "--speculative", "ngram", "--num-speculative-tokens", "3"]
+    )
+    assert (
+        launcher_from_args(args, unknown).scheduler.argv[-4:]
+        == unknown
+        == [
+            "--speculative",
+            "ngram",
+            "--num-speculative-tokens",
+            "3",
+        ]
+    )
+
+
 def test_serve_model_defaults_to_default():
     args, _ = build_parser().parse_known_args(["serve"])
     launcher = launcher_from_args(args, [])

@@ -1,5 +1,6 @@
 """Speculative decoding in the scheduler: exact plans with drafts, rollback of rejected ones, stops, policy."""
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, copy_model, reference_output
@@ -8,6 +9,7 @@ from scheduler.test_scheduler_properties import MAX_DRAIN_STEPS, OP_KINDS, Harne
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import ScheduledSequence, SeqOutput, StepPlan, StepResult
+from scheduler_svc.config import load_config
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
 from scheduler_svc.sequence import SchedulerSequence
 from scheduler_svc.speculation import MIN_ACCEPTED_PER_ATTEMPT, SeqSpeculation
@@ -177,3 +179,17 @@ def test_random_programs_with_speculation_keep_block_accounting_exact(config, ki
     assert all(block.ref_cnt == 0 for block in scheduler.kv_cache_manager.pool.blocks)
     assert engine.executor.seqs == {}
     harness.check_outputs()
+
+
+def test_flags_configure_speculation_and_refuse_what_is_not_there(capsys):
+    config = load_config(["--speculative", "ngram", "--num-speculative-tokens", "6", "--speculative-max-batch", "2"])
+    assert (config.speculative, config.num_speculative_tokens, config.speculative_max_batch) == ("ngram", 6, 2)
+    assert load_config([]).speculative == "off"
+    for argv, message in (
+        (["--speculative", "draft"], "a draft model is not implemented yet"),
+        (["--speculative", "eagle"], "--speculative must be off or ngram"),
+        (["--num-speculative-tokens", "0"], "--num-speculative-tokens must be in [1, 16]"),
+    ):
+        with pytest.raises(SystemExit):
+            load_config(argv)
+        assert message in capsys.readouterr().err
