@@ -20,14 +20,14 @@ Pure Python: no torch, no numpy, no protos (pagoda.step's dataclasses are plain)
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from pagoda.step import FinishReason, LogprobEntry, NewSequence, ScheduledSequence, StepPlan, StepResult
 from scheduler_svc.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens
 from scheduler_svc.request_queue import WaitingQueue
+from scheduler_svc.scheduler_types import SchedulerConfig as SchedulerConfig
+from scheduler_svc.scheduler_types import SeqUpdate as SeqUpdate
 from scheduler_svc.sequence import SchedulerSequence, SequenceStatus
 from scheduler_svc.speculation import Drafter
 from scheduler_svc.step_builder import StepBuilder, StepEntry
@@ -35,45 +35,6 @@ from scheduler_svc.step_builder import StepBuilder, StepEntry
 # A sequence is planned at most this many tokens ahead of the results (the
 # engine keeps at most two plans in flight, so this only guards misuse).
 MAX_PENDING_TOKENS = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
-    """Limits of one scheduler core (one executor's KV pool)."""
-
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int = 256
-    # Token budget of one step across all sequences.
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 2048
-    enable_prefix_caching: bool = True
-    eos_token_ids: tuple[int, ...] = ()
-    # A request waiting longer than this is served first, whatever its priority.
-    max_priority_wait_s: float = 30.0
-    # Speculative decoding (docs/speculative-decoding.md): "off" or "ngram"; drafts per sequence and step;
-    # no drafts while more sequences than speculative_max_batch run.
-    speculative: str = "off"
-    num_speculative_tokens: int = 4
-    speculative_max_batch: int = 8
-
-    def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.speculative not in ("off", "ngram"):
-            raise ValueError(f"speculative must be off or ngram, got {self.speculative!r}")
-
-
-class SeqUpdate(NamedTuple):
-    """What one step result did to one sequence (a named tuple: cheap to make per token)."""
-
-    seq: SchedulerSequence
-    # Tokens accepted this step (the stop token included); empty on error.
-    new_token_ids: tuple[int, ...]
-    logprobs: tuple[LogprobEntry, ...]
-    # The sequence finished in this update (see seq.finish_reason).
-    finished: bool
 
 
 class Scheduler:
@@ -102,7 +63,7 @@ class Scheduler:
         self._num_preemptions = 0
         self._drafter: Drafter | None = None
         if config.speculative == "ngram":
-            self._drafter = Drafter(config.num_speculative_tokens, config.speculative_max_batch)
+            self._drafter = Drafter(config, self._kv)
         # Steps in flight that verify drafts.
         self._draft_steps: set[int] = set()
 
@@ -301,8 +262,8 @@ class Scheduler:
                 message = f"executor returned {num} tokens for a step with {entry.num_drafts} drafts"
                 updates.append(self._fail(seq.seq_id, message))
                 continue
-            if entry.num_drafts:
-                self._on_verified(seq, entry, len(out.token_ids) - 1, current)
+            if entry.num_drafts and self._drafter is not None:
+                self._drafter.on_verified(seq, entry, len(out.token_ids) - 1, current)
             updates.append(self._accept_tokens(seq, out.token_ids, out.logprobs, entry, current))
         return updates
 
@@ -323,7 +284,7 @@ class Scheduler:
             if num_wanted == 1:
                 step.num_decodes_left -= 1
                 num_tokens = 1
-                if step.speculate and self._schedule_drafts(seq, step):
+                if step.speculate and self._drafter is not None and self._drafter.schedule(seq, step):
                     continue
             else:
                 num_tokens = min(num_wanted, step.budget - step.num_decodes_left)
@@ -355,27 +316,6 @@ class Scheduler:
         ):
             return 0
         return num_total - seq.num_computed_tokens
-
-    def _schedule_drafts(self, seq: SchedulerSequence, step: StepBuilder) -> bool:
-        """Plans seq's next token with drafts after it, if it has any and their blocks are free.
-
-        Drafts never preempt: without free blocks the sequence decodes one token.
-        """
-        assert self._drafter is not None
-        max_len = self.config.max_model_len - len(seq.token_ids) - 1
-        drafts = self._drafter.propose(seq, min(step.budget - step.num_decodes_left - 1, max_len))
-        if not drafts:
-            return False
-        num_tokens = 1 + len(drafts)
-        if seq.num_computed_tokens + num_tokens <= len(seq.block_ids) * self.config.block_size:
-            new_block_ids: list[int] | None = []
-        else:
-            new_block_ids = self._kv.allocate_slots(seq, num_tokens)
-            if new_block_ids is None:
-                return False
-        step.scheduled_seqs.append(ScheduledSequence(seq.seq_id, 1, tuple(new_block_ids), drafts))
-        step.commit(seq, 1, len(drafts))
-        return True
 
     def _allocate_or_preempt(
         self, seq: SchedulerSequence, num_tokens: int, step: StepBuilder, wanted: list[int]
@@ -456,21 +396,6 @@ class Scheduler:
         return True
 
     # -- update internals ------------------------------------------------------------
-
-    def _on_verified(self, seq: SchedulerSequence, entry: StepEntry, num_accepted: int, current: bool) -> None:
-        """Rolls back the KV of rejected drafts: fewer computed tokens, blocks past the computed ones freed.
-
-        The executor cuts its block table by the same rule, so both keep the same blocks;
-        the freed ones held rejected KV only and are never offered to the prefix cache.
-        """
-        assert self._drafter is not None
-        seq.drafts_in_flight = False
-        num_rejected = entry.num_drafts - num_accepted
-        entry.num_computed_after -= num_rejected
-        if current:
-            seq.num_computed_tokens -= num_rejected
-            self._kv.truncate(seq, cdiv(seq.num_computed_tokens, self.config.block_size))
-        self._drafter.on_verified(seq, entry.num_drafts, num_accepted)
 
     def _accept_tokens(
         self,

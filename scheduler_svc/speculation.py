@@ -21,12 +21,12 @@ Pure Python.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from pagoda.step import ScheduledSequence
+from scheduler_svc.kv_cache_manager import KVCacheManager, cdiv
 from scheduler_svc.ngram import NgramProposer
-
-if TYPE_CHECKING:
-    from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.scheduler_types import SchedulerConfig
+from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.step_builder import StepBuilder, StepEntry
 
 # Weight of the newest attempt in the mean of accepted tokens per attempt.
 EWMA_WEIGHT = 0.25
@@ -85,21 +85,42 @@ class SpeculationStats:
 
 
 class Drafter:
-    """The speculation policy of one scheduler core: which sequences draft, how many tokens, in which steps."""
+    """The speculation of one scheduler core: which sequences draft, their drafts in a plan, the rollback."""
 
-    def __init__(self, num_speculative_tokens: int, max_batch: int) -> None:
-        self.num_speculative_tokens = num_speculative_tokens
-        self.max_batch = max_batch
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
         self.stats = SpeculationStats()
 
     def allows(self, num_running: int) -> bool:
         """The global rule: drafts only while the step is bound by the weights, not by the tokens."""
-        return num_running <= self.max_batch
+        return num_running <= self.config.speculative_max_batch
 
     def wants(self, seq: SchedulerSequence) -> bool:
         """Whether seq would draft in the next step (it may still find no n-gram)."""
         spec = seq.speculation
         return seq.structured is None and (spec is None or spec.active(len(seq.output_token_ids)))
+
+    def schedule(self, seq: SchedulerSequence, step: StepBuilder) -> bool:
+        """Plans seq's next token with drafts after it, if it has drafts and their blocks are free.
+
+        Drafts never preempt: without free blocks the sequence decodes one token.
+        """
+        config = self.config
+        max_tokens = min(step.budget - step.num_decodes_left - 1, config.max_model_len - len(seq.token_ids) - 1)
+        drafts = self.propose(seq, max_tokens)
+        if not drafts:
+            return False
+        num_tokens = 1 + len(drafts)
+        if seq.num_computed_tokens + num_tokens <= len(seq.block_ids) * config.block_size:
+            new_block_ids: list[int] | None = []
+        else:
+            new_block_ids = self.kv.allocate_slots(seq, num_tokens)
+            if new_block_ids is None:
+                return False
+        step.scheduled_seqs.append(ScheduledSequence(seq.seq_id, 1, tuple(new_block_ids), drafts))
+        step.commit(seq, 1, len(drafts))
+        return True
 
     def propose(self, seq: SchedulerSequence, max_tokens: int) -> tuple[int, ...]:
         """Drafts for seq's next tokens, at most max_tokens of them.
@@ -110,9 +131,9 @@ class Drafter:
         """
         if seq.num_pending_tokens or not self.wants(seq):
             return ()
-        stopping = seq.stopping
-        # Every accepted draft plus the executor's own token must fit max_tokens (the last one is the own token).
-        max_tokens = min(max_tokens, self.num_speculative_tokens, stopping.max_tokens - len(seq.output_token_ids) - 1)
+        # Every accepted draft plus the executor's own token must fit max_tokens.
+        max_outputs = seq.stopping.max_tokens - len(seq.output_token_ids) - 1
+        max_tokens = min(max_tokens, self.config.num_speculative_tokens, max_outputs)
         if max_tokens <= 0:
             return ()
         if seq.speculation is None:
@@ -122,8 +143,18 @@ class Drafter:
             seq.speculation.record(0, len(seq.output_token_ids))
         return drafts
 
-    def on_verified(self, seq: SchedulerSequence, num_drafted: int, num_accepted: int) -> None:
-        """A step's verdict on seq's drafts."""
-        self.stats.record(num_drafted, num_accepted)
+    def on_verified(self, seq: SchedulerSequence, entry: StepEntry, num_accepted: int, current: bool) -> None:
+        """Rolls back the KV of rejected drafts: fewer computed tokens, blocks past the computed ones freed.
+
+        The executor cuts its block table by the same rule, so both keep the same blocks;
+        the freed ones held rejected KV only and are never offered to the prefix cache.
+        """
+        seq.drafts_in_flight = False
+        num_rejected = entry.num_drafts - num_accepted
+        entry.num_computed_after -= num_rejected
+        if current:
+            seq.num_computed_tokens -= num_rejected
+            self.kv.truncate(seq, cdiv(seq.num_computed_tokens, self.config.block_size))
+        self.stats.record(entry.num_drafts, num_accepted)
         if seq.speculation is not None:
             seq.speculation.record(num_accepted, len(seq.output_token_ids))

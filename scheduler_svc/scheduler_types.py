@@ -1,0 +1,48 @@
+"""The plain types of a scheduler core: its configuration and what one step result did to a sequence."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from pagoda.step import LogprobEntry
+from scheduler_svc.sequence import SchedulerSequence
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one scheduler core (one executor's KV pool)."""
+
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int = 256
+    # Token budget of one step across all sequences.
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    eos_token_ids: tuple[int, ...] = ()
+    # A request waiting longer than this is served first, whatever its priority.
+    max_priority_wait_s: float = 30.0
+    # Speculative decoding (docs/speculative-decoding.md): "off" or "ngram"; drafts per sequence and step;
+    # no drafts while more sequences than speculative_max_batch run.
+    speculative: str = "off"
+    num_speculative_tokens: int = 4
+    speculative_max_batch: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.speculative not in ("off", "ngram"):
+            raise ValueError(f"speculative must be off or ngram, got {self.speculative!r}")
+
+
+class SeqUpdate(NamedTuple):
+    """What one step result did to one sequence (a named tuple: cheap to make per token)."""
+
+    seq: SchedulerSequence
+    # Tokens accepted this step (the stop token included); empty on error.
+    new_token_ids: tuple[int, ...]
+    logprobs: tuple[LogprobEntry, ...]
+    # The sequence finished in this update (see seq.finish_reason).
+    finished: bool
