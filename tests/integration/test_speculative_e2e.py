@@ -1,8 +1,9 @@
 """Speculative decoding through the real system (tiny random Llama): the same tokens as without it.
 
-One system speculates (n-gram drafts, 4 per step) on a small KV pool, so that
-concurrent requests are preempted and recomputed; the module's plain system
-(`tiny_system`, no speculation) and transformers are the references. Random
+One system speculates (n-gram drafts, 4 per step) over two executors with
+small KV pools, so that concurrent requests are preempted and recomputed; the
+module's plain system (`tiny_system`, no speculation) and transformers are the
+references. Last, an executor is killed (`kill -9`) mid-stream. Random
 tiny models fall into loops quickly, which is what n-gram drafts predict: the
 tests check that drafts were accepted, so the equalities are not vacuous.
 """
@@ -10,10 +11,13 @@ tests check that drafts were accepted, so the equalities are not vacuous.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import random
+import signal
 
 import pytest
 from support.pool import wait_pool_whole
+from support.streams import KillOnce, mixed_requests, run_streams
 from support.system import fp32_launcher
 from support.tiny_model import hf_greedy
 
@@ -25,10 +29,15 @@ SPECULATIVE_ARGS = ["--speculative", "ngram", "--num-speculative-tokens", "4", "
 
 @pytest.fixture(scope="module")
 def spec_system(tiny_model_dir, tmp_path_factory):
-    """One executor with 24 KV blocks of 16 tokens, its scheduler speculating."""
+    """Two executors with 24 KV blocks of 16 tokens each, their scheduler speculating."""
     logs = tmp_path_factory.mktemp("spec-logs")
     with fp32_launcher(
-        tiny_model_dir, logs, kv_cache_memory="96KiB", block_size=16, extra_scheduler_args=SPECULATIVE_ARGS
+        tiny_model_dir,
+        logs,
+        kv_cache_memory="96KiB",
+        block_size=16,
+        num_executors=2,
+        extra_scheduler_args=SPECULATIVE_ARGS,
     ) as system:
         yield system
 
@@ -115,3 +124,16 @@ def test_pool_is_whole_after_200_mixed_requests(spec_system):
     assert all(r.finish_reason in ("stop", "length") for r in results)
     with Client(spec_system.target, timeout=30) as client:
         wait_pool_whole(client, nothing_waiting=True)
+
+
+def test_executor_killed_mid_stream_changes_no_token(spec_system):
+    """Runs last: the killed executor stays dead; its sequences are recomputed on the other one."""
+    requests = mixed_requests(8, 80, seed=900)
+    with Client(spec_system.target, timeout=180) as client:
+        expected = run_streams(client, requests)
+        total = sum(len(record.token_ids) for record in expected)
+        kill = KillOnce(total // 4, lambda: os.kill(spec_system.executors[0].pid, signal.SIGKILL))
+        got = run_streams(client, requests, kill)
+    assert kill.fired_at is not None, "the executor was never killed"
+    for i, (run, reference) in enumerate(zip(got, expected)):
+        assert (run.token_ids, run.text) == (reference.token_ids, reference.text), f"stream {i}"
