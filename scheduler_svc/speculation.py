@@ -112,12 +112,11 @@ class Drafter:
         if not drafts:
             return False
         num_tokens = 1 + len(drafts)
-        if seq.num_computed_tokens + num_tokens <= len(seq.block_ids) * config.block_size:
-            new_block_ids: list[int] | None = []
-        else:
+        new_block_ids: list[int] | None = []
+        if seq.num_computed_tokens + num_tokens > len(seq.block_ids) * config.block_size:
             new_block_ids = self.kv.allocate_slots(seq, num_tokens)
-            if new_block_ids is None:
-                return False
+        if new_block_ids is None:
+            return False
         step.scheduled_seqs.append(ScheduledSequence(seq.seq_id, 1, tuple(new_block_ids), drafts))
         step.commit(seq, 1, len(drafts))
         return True
