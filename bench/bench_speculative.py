@@ -32,29 +32,36 @@ from pathlib import Path
 from bench_structured_serve import serve, stop, throughput
 from spec_workload import grounded_requests
 
-from pagoda_client import Client
+from pagoda_client import Client, GenerationResult
 
 VARIANTS = ("off", "ngram")
 
 
-def grounded(target: str, requests: list, concurrency: int) -> tuple[float, list[list[int]], dict[str, float]]:
-    """(output tokens/s, each request's tokens, speculation counters) of the requests at ``concurrency``."""
+def grounded(target: str, requests: list, concurrency: int) -> tuple[float, float, list[list[int]], dict[str, float]]:
+    """(output tokens/s, decode tokens/s, each request's tokens, speculation counters) at ``concurrency``.
+
+    Decode tokens/s: the tokens after the first over the time after the first (server timings),
+    summed over the requests: the prefill left out.
+    """
     with Client(target, timeout=600) as client:
         before = client.status()
 
-        def one(messages: list) -> list[int]:
-            return client.chat(messages, max_tokens=256, temperature=0).token_ids
+        def one(messages: list) -> GenerationResult:
+            return client.chat(messages, max_tokens=256, temperature=0)
 
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-            outputs = list(pool.map(one, requests))
+            results = list(pool.map(one, requests))
         elapsed = time.perf_counter() - start
         after = client.status()
     counters = {
         name: getattr(after, name) - getattr(before, name)
         for name in ("spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
     }
-    return sum(len(o) for o in outputs) / elapsed, outputs, counters
+    outputs = [r.token_ids for r in results]
+    decode_s = sum(r.timings.total_s - r.timings.time_to_first_token_s for r in results)
+    decode_tok_s = sum(len(o) - 1 for o in outputs) / decode_s
+    return sum(len(o) for o in outputs) / elapsed, decode_tok_s, outputs, counters
 
 
 def describe(counters: dict[str, float]) -> str:
@@ -72,10 +79,13 @@ def run_variant(variant: str, args: argparse.Namespace, requests: list, tmp: Pat
     try:
         figures: dict[str, object] = {}
         for concurrency in (1, 8):
-            tok_s, outputs, counters = grounded(target, requests, concurrency)
+            tok_s, decode_tok_s, outputs, counters = grounded(target, requests, concurrency)
             figures[f"b{concurrency}"], figures[f"tokens_b{concurrency}"] = tok_s, outputs
+            figures[f"decode_b{concurrency}"] = decode_tok_s
             print(
-                f"  {variant} grounded batch {concurrency}: {tok_s:.1f} output tok/s, {describe(counters)}", flush=True
+                f"  {variant} grounded batch {concurrency}: {tok_s:.1f} output tok/s "
+                f"({decode_tok_s:.1f} per request after its first token), {describe(counters)}",
+                flush=True,
             )
         figures["w_mixed"] = throughput(target, shlex.split(args.bench_args), tmp)
         print(f"  {variant} W-mixed: {figures['w_mixed']:.1f} output tok/s", flush=True)
@@ -103,7 +113,13 @@ def main() -> int:
             for variant in VARIANTS[shift:] + VARIANTS[:shift]:
                 print(f"round {round_index + 1} {variant}:", flush=True)
                 runs[variant].append(run_variant(variant, args, requests, Path(tmp)))
-    for key, label in (("b1", "grounded batch 1"), ("b8", "grounded batch 8"), ("w_mixed", "W-mixed 64")):
+    labels = {
+        "b1": "grounded batch 1",
+        "decode_b1": "grounded batch 1, after the first token",
+        "b8": "grounded batch 8",
+        "w_mixed": "W-mixed 64",
+    }
+    for key, label in labels.items():
         medians = {v: statistics.median(float(r[key]) for r in runs[v]) for v in VARIANTS}  # type: ignore[arg-type]
         print(
             f"{label}: off {medians['off']:.1f}, ngram {medians['ngram']:.1f} output tok/s "
