@@ -15,7 +15,7 @@ TRACED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def _new(seq_id: int, traceparent: str = "") -> NewSequence:
-    return NewSequence(seq_id, f"r{seq_id}", (1, 2, 3), 3, SamplingParams(), (0,), 0, 3, traceparent)
+    return NewSequence(seq_id, f"r{seq_id}", (1, 2, 3), 3, SamplingParams(), (0,), 0, 3, traceparent=traceparent)
 
 
 def _run(tracer: StepTracer, plan: StepPlan, t: int) -> None:
