@@ -192,6 +192,8 @@ def format_status(status: ServerStatus) -> str:
             f"{e.address:<22}{e.state:<14}{e.num_running:>8}{e.num_waiting:>8}{blocks:>20}{e.kv_cache_usage:>8.1%}"
             f"  {e.lease_holder or '-'}"
         )
+        if e.quantization:
+            lines.append(f"  quantization: {e.quantization}")
         if e.kernels:
             lines.append("  kernels: " + "  ".join(f"{part}={path}" for part, path in e.kernels.items()))
     return "\n".join(lines)

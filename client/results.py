@@ -136,6 +136,8 @@ class ModelInfo:
     has_chat_template: bool
     max_prompt_tokens: int
     max_new_tokens: int
+    quantization: str = ""
+    """The linear weights' quantization: ``none``, ``int8``, or a GGUF file's block types as stored."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ class ExecutorStatus:
     lease_holder: str = ""
     """The scheduler driving it (this one when ``state`` is READY or DRAINING; empty: none)."""
     lease_epoch: int = 0
+    quantization: str = ""
+    """Its weights' quantization (empty until the scheduler has described it)."""
 
 
 @dataclass(frozen=True)

@@ -186,3 +186,5 @@ class ExecutorInfo:
     schedulers: tuple[str, ...] = ()
     # Schedulers whose Acquire was refused in the last 3 s, sorted.
     lease_claimants: tuple[str, ...] = ()
+    # The linear weights' quantization in effect: none, int8, ... (docs/quantization.md).
+    quantization: str = "none"

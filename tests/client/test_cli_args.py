@@ -248,3 +248,13 @@ def test_throughput_ratio():
 
     assert throughput_ratio({"output_throughput": 300.0}, {"output_throughput": 60.0}) == 5.0
     assert throughput_ratio({"output_throughput": 300.0}, {"output_throughput": 0.0}) is None
+
+
+def test_serve_passes_quantization_to_every_executor():
+    args, unknown = build_parser().parse_known_args(["serve", "--executors", "2", "--quantization", "int8"])
+    launcher = launcher_from_args(args, unknown)
+    for executor in launcher.executors:
+        argv = executor.argv
+        assert argv[argv.index("--quantization") + 1] == "int8"
+    args, unknown = build_parser().parse_known_args(["serve"])
+    assert "--quantization" not in launcher_from_args(args, unknown).executors[0].argv  # the executor's default

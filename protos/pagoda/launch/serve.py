@@ -46,6 +46,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="scheduler bind address")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto")
     parser.add_argument("--kv-cache-memory", default=None, help="KV cache bytes per executor, e.g. 1GiB")
+    parser.add_argument("--quantization", default=None, help="linear weights: auto, none or int8 (per executor)")
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--metrics-port", type=int, default=None, help="scheduler Prometheus port")
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port")
@@ -81,6 +82,7 @@ def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence
         dtype=args.dtype,
         kv_cache_memory=args.kv_cache_memory,
         block_size=args.block_size,
+        quantization=args.quantization,
         metrics_port=args.metrics_port,
         http_port=args.http_port,
         extra_executor_args=shlex.split(args.executor_args),
