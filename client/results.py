@@ -136,6 +136,8 @@ class ModelInfo:
     has_chat_template: bool
     max_prompt_tokens: int
     max_new_tokens: int
+    kv_cache_dtype: str = ""
+    """What the KV cache stores: the model dtype, or ``int8`` (quantized rows with scales)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ class ExecutorStatus:
     lease_holder: str = ""
     """The scheduler driving it (this one when ``state`` is READY or DRAINING; empty: none)."""
     lease_epoch: int = 0
+    kv_cache_dtype: str = ""
+    """Its KV cache dtype (empty until the scheduler has described it)."""
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,8 @@ def test_serve_flags_and_passthrough():
             "float32",
             "--kv-cache-memory",
             "64MiB",
+            "--kv-cache-dtype",
+            "int8",
             "--executor-args",
             "--num-threads 1",
             "--max-num-batched-tokens",
@@ -154,13 +156,15 @@ def test_serve_flags_and_passthrough():
     launcher = launcher_from_args(args, unknown)
     assert launcher.target == "127.0.0.1:6001"
     executor_argv = launcher.executors[1].argv
-    assert executor_argv[-8:] == [
+    assert executor_argv[-10:] == [
         "--model",
         "/m",
         "--dtype",
         "float32",
         "--kv-cache-memory",
         "64MiB",
+        "--kv-cache-dtype",
+        "int8",
         "--num-threads",
         "1",
     ]

@@ -62,7 +62,7 @@ class Launcher:
             each is given every executor (and ``--scheduler-id`` when several).
         port: first scheduler's port (0: a free port for each).
         host: scheduler bind address.
-        dtype, kv_cache_memory, block_size: executor flags (None: its default).
+        dtype, kv_cache_memory, block_size, kv_cache_dtype: executor flags (None: its default).
         metrics_port, http_port: first scheduler's ports (None: off).
         extra_executor_args, extra_scheduler_args: flags passed through.
         env: extra environment of every child.
@@ -88,6 +88,7 @@ class Launcher:
         dtype: str | None = None,
         kv_cache_memory: str | None = None,
         block_size: int | None = None,
+        kv_cache_dtype: str | None = None,
         metrics_port: int | None = None,
         http_port: int | None = None,
         extra_executor_args: Sequence[str] = (),
@@ -110,10 +111,9 @@ class Launcher:
         self.client_tls = client_tls
         self.client_api_key = client_api_key
         self._env = child_env(env, echo=self.log_dir is None)
+        executor_flags = (model, dtype, kv_cache_memory, block_size, extra_executor_args, kv_cache_dtype)
         self.executors = [
-            self._child(
-                f"executor-{i}", executor_argv(p, model, dtype, kv_cache_memory, block_size, extra_executor_args), p
-            )
+            self._child(f"executor-{i}", executor_argv(p, *executor_flags), p)
             for i, p in enumerate(free_port() for _ in range(num_executors))
         ]
         plan = SchedulerPlan(
