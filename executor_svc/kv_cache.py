@@ -108,21 +108,54 @@ class KVCache:
         # [L, 2, KVH, NB, BS]: the scale of each stored row (quantized caches only).
         self.scales = torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device) if spec.quantized else None
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every tensor the cache holds, each indexed by block id on dim 3: the rows, then the scales if any."""
-        return (self.storage,) if self.scales is None else (self.storage, self.scales)
-
-    def block_views(self, block_id: int) -> tuple[torch.Tensor, ...]:
-        """What the cache holds for one block, every layer, as views in ``tensors()`` order: the rows
-        [L, 2, KVH, BS, Dh] in the cache dtype, then (quantized caches) their scales [L, 2, KVH, BS] fp32.
-        Copying these out and back moves a block's KV bit for bit (e.g. to and from the offload tier)."""
-        return tuple(tensor[:, :, :, block_id] for tensor in self.tensors())
-
     def layer(self, index: int) -> LayerKV:
         """K and V of one layer, each [KVH, NB, BS, Dh], with their scales [KVH, NB, BS] when quantized."""
         if self.scales is None:
             return LayerKV(self.storage[index, 0], self.storage[index, 1])
         return LayerKV(self.storage[index, 0], self.storage[index, 1], self.scales[index, 0], self.scales[index, 1])
+
+    def block_tensors(self) -> tuple[tuple[torch.Tensor, int], ...]:
+        """Every tensor holding per-block state, each with the dim its block ids index: the rows
+        [L, 2, KVH, NB, BS, Dh], then for an int8 cache their scales [L, 2, KVH, NB, BS].
+
+        This is everything one block id owns (the offload tier stores and loads exactly these bytes).
+        """
+        if self.scales is None:
+            return ((self.storage, 3),)
+        return ((self.storage, 3), (self.scales, 3))
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes one block id owns over all its tensors."""
+        return sum(t.select(dim, 0).numel() * t.element_size() for t, dim in self.block_tensors())
+
+    def block_layout(self) -> str:
+        """What a block's bytes are, in the order read_blocks lays them out: block size, each tensor's dtype and
+        per-block shape (the offload tier's header names it, so a block of another layout is never used)."""
+        parts = [f"{dtype_text(t.dtype)}{list(t.select(dim, 0).shape)}" for t, dim in self.block_tensors()]
+        return f"block_size={self.spec.block_size};" + ";".join(parts).replace(" ", "")
+
+    def read_blocks(self, block_ids: list[int], out: torch.Tensor) -> None:
+        """Copies blocks out, one contiguous row of bytes each: out [n, block_nbytes] uint8 (any device)."""
+        offset = 0
+        for tensor, dim in self.block_tensors():
+            per_block = tensor.select(dim, 0)
+            nbytes = per_block.numel() * tensor.element_size()
+            rows = out[:, offset : offset + nbytes].view(tensor.dtype).view(len(block_ids), *per_block.shape)
+            for row, block_id in zip(rows, block_ids):
+                row.copy_(tensor.select(dim, block_id), non_blocking=True)
+            offset += nbytes
+
+    def write_blocks(self, block_ids: torch.Tensor, data: torch.Tensor) -> None:
+        """Fills blocks from rows laid out as read_blocks writes them: block_ids [n] int64, data [n, block_nbytes]
+        uint8, both on the cache's device (one copy per tensor)."""
+        offset = 0
+        for tensor, dim in self.block_tensors():
+            per_block = tensor.select(dim, 0)
+            nbytes = per_block.numel() * tensor.element_size()
+            rows = data[:, offset : offset + nbytes].view(tensor.dtype).view(len(block_ids), *per_block.shape)
+            tensor.index_copy_(dim, block_ids, rows.movedim(0, dim))
+            offset += nbytes
 
     def token_kv(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V [KVH, Dh] stored at one slot, dequantized to fp32 for a quantized cache (tests, debugging)."""
@@ -137,6 +170,11 @@ class KVCache:
 
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def dtype_text(dtype: torch.dtype) -> str:
+    """``bfloat16`` for torch.bfloat16."""
+    return str(dtype).removeprefix("torch.")
 
 
 # On the CPU a block holds this many bytes of K (and of V) per kv head: a

@@ -156,7 +156,7 @@ class ModelRunner:
             return
         num_blocks = -(-(num_tokens + 1) // self.block_size)
         block_ids = tuple(range(num_blocks))
-        saved = [tensor[:, :, :, :num_blocks].clone() for tensor in self.kv_cache.tensors()]  # [L, 2, KVH, nb, ...]
+        saved = [tensor.narrow(dim, 0, num_blocks).clone() for tensor, dim in self.kv_cache.block_tensors()]
         state = SequenceState(
             -1, "warmup", list(range(num_tokens)), num_tokens, SamplingParams(temperature=0.0), list(block_ids), 0
         )
@@ -167,8 +167,8 @@ class ModelRunner:
                 self.model.compute_logits(hidden[batch.sample_rows])
                 state.num_computed_tokens += num_scheduled
                 state.token_ids.append(0)
-            for tensor, contents in zip(self.kv_cache.tensors(), saved):
-                tensor[:, :, :, :num_blocks] = contents
+            for (tensor, dim), contents in zip(self.kv_cache.block_tensors(), saved):
+                tensor.narrow(dim, 0, num_blocks).copy_(contents)
 
     # -- the step -----------------------------------------------------------
 

@@ -9,6 +9,10 @@ the prefix cache (cache_full_blocks) so later sequences can share them.
 
 from __future__ import annotations
 
+import hashlib
+import struct
+import sys
+from array import array
 from collections.abc import Callable, Sequence
 
 from scheduler_svc.block_pool import BlockPool, KVBlock
@@ -16,11 +20,26 @@ from scheduler_svc.sequence import SchedulerSequence
 
 # (parent block hash or None, the block's token ids, cache salt) -> hash.
 BlockHasher = Callable[[int | None, tuple[int, ...], str], int]
+# Domain of the block hash: a new scheme gets a new one, so no old tier entry can match it.
+_HASH_PERSON = b"pagoda-kv-1"
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...], cache_salt: str) -> int:
-    """Chained block hash: the parent's hash, this block's tokens, the salt (first block)."""
-    return hash((parent_hash, token_ids, cache_salt))
+    """Chained block hash: the parent's hash, this block's tokens, the salt (first block).
+
+    A 64-bit BLAKE2b, the same in every process and on every host (Python's ``hash()`` is salted per
+    process): the prefix cache, the router, the plan and the executors' offload tiers, which outlive
+    processes, all key blocks by it.
+    """
+    digest = hashlib.blake2b(digest_size=8, person=_HASH_PERSON)
+    digest.update(b"\x00" if parent_hash is None else struct.pack("<BQ", 1, parent_hash))
+    salt = cache_salt.encode()
+    digest.update(struct.pack("<I", len(salt)) + salt)
+    tokens = array("q", token_ids)
+    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
+        tokens.byteswap()
+    digest.update(tokens.tobytes())
+    return int.from_bytes(digest.digest(), "little")
 
 
 def cdiv(a: int, b: int) -> int:

@@ -61,21 +61,23 @@ def test_int8_blocks_take_their_rows_and_scales_and_almost_halve():
     assert not bf16.quantized and int8.quantized
 
 
-def test_int8_cache_layout_and_block_views_move_a_block_bit_for_bit():
+def test_int8_cache_layout_and_a_block_moved_bit_for_bit():
     """What the offload tier stores of a block: every tensor at that block id, rows then scales."""
     spec = KVCacheSpec(2, 3, 16, 4, torch.int8)
     cache = KVCache(spec, 5, CPU)
     assert cache.storage.shape == (2, 2, 3, 5, 4, 16) and cache.storage.dtype == torch.int8
     assert cache.scales is not None and cache.scales.shape == (2, 2, 3, 5, 4) and cache.scales.dtype == torch.float32
-    assert [t.data_ptr() for t in cache.tensors()] == [cache.storage.data_ptr(), cache.scales.data_ptr()]
+    assert [(t.data_ptr(), dim) for t, dim in cache.block_tensors()] == [
+        (cache.storage.data_ptr(), 3),
+        (cache.scales.data_ptr(), 3),
+    ]
+    assert cache.block_nbytes == spec.bytes_per_block  # what the budget counts is what a block owns
     gen = torch.Generator().manual_seed(0)
     cache.storage.copy_(torch.randint(-127, 128, cache.storage.shape, generator=gen))
     cache.scales.copy_(torch.rand(cache.scales.shape, generator=gen))
-    views = cache.block_views(3)
-    assert [v.shape for v in views] == [(2, 2, 3, 4, 16), (2, 2, 3, 4)]
-    saved = [v.clone() for v in views]  # out (the tier's write) ...
-    for target, contents in zip(cache.block_views(1), saved):  # ... and back in, into another block
-        target.copy_(contents)
+    rows = torch.empty(1, cache.block_nbytes, dtype=torch.uint8)
+    cache.read_blocks([3], rows)  # out (the tier's write) ...
+    cache.write_blocks(torch.tensor([1]), rows)  # ... and back in, into another block
     for layer in range(2):
         for offset in range(4):
             for a, b in zip(cache.token_kv(layer, 1 * 4 + offset), cache.token_kv(layer, 3 * 4 + offset)):
@@ -87,9 +89,10 @@ def test_int8_cache_layout_and_block_views_move_a_block_bit_for_bit():
 
 
 def test_plain_cache_has_one_tensor():
-    cache = KVCache(KVCacheSpec(2, 3, 16, 4, torch.bfloat16), 5, CPU)
-    assert cache.scales is None and len(cache.tensors()) == 1 and not cache.layer(0).quantized
-    assert cache.block_views(2)[0].shape == (2, 2, 3, 4, 16)
+    spec = KVCacheSpec(2, 3, 16, 4, torch.bfloat16)
+    cache = KVCache(spec, 5, CPU)
+    assert cache.scales is None and len(cache.block_tensors()) == 1 and not cache.layer(0).quantized
+    assert cache.block_nbytes == spec.bytes_per_block
 
 
 def test_kv_cache_dtype_flag():
