@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -36,21 +37,38 @@ class OpenTier:
             self.lock.release()
 
 
-def open_tier(config: ExecutorConfig, kv_cache: KVCache, identity: str) -> OpenTier | None:
-    """The tier of config's --kv-offload-* flags for blocks of kv_cache (None: no tier asked for).
+def lock_dir(config: ExecutorConfig) -> TierDirLock | None:
+    """The lock on config's --kv-offload-dir, taken before anything else is loaded (None: no disk tier).
 
     Raises:
-        TierDirBusy: the directory is held by another live process.
+        TierDirBusy: the directory is held by another live process (named, with its pid).
+    """
+    if not config.kv_offload_dir:
+        return None
+    return lock_tier_dir(Path(config.kv_offload_dir).expanduser(), config.kv_offload_dir_next_free)
+
+
+def open_tier(
+    config: ExecutorConfig,
+    kv_cache: KVCache,
+    identity: str,
+    lock: TierDirLock | None,
+    on_store_s: Callable[[float], None] = lambda s: None,
+) -> OpenTier | None:
+    """The tier of config's --kv-offload-* flags (disk under ``lock``'s directory) for blocks of kv_cache.
+
+    None: no tier asked for.
+
+    Raises:
         ValueError: a capacity too small for one block.
     """
-    if not config.kv_offload_dir and not config.kv_offload_memory:
+    if lock is None and not config.kv_offload_memory:
         return None
     ns = TierNamespace(identity, kv_cache.block_layout(), kv_cache.block_nbytes, kv_cache.spec.block_size)
     on_cuda = kv_cache.storage.is_cuda
     memory = MemoryTier(config.kv_offload_memory, ns.block_nbytes, pin=on_cuda) if config.kv_offload_memory else None
-    lock = disk = None
-    if config.kv_offload_dir:
-        lock = lock_tier_dir(Path(config.kv_offload_dir).expanduser(), config.kv_offload_dir_next_free)
+    disk = None
+    if lock is not None:
         disk = DiskTier(lock.directory / ns.dirname, ns, config.kv_offload_size)
         evicted = disk.scan()
         _describe_namespace(disk.dir, ns)
@@ -63,7 +81,7 @@ def open_tier(config: ExecutorConfig, kv_cache: KVCache, identity: str) -> OpenT
             rejected=dict(disk.rejected_at_scan),
             num_evicted=len(evicted),
         )
-    store = TierStore(ns, disk, memory, config.kv_offload_queue)
+    store = TierStore(ns, disk, memory, config.kv_offload_queue, on_store_s)
     return OpenTier(store, lock, _description(disk, memory))
 
 

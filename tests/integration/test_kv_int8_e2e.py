@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import random
+import signal
 import subprocess
 import sys
 
@@ -116,3 +117,27 @@ def test_an_unknown_kv_cache_dtype_stops_the_executor_with_a_clear_error(tiny_mo
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert f"unsupported KV cache dtype '{bad}'; use auto (the model dtype)" in done.stdout + done.stderr
+
+
+def test_an_int8_prefix_served_from_the_offload_tier_gives_the_recomputed_tokens(tiny_model_dir, tmp_path):
+    """The tier stores an int8 block's rows and scales unchanged: a restarted executor serves the prompt from its
+    tier with the tokens it computed; an fp32-KV executor on the same directory never reads those blocks."""
+    prompt = [random.Random(21).randrange(3, 384) for _ in range(600)]
+    tier = ["--kv-offload-dir", str(tmp_path / "tier"), "--kv-offload-size", "64MiB"]
+    options = dict(block_size=BLOCK_SIZE, extra_executor_args=tier)
+    with fp32_launcher(tiny_model_dir, tmp_path / "a", "4MiB", kv_cache_dtype="int8", **options) as system:
+        cold = _greedy(system.target, prompt)
+        system.kill_executor(0, signal.SIGTERM)  # drains and stores what is queued
+        system.restart_executor(0)
+        warm = _greedy(system.target, prompt)
+    assert cold.usage.cached_tokens == 0
+    assert warm.usage.cached_tokens_offloaded == 592  # every full block but the last, from the tier
+    assert warm.token_ids == cold.token_ids
+    with fp32_launcher(tiny_model_dir, tmp_path / "b", "4MiB", **options) as system:
+        other_layout = _greedy(system.target, prompt)
+    assert other_layout.usage.cached_tokens_offloaded == 0  # fp32 rows: another layout, a miss
+
+
+def _greedy(target: str, token_ids: list[int]):
+    with Client(target, timeout=120, max_retries=3) as client:
+        return client.generate(token_ids=token_ids, max_tokens=8, temperature=0, ignore_eos=True)
