@@ -178,12 +178,14 @@ def status_document(status: ServerStatus) -> dict[str, Any]:
 
 
 def format_status(status: ServerStatus) -> str:
-    """``pagoda status``: totals, one row per executor (and who holds it), and each executor's kernels under it."""
+    """``pagoda status``: totals, one row per executor (and who holds it), and each executor's KV cache dtype and
+    kernels under it."""
     lines = [
         f"scheduler {status.scheduler_id}  live schedulers {', '.join(status.schedulers)}",
         f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
         f"requests {status.num_requests_total}  preemptions {status.num_preemptions_total}  "
-        f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens",
+        f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens  "
+        f"offload hits {status.offload_hit_tokens_total} tokens  swaps {status.num_swaps_total}",
         f"{'executor':<22}{'state':<14}{'running':>8}{'waiting':>8}{'free/total blocks':>20}{'kv':>8}  holder",
     ]
     for e in status.executors:
@@ -192,10 +194,14 @@ def format_status(status: ServerStatus) -> str:
             f"{e.address:<22}{e.state:<14}{e.num_running:>8}{e.num_waiting:>8}{blocks:>20}{e.kv_cache_usage:>8.1%}"
             f"  {e.lease_holder or '-'}"
         )
+        if e.kv_cache_dtype:
+            lines.append(f"  kv cache dtype: {e.kv_cache_dtype}")
         if e.quantization:
             lines.append(f"  quantization: {e.quantization}")
         if e.kernels:
             lines.append("  kernels: " + "  ".join(f"{part}={path}" for part, path in e.kernels.items()))
+        if e.kv_offload:
+            lines.append(f"  kv offload: {e.kv_offload}, {e.num_tier_blocks} blocks")
     return "\n".join(lines)
 
 

@@ -156,9 +156,12 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
                 num_free_kv_blocks=s.num_free_blocks if s else 0,
                 kv_cache_usage=s.kv_cache_usage if s else 0.0,
                 kernels=dict(info.kernels) if info else {},
+                kv_cache_dtype=info.kv_cache_dtype if info else "",
                 quantization=info.quantization if info else "",
                 lease_holder=holder,
                 lease_epoch=epoch,
+                kv_offload=info.kv_offload if info else "",
+                num_tier_blocks=len(s.tier) if s is not None and s.tier is not None else 0,
             )
         )
     total = sum(e.num_kv_blocks for e in executors)
@@ -176,6 +179,8 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
         spec_num_drafts_total=m.spec_num_drafts_total,
         spec_draft_tokens_total=m.spec_draft_tokens_total,
         spec_accepted_tokens_total=m.spec_accepted_tokens_total,
+        offload_hit_tokens_total=m.offload_hit_tokens_total,
+        num_swaps_total=m.num_swaps_total,
         scheduler_id=engine.scheduler_id,
         schedulers=engine.fleet.ownership.live_schedulers(),
     )

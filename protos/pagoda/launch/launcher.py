@@ -24,6 +24,7 @@ from pagoda.channel import Tls, auth_metadata, open_channel
 from pagoda.launch.child import Child, describe_exit
 from pagoda.launch.commands import (
     LOOPBACK,
+    OffloadPlan,
     SchedulerPlan,
     child_env,
     executor_argv,
@@ -36,7 +37,7 @@ from pagoda.launch.restart_policy import RestartPolicy
 from pagoda.launch.supervisor import CRASH_LOOP_LINES, Supervisor
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
-__all__ = ["LOOPBACK", "Launcher", "LauncherError", "free_port", "service_command"]
+__all__ = ["LOOPBACK", "Launcher", "LauncherError", "OffloadPlan", "free_port", "service_command"]
 
 logger = logging.getLogger(__name__)
 # The generated stub is untyped; this is the one call the launcher makes through it.
@@ -62,7 +63,7 @@ class Launcher:
             each is given every executor (and ``--scheduler-id`` when several).
         port: first scheduler's port (0: a free port for each).
         host: scheduler bind address.
-        dtype, kv_cache_memory, block_size, quantization: executor flags (None: its default).
+        dtype, kv_cache_memory, block_size, kv_cache_dtype, quantization: executor flags (None: its default).
         metrics_port, http_port: first scheduler's ports (None: off).
         extra_executor_args, extra_scheduler_args: flags passed through.
         env: extra environment of every child.
@@ -75,6 +76,7 @@ class Launcher:
         restart: restart a child that exits after ``start`` (False: it stays
             down, ``check`` reports it).
         restart_policy: backoff and crash-loop rules of ``restart``.
+        kv_offload: the executors' KV offload tiers (None: none, unless ``extra_executor_args`` give one).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class Launcher:
         dtype: str | None = None,
         kv_cache_memory: str | None = None,
         block_size: int | None = None,
+        kv_cache_dtype: str | None = None,
         quantization: str | None = None,
         metrics_port: int | None = None,
         http_port: int | None = None,
@@ -101,6 +104,7 @@ class Launcher:
         client_api_key: str | None = None,
         restart: bool = False,
         restart_policy: RestartPolicy | None = None,
+        kv_offload: OffloadPlan | None = None,
     ) -> None:
         if num_executors < 1 or num_schedulers < 1:
             raise ValueError("num_executors and num_schedulers must be at least 1")
@@ -111,9 +115,22 @@ class Launcher:
         self.client_tls = client_tls
         self.client_api_key = client_api_key
         self._env = child_env(env, echo=self.log_dir is None)
-        executor_flags = (model, dtype, kv_cache_memory, block_size, extra_executor_args, quantization)
+        self.kv_offload = kv_offload
         self.executors = [
-            self._child(f"executor-{i}", executor_argv(p, *executor_flags), p)
+            self._child(
+                f"executor-{i}",
+                executor_argv(
+                    p,
+                    model,
+                    dtype,
+                    kv_cache_memory,
+                    block_size,
+                    [*self._offload_flags(i), *extra_executor_args],
+                    kv_cache_dtype,
+                    quantization,
+                ),
+                p,
+            )
             for i, p in enumerate(free_port() for _ in range(num_executors))
         ]
         plan = SchedulerPlan(
@@ -136,6 +153,9 @@ class Launcher:
             if restart
             else None
         )
+
+    def _offload_flags(self, index: int) -> list[str]:
+        return self.kv_offload.flags(index) if self.kv_offload is not None else []
 
     def _child(
         self,

@@ -90,14 +90,16 @@ class ResumeFrom(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., delivered_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "cached_tokens_offloaded")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_OFFLOADED_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    cached_tokens_offloaded: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., cached_tokens_offloaded: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ns", "time_to_first_token_ns", "total_ns")
@@ -140,7 +142,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "max_prompt_tokens", "max_new_tokens", "quantization")
+    __slots__ = ("model_name", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "max_prompt_tokens", "max_new_tokens", "kv_cache_dtype", "quantization")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +152,7 @@ class ModelInfo(_message.Message):
     HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
@@ -160,8 +163,9 @@ class ModelInfo(_message.Message):
     has_chat_template: bool
     max_prompt_tokens: int
     max_new_tokens: int
+    kv_cache_dtype: str
     quantization: str
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., quantization: _Optional[str] = ...) -> None: ...
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "chat", "add_special_tokens")
@@ -198,7 +202,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorStatus(_message.Message):
-    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "quantization")
+    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype", "quantization")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +221,9 @@ class ExecutorStatus(_message.Message):
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
     LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KV_OFFLOAD_FIELD_NUMBER: _ClassVar[int]
+    NUM_TIER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     address: str
     incarnation_id: str
@@ -229,11 +236,14 @@ class ExecutorStatus(_message.Message):
     kernels: _containers.ScalarMap[str, str]
     lease_holder: str
     lease_epoch: int
+    kv_offload: str
+    num_tier_blocks: int
+    kv_cache_dtype: str
     quantization: str
-    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., quantization: _Optional[str] = ...) -> None: ...
+    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
 
 class ServerStatus(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers", "spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
+    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers", "spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total", "offload_hit_tokens_total", "num_swaps_total")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +257,8 @@ class ServerStatus(_message.Message):
     SPEC_NUM_DRAFTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SPEC_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SPEC_ACCEPTED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    OFFLOAD_HIT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NUM_SWAPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_cache_usage: float
@@ -260,4 +272,6 @@ class ServerStatus(_message.Message):
     spec_num_drafts_total: int
     spec_draft_tokens_total: int
     spec_accepted_tokens_total: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ..., num_requests_total: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ..., spec_num_drafts_total: _Optional[int] = ..., spec_draft_tokens_total: _Optional[int] = ..., spec_accepted_tokens_total: _Optional[int] = ...) -> None: ...
+    offload_hit_tokens_total: int
+    num_swaps_total: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ..., num_requests_total: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ..., spec_num_drafts_total: _Optional[int] = ..., spec_draft_tokens_total: _Optional[int] = ..., spec_accepted_tokens_total: _Optional[int] = ..., offload_hit_tokens_total: _Optional[int] = ..., num_swaps_total: _Optional[int] = ...) -> None: ...
