@@ -26,7 +26,8 @@ class ExecutorConfig:
         default="auto", metadata=_help("auto (= dtype), float32, bfloat16, float16, or int8 (rows + scales)")
     )
     quantization: str = dataclasses.field(
-        default="auto", metadata=_help("linear weights: auto (none), none or int8 (docs/quantization.md)")
+        default="auto",
+        metadata=_help("linear weights: auto (a .gguf file: gguf, else none), none, int8, gguf, q8_0, q4_0"),
     )
     quantized_activations: str = dataclasses.field(
         default="auto", metadata=_help("int8 layers' activations: auto, int8 or bf16 (weight-only)")

@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from executor_svc.config import ExecutorConfig, load_config
+from executor_svc.memory import rss_bytes
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.runner import Runner
 from executor_svc.server import ExecutorServicer
@@ -64,16 +65,19 @@ async def load_model(
 ) -> Loaded:
     """Load weights, allocate the KV cache, open the offload tier and warm up, on the model thread (torch is
     imported here only)."""
+    from executor_svc.memory import release_freed_memory
     from executor_svc.model_cache import resolve_model
     from executor_svc.native import loader
     from executor_svc.native.active import active_kernels
     from executor_svc.tokenizer_files import load_tokenizer_files
 
-    model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None)
+    gguf = config.quantization == "gguf"  # the default model as its Q4_1 file, served as stored
+    model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None, gguf)
     tokenizer = await asyncio.to_thread(load_tokenizer_files, model_path)
     runner = await servicer.run_model(build_runner, config, model_path)
     tier = await servicer.run_model(open_runner_tier, config, runner, model_path, tier_lock, servicer.metrics)
     await servicer.run_model(runner.warmup)
+    await servicer.run_model(release_freed_memory)  # the load's freed copies go back to the OS
     eos_token_ids = tuple(tokenizer.eos_token_ids or runner.info.eos_token_ids)
     await asyncio.to_thread(runner.enable_constraints, tokenizer.tokenizer_json, eos_token_ids)
     kernels = await servicer.run_model(active_kernels, runner)  # probes the kernels: torch work
@@ -183,6 +187,7 @@ async def serve(config: ExecutorConfig) -> None:
         kernel_library=loaded.kernel_library,
         kv_offload=kv_offload,
         num_tier_blocks=len(tier.store.hashes()) if tier is not None else 0,
+        rss_bytes=rss_bytes(),
     )
 
     stop = asyncio.Event()

@@ -74,7 +74,7 @@ class ModelRunner:
             quantization, quantized_activations, model_path, self.device, self.dtype, ops
         )
         ops = self.quantization.wrap(ops)
-        checkpoint = load_checkpoint(model_path)
+        checkpoint = load_checkpoint(model_path, self.quantization.mode.keeps_gguf)
         self.config = ModelConfig.from_dict(checkpoint.config)
         self.max_model_len = max_model_len or self.config.max_position_embeddings
         self.model = self._build_model(validate_tensors(self.config, checkpoint.tensors), ops)
@@ -104,7 +104,7 @@ class ModelRunner:
             model_name=model_name,
             architecture=self.config.architecture,
             dtype=dtype_name(self.dtype),
-            quantization=self.quantization.name,
+            quantization=self.quantization.effective(self.model.ops),
             kv_cache_dtype=dtype_name(self.kv_dtype),
             device=str(self.device),
             block_size=self.block_size,

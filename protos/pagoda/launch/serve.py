@@ -50,7 +50,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache-dtype", default=None, help="auto (the model dtype), float32, bfloat16, float16 or int8"
     )
-    parser.add_argument("--quantization", default=None, help="linear weights: auto, none or int8 (per executor)")
+    parser.add_argument("--quantization", default=None, help="linear weights: auto, none, int8, gguf, q8_0, q4_0")
     parser.add_argument("--block-size", type=int, default=None)
     offload = parser.add_argument_group("KV offload tier (docs/kv-offload.md; on by default)")
     offload.add_argument(
