@@ -53,6 +53,11 @@ class KVCache:
             device=device,
         )
 
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the whole cache."""
+        return self.num_blocks * self.spec.bytes_per_block
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each [KVH, NB, BS, Dh]."""
         return self.storage[index, 0], self.storage[index, 1]
@@ -82,13 +87,14 @@ def default_block_size(device: torch.device, head_dim: int, dtype: torch.dtype) 
 
 
 def num_blocks_for_budget(
-    spec: KVCacheSpec,
+    bytes_per_block: int,
     device: torch.device,
     memory_bytes: int | None,
     memory_fraction: float,
 ) -> int:
-    """Blocks that fit a byte budget; without one, CPU_DEFAULT_KV_BYTES on the CPU, or a
-    fraction of the free memory of a CUDA device (after the weights are loaded)."""
+    """Blocks of ``bytes_per_block`` (every cache indexed by the block ids) that fit a byte budget; without
+    one, CPU_DEFAULT_KV_BYTES on the CPU, or a fraction of the free memory of a CUDA device (after the
+    weights are loaded)."""
     if memory_bytes is None and device.type == "cpu":
         memory_bytes = CPU_DEFAULT_KV_BYTES
     elif memory_bytes is None and device.type == "cuda":
@@ -96,4 +102,4 @@ def num_blocks_for_budget(
         memory_bytes = int(free * memory_fraction)
     elif memory_bytes is None:
         raise ValueError(f"no default KV cache budget on {device}; give one (--kv-cache-memory)")
-    return int(memory_bytes // spec.bytes_per_block)
+    return int(memory_bytes // bytes_per_block)
