@@ -183,7 +183,8 @@ def format_status(status: ServerStatus) -> str:
         f"scheduler {status.scheduler_id}  live schedulers {', '.join(status.schedulers)}",
         f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
         f"requests {status.num_requests_total}  preemptions {status.num_preemptions_total}  "
-        f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens",
+        f"prefix hits {status.prefix_cache_hits_total}/{status.prefix_cache_queries_total} tokens  "
+        f"offload hits {status.offload_hit_tokens_total} tokens  swaps {status.num_swaps_total}",
         f"{'executor':<22}{'state':<14}{'running':>8}{'waiting':>8}{'free/total blocks':>20}{'kv':>8}  holder",
     ]
     for e in status.executors:
@@ -194,6 +195,8 @@ def format_status(status: ServerStatus) -> str:
         )
         if e.kernels:
             lines.append("  kernels: " + "  ".join(f"{part}={path}" for part, path in e.kernels.items()))
+        if e.kv_offload:
+            lines.append(f"  kv offload: {e.kv_offload}, {e.num_tier_blocks} blocks")
     return "\n".join(lines)
 
 

@@ -32,6 +32,8 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
+    cached_tokens_offloaded: int = 0
+    """Of ``cached_tokens``, those loaded from the executor's KV offload tier (the rest were in device memory)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class GenerationResult:
                 "prompt_tokens": self.usage.prompt_tokens,
                 "completion_tokens": self.usage.completion_tokens,
                 "cached_tokens": self.usage.cached_tokens,
+                "cached_tokens_offloaded": self.usage.cached_tokens_offloaded,
             },
             "timings": {
                 "queue_s": self.timings.queue_s,
@@ -155,6 +158,10 @@ class ExecutorStatus:
     lease_holder: str = ""
     """The scheduler driving it (this one when ``state`` is READY or DRAINING; empty: none)."""
     lease_epoch: int = 0
+    kv_offload: str = ""
+    """Its KV offload tier, e.g. ``disk 10.00 GiB at /path`` (empty: none)."""
+    num_tier_blocks: int = 0
+    """Blocks its offload tier holds, as this scheduler knows."""
 
 
 @dataclass(frozen=True)
@@ -179,3 +186,7 @@ class ServerStatus:
     """Draft tokens proposed."""
     spec_accepted_tokens_total: int = 0
     """Draft tokens accepted."""
+    offload_hit_tokens_total: int = 0
+    """Prompt tokens loaded from the executors' KV offload tiers instead of computed."""
+    num_swaps_total: int = 0
+    """Preempted sequences resumed by loading their blocks from an offload tier."""

@@ -32,6 +32,21 @@ class ExecutorConfig:
     block_size: int = dataclasses.field(
         default=0, metadata=_help("tokens per KV block; 0 = auto (CUDA 16; CPU one 4 KiB page per kv head)")
     )
+    kv_offload_dir: str = dataclasses.field(
+        default="", metadata=_help("KV offload tier on disk: its directory, kept across restarts ('' = no disk tier)")
+    )
+    kv_offload_size: int = dataclasses.field(
+        default=10 * 2**30, metadata=_help("capacity of the disk tier (LRU beyond it)", parse=parse_size)
+    )
+    kv_offload_memory: int = dataclasses.field(
+        default=0, metadata=_help("host-memory tier in front of the disk (pinned on CUDA); 0 = none", parse=parse_size)
+    )
+    kv_offload_queue: int = dataclasses.field(
+        default=256 * 2**20, metadata=_help("blocks waiting to be stored, at most (more are dropped)", parse=parse_size)
+    )
+    kv_offload_dir_next_free: bool = dataclasses.field(
+        default=False, metadata=_help("--kv-offload-dir held by another process: use the first free DIR.N instead")
+    )
     max_model_len: int | None = dataclasses.field(default=None, metadata=_help("cap on context length"))
     draft_model: str = dataclasses.field(
         default="",
@@ -72,6 +87,9 @@ class ExecutorConfig:
             raise ValueError("--kv-cache-memory-fraction must be in (0, 1]")
         if self.simulate_kv_blocks < 1:
             raise ValueError("--simulate-kv-blocks must be positive")
+        for name in ("kv_offload_size", "kv_offload_memory", "kv_offload_queue"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must not be negative")
         if self.simulate_time_scale < 0:
             raise ValueError("--simulate-time-scale must not be negative")
         if self.simulate and self.draft_model:

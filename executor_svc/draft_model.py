@@ -25,6 +25,8 @@ sequence, a new sequence's blocks after its prefix-cache hits) is forgotten,
 as the target is about to write other tokens there. A new sequence starts its
 draft KV after the leading hit blocks known valid, and recomputes the rest
 (writing the same tokens' KV into shared blocks, which is what they hold).
+Blocks filled from the offload tier (a new sequence's ``loads``) hold the
+model's KV only: they are forgotten too, and the draft recomputes them.
 Preemption, executor loss and resumed streams bring sequences back as new
 ones, so this one rule covers them. A wrong guess here could only cost
 acceptance, never a token: the target verifies every draft.
@@ -120,6 +122,8 @@ class DraftModel:
                 continue
             num_hit_blocks = new.num_computed_tokens // block_size
             self._forget(state.block_table[num_hit_blocks:])
+            # Blocks filled from the offload tier hold the model's KV only.
+            self._forget(load.block_id for load in new.loads)
             state.num_draft_computed = block_size * self._num_leading_full(state.block_table[:num_hit_blocks])
 
     def reset(self) -> None:

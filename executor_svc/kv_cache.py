@@ -62,11 +62,57 @@ class KVCache:
         """K and V of one layer, each [KVH, NB, BS, Dh]."""
         return self.storage[index, 0], self.storage[index, 1]
 
+    def block_tensors(self) -> tuple[tuple[torch.Tensor, int], ...]:
+        """Every tensor holding per-block state, each with the dim its block ids index.
+
+        This is everything one block id owns (the offload tier stores and loads exactly these bytes);
+        a cache that keeps more per block (e.g. quantization scales) lists those tensors here too.
+        """
+        return ((self.storage, 3),)
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes one block id owns over all its tensors."""
+        return sum(t.select(dim, 0).numel() * t.element_size() for t, dim in self.block_tensors())
+
+    def block_layout(self) -> str:
+        """What a block's bytes are, in the order read_blocks lays them out: block size, each tensor's dtype and
+        per-block shape (the offload tier's header names it, so a block of another layout is never used)."""
+        parts = [f"{dtype_text(t.dtype)}{list(t.select(dim, 0).shape)}" for t, dim in self.block_tensors()]
+        return f"block_size={self.spec.block_size};" + ";".join(parts).replace(" ", "")
+
+    def read_blocks(self, block_ids: list[int], out: torch.Tensor) -> None:
+        """Copies blocks out, one contiguous row of bytes each: out [n, block_nbytes] uint8 (any device)."""
+        offset = 0
+        for tensor, dim in self.block_tensors():
+            per_block = tensor.select(dim, 0)
+            nbytes = per_block.numel() * tensor.element_size()
+            rows = out[:, offset : offset + nbytes].view(tensor.dtype).view(len(block_ids), *per_block.shape)
+            for row, block_id in zip(rows, block_ids):
+                row.copy_(tensor.select(dim, block_id), non_blocking=True)
+            offset += nbytes
+
+    def write_blocks(self, block_ids: torch.Tensor, data: torch.Tensor) -> None:
+        """Fills blocks from rows laid out as read_blocks writes them: block_ids [n] int64, data [n, block_nbytes]
+        uint8, both on the cache's device (one copy per tensor)."""
+        offset = 0
+        for tensor, dim in self.block_tensors():
+            per_block = tensor.select(dim, 0)
+            nbytes = per_block.numel() * tensor.element_size()
+            rows = data[:, offset : offset + nbytes].view(tensor.dtype).view(len(block_ids), *per_block.shape)
+            tensor.index_copy_(dim, block_ids, rows.movedim(0, dim))
+            offset += nbytes
+
     def token_kv(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V [KVH, Dh] stored at one slot (for tests and debugging)."""
         block_id, offset = divmod(slot, self.spec.block_size)
         k_cache, v_cache = self.layer(layer)
         return k_cache[:, block_id, offset], v_cache[:, block_id, offset]
+
+
+def dtype_text(dtype: torch.dtype) -> str:
+    """``bfloat16`` for torch.bfloat16."""
+    return str(dtype).removeprefix("torch.")
 
 
 # On the CPU a block holds this many bytes of K (and of V) per kv head: a

@@ -27,12 +27,22 @@ from pagoda.tracing import setup_tracing, shutdown_tracing
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 if TYPE_CHECKING:
+    from executor_svc.kv_tier.dir_lock import TierDirLock
+    from executor_svc.kv_tier.open_tier import OpenTier
     from executor_svc.model_runner import ModelRunner
 
 log = structlog.get_logger("executor")
+# SIGTERM: the blocks still queued for the offload tier are stored within this time.
+TIER_FLUSH_TIMEOUT_S = 30.0
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 # The ready line leaves out what the runner's info holds empty (tokenizer, servicer) or what it logs otherwise.
-_NOT_LOGGED = {f.name for f in dataclasses.fields(TokenizerFiles)} | {"incarnation_id", "draining", "kernels"}
+_NOT_LOGGED = {f.name for f in dataclasses.fields(TokenizerFiles)} | {
+    "incarnation_id",
+    "draining",
+    "kernels",
+    "kv_offload",
+    "tier_hashes",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +55,15 @@ class Loaded:
     kernels: dict[str, str]
     kernel_library: str
     bos_token_id: int | None = None
+    # The offload tier the runner stores blocks in (docs/kv-offload.md); None: none.
+    tier: OpenTier | None = None
 
 
-async def load_model(config: ExecutorConfig, servicer: ExecutorServicer) -> Loaded:
-    """Load weights, allocate the KV cache and warm up, on the model thread (torch is imported here only)."""
+async def load_model(
+    config: ExecutorConfig, servicer: ExecutorServicer, tier_lock: TierDirLock | None = None
+) -> Loaded:
+    """Load weights, allocate the KV cache, open the offload tier and warm up, on the model thread (torch is
+    imported here only)."""
     from executor_svc.model_cache import resolve_model
     from executor_svc.native import loader
     from executor_svc.native.active import active_kernels
@@ -60,6 +75,7 @@ async def load_model(config: ExecutorConfig, servicer: ExecutorServicer) -> Load
     if config.draft_model:
         draft_path = await asyncio.to_thread(resolve_draft_model, config, tokenizer)
     runner = await servicer.run_model(build_runner, config, model_path, draft_path)
+    tier = await servicer.run_model(open_runner_tier, config, runner, model_path, tier_lock, servicer.metrics)
     await servicer.run_model(runner.warmup)
     eos_token_ids = tuple(tokenizer.eos_token_ids or runner.info.eos_token_ids)
     await asyncio.to_thread(runner.enable_constraints, tokenizer.tokenizer_json, eos_token_ids)
@@ -67,7 +83,41 @@ async def load_model(config: ExecutorConfig, servicer: ExecutorServicer) -> Load
     library = loader.loaded()
     model_name = config.model_name or runner.info.model_name
     library_path = str(library.library) if library is not None else ""
-    return Loaded(runner, tokenizer, model_name, kernels, library_path, runner.config.bos_token_id)
+    return Loaded(runner, tokenizer, model_name, kernels, library_path, runner.config.bos_token_id, tier)
+
+
+def open_runner_tier(
+    config: ExecutorConfig,
+    runner: ModelRunner,
+    model_path: str,
+    lock: TierDirLock | None,
+    metrics: ExecutorMetrics | None,
+) -> OpenTier | None:
+    """The offload tier of the --kv-offload-* flags, attached to the runner (None: no tier asked for)."""
+    from executor_svc.device import dtype_name
+    from executor_svc.kv_tier.identity import model_identity
+    from executor_svc.kv_tier.open_tier import open_tier
+    from executor_svc.kv_tier.step_io import TierStepIO
+
+    identity = model_identity(model_path, dtype_name(runner.dtype))
+    on_store_s = metrics.tier_store_s.observe if metrics is not None else (lambda s: None)
+    tier = open_tier(config, runner.kv_cache, identity, lock, on_store_s)
+    if tier is not None:
+        on_load_s = metrics.tier_load_s.observe if metrics is not None else (lambda s: None)
+        runner.attach_tier(TierStepIO(tier.store, runner.kv_cache, on_load_s))
+        if metrics is not None:
+            metrics.watch_tier(tier.store)
+    return tier
+
+
+async def _load(config: ExecutorConfig, servicer: ExecutorServicer) -> Loaded:
+    """The simulated runner, or the model with the offload tier (its directory locked first: a busy one fails
+    the start at once, not after the weights are read)."""
+    if config.simulate:
+        return load_simulated(config)
+    from executor_svc.kv_tier.open_tier import lock_dir
+
+    return await load_model(config, servicer, lock_dir(config))
 
 
 def load_simulated(config: ExecutorConfig) -> Loaded:
@@ -140,12 +190,14 @@ async def serve(config: ExecutorConfig) -> None:
         "executor_listening", address=f"{config.host}:{port}", tls=credentials is not None, tracing=tracer is not None
     )
 
-    loaded = load_simulated(config) if config.simulate else await load_model(config, servicer)
+    loaded = await _load(config, servicer)
     info = loaded.runner.info
     metrics.kv_blocks.set(info.num_kv_blocks)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
-    servicer.attach(loaded.runner, loaded.tokenizer, loaded.model_name, loaded.kernels)
+    tier = loaded.tier
+    kv_offload = tier.description if tier is not None else ""
+    servicer.attach(loaded.runner, loaded.tokenizer, loaded.model_name, loaded.kernels, tier and tier.store, kv_offload)
     await grpc_server.set_serving(health, [SERVICE_NAME], True)
     log.info(
         "executor_ready",
@@ -154,6 +206,8 @@ async def serve(config: ExecutorConfig) -> None:
         bos_token_id=loaded.bos_token_id,
         kernels=servicer.kernels,
         kernel_library=loaded.kernel_library,
+        kv_offload=kv_offload,
+        num_tier_blocks=len(tier.store.hashes()) if tier is not None else 0,
     )
 
     stop = asyncio.Event()
@@ -163,6 +217,8 @@ async def serve(config: ExecutorConfig) -> None:
     await stop.wait()
     await drain(servicer, health, config.drain_timeout_s)
     await server.stop(grace=2.0)
+    if tier is not None:
+        await asyncio.to_thread(tier.close, TIER_FLUSH_TIMEOUT_S)
     shutdown_tracing()
     log.info("executor_stopped")
 

@@ -8,8 +8,10 @@ owns no block accounting. A plan error hits only the sequence it concerns.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -29,6 +31,9 @@ from executor_svc.step_batch import StepBatch, build_step_batch
 from executor_svc.weights import load_checkpoint, validate_tensors
 from pagoda.params import SamplingParams
 from pagoda.step import ExecutorInfo, SeqError, SeqOutput, StepPlan, StepResult, StepTimings
+
+if TYPE_CHECKING:
+    from executor_svc.kv_tier.step_io import TierStepIO
 
 log = structlog.get_logger(__name__)
 # A step's masks run beside its forward; waiting longer than this for them is a bug, not load.
@@ -88,6 +93,8 @@ class ModelRunner:
         self._sample_fn = (sample, SampleRequest)
         # Matchers and masks of constrained sequences (enable_constraints: needs the tokenizer).
         self.constraints: ConstraintEngine | None = None
+        # The offload tier's side of each step (attach_tier); None: no tier, loads are refused recoverably.
+        self.tier_io: TierStepIO | None = None
 
     def _describe(self, model_name: str, extra_eos_token_ids: tuple[int, ...]) -> ExecutorInfo:
         """What Describe reports of the model and the KV cache; the servicer adds itself and the tokenizer."""
@@ -137,6 +144,10 @@ class ModelRunner:
         """Accept constrained sequences, matched with this tokenizer (sequences without one pay nothing)."""
         self.constraints = ConstraintEngine(tokenizer_json, self.config.vocab_size, eos_token_ids)
 
+    def attach_tier(self, tier_io: TierStepIO) -> None:
+        """Serve the plans' loads and saves through this offload tier (docs/kv-offload.md)."""
+        self.tier_io = tier_io
+
     def num_sequences(self) -> int:
         """Sequences whose state this runner holds."""
         return len(self._seqs)
@@ -152,11 +163,38 @@ class ModelRunner:
             self.draft.reset()
 
     def execute(self, step: StepPlan) -> StepResult:
-        """Runs one step plan: one forward over all scheduled tokens, then sampling."""
+        """Runs one step plan: its saves copied out, its loads filled, one forward over all scheduled tokens,
+        then sampling."""
         start_ns = time.perf_counter_ns()
-        scheduled, errors = self._table.apply(step)
+        tier_io = self.tier_io
+        save_ns = tier_io.save(step.saves) if tier_io is not None and step.saves else 0
+        scheduled, errors = self._table.apply(step, can_load=tier_io is not None)
         if self.draft is not None:
             self.draft.follow(step, self._seqs)
+        requests = self._table.loads_of(step)
+        load_ns = 0
+        if requests:
+            scheduled, load_ns = self._load(requests, scheduled, errors)
+        result = self._execute(step, scheduled, errors, start_ns)
+        if save_ns or load_ns:
+            timings = dataclasses.replace(result.timings, load_ns=load_ns, save_ns=save_ns)
+            result = dataclasses.replace(result, timings=timings)
+        return result
+
+    def _load(self, requests, scheduled, errors):
+        """Fills the requests' blocks from the tier; a sequence whose loads fail is dropped, recoverably."""
+        assert self.tier_io is not None
+        try:
+            with torch.inference_mode():
+                failures, load_ns = self.tier_io.load(requests)
+        except Exception as exc:  # a load that breaks fails its sequences, which are recomputed
+            log.exception("kv_offload_load_failed")
+            reason = f"load failed: {type(exc).__name__}: {exc}"
+            failures = {s.seq_id: (tuple(b.block_hash for b in loads), reason) for s, loads in requests}
+            load_ns = 0
+        return self._table.drop_failed_loads(scheduled, errors, failures), load_ns
+
+    def _execute(self, step, scheduled, errors, start_ns) -> StepResult:
         if not scheduled:
             timings = StepTimings(prepare_ns=time.perf_counter_ns() - start_ns)
             return StepResult(step_id=step.step_id, errors=tuple(errors), timings=timings)

@@ -16,7 +16,16 @@ from typing import Any, Protocol
 
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, out_of_range
-from pagoda.step import MAX_DRAFT_TOKENS, ExecutorInfo, NewSequence, ScheduledSequence, SeqError, StepPlan, StepResult
+from pagoda.step import (
+    MAX_DRAFT_TOKENS,
+    BlockLoad,
+    ExecutorInfo,
+    NewSequence,
+    ScheduledSequence,
+    SeqError,
+    StepPlan,
+    StepResult,
+)
 
 
 class Runner(Protocol):
@@ -39,6 +48,14 @@ class Runner(Protocol):
 
 class PlanError(ValueError):
     """A step plan entry this runner cannot follow (reported per sequence)."""
+
+
+class TierMiss(PlanError):
+    """Blocks a sequence should load that the offload tier cannot give: recoverable (the scheduler recomputes)."""
+
+    def __init__(self, message: str, block_hashes: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.block_hashes = block_hashes
 
 
 @dataclasses.dataclass
@@ -97,6 +114,8 @@ class SequenceState:
 
 # (state, tokens to compute this step) for each sequence a step runs.
 Scheduled = list[tuple[SequenceState, int]]
+# A new sequence's state and the blocks it loads from the offload tier before the step's forward.
+LoadRequest = tuple[SequenceState, tuple[BlockLoad, ...]]
 
 
 class SequenceTable:
@@ -112,9 +131,14 @@ class SequenceTable:
         # Plans may ask for the draft model's proposals (num_model_draft_tokens).
         self.has_draft_model = has_draft_model
         self.seqs: dict[int, SequenceState] = {}
+        self._can_load = False
 
-    def apply(self, step: StepPlan) -> tuple[Scheduled, list[SeqError]]:
-        """Drops, registers and extends what `step` says; returns what to run and the entries refused."""
+    def apply(self, step: StepPlan, can_load: bool = False) -> tuple[Scheduled, list[SeqError]]:
+        """Drops, registers and extends what `step` says; returns what to run and the entries refused.
+
+        A new sequence with loads is refused recoverably unless ``can_load`` (the runner has an offload tier).
+        """
+        self._can_load = can_load
         for seq_id in step.dropped_seq_ids:
             self.seqs.pop(seq_id, None)
         errors: list[SeqError] = []
@@ -131,8 +155,24 @@ class SequenceTable:
                     scheduled.append((state, num_scheduled))
             except PlanError as exc:
                 self.seqs.pop(seq_id, None)
-                errors.append(SeqError(seq_id, str(exc)))
+                errors.append(SeqError(seq_id, str(exc), exc.block_hashes if isinstance(exc, TierMiss) else ()))
         return scheduled, errors
+
+    def loads_of(self, step: StepPlan) -> list[LoadRequest]:
+        """The new sequences of `step` (as applied) that load blocks from the offload tier."""
+        return [(self.seqs[new.seq_id], new.loads) for new in step.new_seqs if new.loads and new.seq_id in self.seqs]
+
+    def drop_failed_loads(
+        self, scheduled: Scheduled, errors: list[SeqError], failures: dict[int, tuple[tuple[int, ...], str]]
+    ) -> Scheduled:
+        """Drops the sequences whose loads failed (recoverable errors naming the hashes); returns the rest."""
+        if not failures:
+            return scheduled
+        for seq_id, (block_hashes, reason) in failures.items():
+            self.seqs.pop(seq_id, None)
+            message = f"offload tier: {len(block_hashes)} block(s) could not be loaded ({reason}); recompute"
+            errors.append(SeqError(seq_id, message, block_hashes))
+        return [(state, n) for state, n in scheduled if state.seq_id not in failures]
 
     def _admit(self, entry: NewSequence | ScheduledSequence) -> tuple[SequenceState, int]:
         if isinstance(entry, NewSequence):
@@ -157,6 +197,8 @@ class SequenceTable:
         self._check_token_ids(entry.token_ids)
         if not 0 <= entry.num_computed_tokens <= len(entry.token_ids):
             raise PlanError(f"num_computed_tokens {entry.num_computed_tokens} outside [0, {len(entry.token_ids)}]")
+        if entry.loads:
+            self._check_loads(entry)
         reason = out_of_range(entry.sampling)
         if reason is not None:
             raise PlanError(f"sampling: {reason}")
@@ -170,6 +212,18 @@ class SequenceTable:
             entry.num_computed_tokens,
             entry.structured,
         )
+
+    def _check_loads(self, entry: NewSequence) -> None:
+        """Loads fill the last blocks of the computed prefix, each the table's block at its position."""
+        loads, bs = entry.loads, self.block_size
+        first = entry.num_computed_tokens // bs - len(loads)
+        if entry.num_computed_tokens % bs or first < 0 or first + len(loads) > len(entry.block_ids):
+            raise PlanError(f"{len(loads)} loads do not end a prefix of {entry.num_computed_tokens} computed tokens")
+        for j, load in enumerate(loads):
+            if entry.block_ids[first + j] != load.block_id:
+                raise PlanError(f"load into block {load.block_id}, but block {first + j} of the table is another")
+        if not self._can_load:
+            raise TierMiss("this executor has no offload tier", tuple(load.block_hash for load in loads))
 
     def _check_block_ids(self, block_ids: Iterable[int]) -> None:
         for block_id in block_ids:

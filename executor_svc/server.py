@@ -21,6 +21,7 @@ import functools
 import time
 import uuid
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -33,6 +34,9 @@ from executor_svc.tokenizer_files import TokenizerFiles
 from pagoda.step import ExecutorInfo, StepResult
 from pagoda.step_pb import info_to_pb, plan_from_pb, result_to_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
+
+if TYPE_CHECKING:
+    from executor_svc.kv_tier.store import TierStore
 
 log = structlog.get_logger("executor")
 # Execute call metadata naming the lease the stream belongs to.
@@ -63,13 +67,29 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._model_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         # Spans of traced sequences and their steps (docs/tracing.md); None when tracing is off.
         self.tracer: StepTracer | None = None
+        # The runner's offload tier (docs/kv-offload.md): what Describe and each result report of it.
+        self.tier: TierStore | None = None
+
+    @property
+    def metrics(self) -> ExecutorMetrics | None:
+        return self._metrics
 
     async def run_model(self, fn, *args):
         """Runs fn(*args) on the model thread (every torch call goes there)."""
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, functools.partial(fn, *args))
 
-    def attach(self, runner: Runner, tokenizer: TokenizerFiles, model_name: str, kernels: Mapping[str, str]) -> None:
-        """Start serving `runner` (weights loaded, warm-up done), which runs the kernel paths `kernels`."""
+    def attach(
+        self,
+        runner: Runner,
+        tokenizer: TokenizerFiles,
+        model_name: str,
+        kernels: Mapping[str, str],
+        tier: TierStore | None = None,
+        kv_offload: str = "",
+    ) -> None:
+        """Start serving `runner` (weights loaded, warm-up done), which runs the kernel paths `kernels`
+        and stores blocks in `tier` (described as `kv_offload`)."""
+        self.tier = tier
         self.kernels = dict(kernels)
         if self._metrics is not None:
             self._metrics.set_kernels(self.kernels)
@@ -83,6 +103,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
             kernels=tuple(sorted(self.kernels.items())),
+            kv_offload=kv_offload,
         )
         self.runner = runner
 
@@ -105,6 +126,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         )
         if request.brief:
             info = dataclasses.replace(info, tokenizer_json="", chat_template="")
+        elif self.tier is not None:
+            info = dataclasses.replace(info, tier_hashes=tuple(self.tier.hashes()))
         return info_to_pb(info)
 
     async def Acquire(self, request, context) -> executor_pb2.Lease:
@@ -129,13 +152,15 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 await self.run_model(self.runner.reset)
                 self._request_ids.clear()
             finished_at = time.perf_counter_ns()
+            first = True
             async for plan in request_iterator:
                 try:
                     self.leases.check_plan(epoch, plan.epoch)
                 except LeaseRefused as exc:
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                 received_at = time.perf_counter_ns()
-                result = await self._run_step(plan, idle_ns=received_at - finished_at, started_ns=received_at)
+                result = await self._run_step(plan, received_at - finished_at, received_at, first)
+                first = False
                 finished_at = time.perf_counter_ns()
                 yield result
         finally:
@@ -149,7 +174,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         if self.runner is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is still loading its model")
 
-    async def _run_step(self, plan: executor_pb2.StepPlan, idle_ns: int, started_ns: int) -> executor_pb2.StepResult:
+    async def _run_step(
+        self, plan: executor_pb2.StepPlan, idle_ns: int, started_ns: int, first: bool
+    ) -> executor_pb2.StepResult:
         step = plan_from_pb(plan)
         wall_start_ns = time.time_ns() if self.tracer is not None else 0
         if self.tracer is not None:  # before the log lines below, which then carry the trace id
@@ -179,12 +206,19 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             self._metrics.observe_step(out, step_ns, idle_ns, self.runner.num_sequences())
         if self.tracer is not None:
             self.tracer.on_step(step, out, wall_start_ns, time.time_ns())
-        return result_to_pb(self._stamp(out, step_ns, idle_ns))
+        return result_to_pb(self._stamp(out, step_ns, idle_ns, first))
 
-    def _stamp(self, out: StepResult, step_ns: int, idle_ns: int) -> StepResult:
-        """The runner's result with what only the server knows: who it is, whether it drains, its timings."""
+    def _stamp(self, out: StepResult, step_ns: int, idle_ns: int, first: bool) -> StepResult:
+        """The runner's result with what only the server knows: who it is, whether it drains, its timings,
+        and what the offload tier gained and lost (all it holds in the first result of a stream)."""
         timings = dataclasses.replace(out.timings, step_ns=step_ns, idle_ns=idle_ns)
-        return dataclasses.replace(out, incarnation_id=self.incarnation_id, timings=timings, draining=self.draining)
+        out = dataclasses.replace(out, incarnation_id=self.incarnation_id, timings=timings, draining=self.draining)
+        if self.tier is None:
+            return out
+        if first:
+            return dataclasses.replace(out, tier_added=tuple(self.tier.snapshot()), tier_reset=True)
+        added, removed = self.tier.take_deltas()
+        return dataclasses.replace(out, tier_added=added, tier_removed=removed) if added or removed else out
 
 
 async def _lease_of(context) -> tuple[str, int]:

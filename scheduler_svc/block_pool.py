@@ -8,7 +8,7 @@ of the free list are all O(1); its order is the LRU eviction order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 
 class KVBlock:
@@ -112,6 +112,9 @@ class BlockPool:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
+        # Called with each cached block allocate() evicts, before its identity is cleared (the offload tier
+        # saves it there if it does not hold it).
+        self.on_evict: Callable[[KVBlock], None] | None = None
         self.reset()
 
     @property
@@ -132,6 +135,8 @@ class BlockPool:
             block = self.free_queue.popleft()
             if block.block_hash is not None and self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
+                if self.on_evict is not None:
+                    self.on_evict(block)
             block.clear_identity()
             block.ref_cnt = 1
             out.append(block)
@@ -168,15 +173,15 @@ class BlockPool:
             return None
         return block
 
-    def cache_block(self, block: KVBlock, block_hash: int, token_ids: tuple[int, ...], parent_key: int | str) -> None:
-        """Registers a full, computed block under its hash.
+    def cache_block(self, block: KVBlock, block_hash: int, token_ids: tuple[int, ...], parent_key: int | str) -> bool:
+        """Registers a full, computed block under its hash; True when it is the one registered now.
 
         When an equal block is registered already, this one takes its prefix_id
         (same content) but stays out of the map. When a different block holds
         the hash (a collision), this one stays unregistered.
         """
         if block.prefix_id is not None:
-            return
+            return False
         other = self.cached.get(block_hash)
         if other is None:
             block.block_hash = block_hash
@@ -185,8 +190,10 @@ class BlockPool:
             block.prefix_id = self._next_prefix_id
             self._next_prefix_id += 1
             self.cached[block_hash] = block
-        elif other.parent_key == parent_key and other.token_ids == token_ids:
+            return True
+        if other.parent_key == parent_key and other.token_ids == token_ids:
             block.prefix_id = other.prefix_id
+        return False
 
     def reset(self) -> None:
         """Every block free and uncached, as at start."""

@@ -41,6 +41,7 @@ class SchedulerServiceConfig:
     max_logprobs: int = _f(20, "most top logprobs per token")
     request_timeout_s: float = _f(600.0, "deadline of a request without one")
     enable_prefix_caching: bool = _f(True, "automatic prefix caching")
+    kv_offload: bool = _f(True, "use the KV offload tiers executors report: save blocks, load prefixes (false: never)")
     speculative: str = _f("off", "speculative decoding: off or ngram (prompt-lookup drafts; draft: not implemented)")
     num_speculative_tokens: int = _f(4, "most draft tokens per sequence and step")
     speculative_max_batch: int = _f(8, "no drafts while more sequences than this run on an executor")

@@ -111,6 +111,7 @@ class Engine:
             speculative=self.config.speculative,
             num_speculative_tokens=self.config.num_speculative_tokens,
             speculative_max_batch=self.config.speculative_max_batch,
+            kv_offload=self.config.kv_offload and bool(info.kv_offload),
         )
 
     def _max_model_len(self, info: ExecutorInfo) -> int:

@@ -224,6 +224,8 @@ class ExecutorHandle:
             block_size=info.block_size,
             model=info.model_name,
             kernels=dict(info.kernels),
+            kv_offload=info.kv_offload,
+            num_tier_blocks=len(info.tier_hashes),
             usable=self.usable,
         )
 
@@ -267,7 +269,7 @@ class ExecutorHandle:
     async def _step_loop(self, stub: executor_pb2_grpc.ExecutorStub, scheduler_id: str) -> None:
         assert self.info is not None  # described before any acquire
         call: ExecuteCall = stub.Execute(metadata=((SCHEDULER_ID_KEY, scheduler_id), (EPOCH_KEY, str(self.epoch))))
-        self.scheduler = Scheduler(self._make_config(self.info))
+        self.scheduler = Scheduler(self._make_config(self.info), tier_hashes=self.info.tier_hashes)
         self.state = ExecutorState.READY
         self._listener.on_executor_ready(self, self.info)
         results: ResultQueue = asyncio.Queue()
@@ -309,7 +311,7 @@ class ExecutorHandle:
             if in_flight and not self.scheduler.may_plan_ahead:
                 break
             plan = self.scheduler.schedule()
-            if not plan.has_work and not plan.dropped_seq_ids:
+            if not plan.has_work and not plan.dropped_seq_ids and not plan.saves:
                 break
             plan = dataclasses.replace(plan, epoch=self.epoch)
             in_flight.append((plan, time.monotonic()))

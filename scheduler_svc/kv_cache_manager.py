@@ -9,18 +9,38 @@ the prefix cache (cache_full_blocks) so later sequences can share them.
 
 from __future__ import annotations
 
+import hashlib
+import struct
+import sys
+from array import array
 from collections.abc import Callable, Sequence
 
 from scheduler_svc.block_pool import BlockPool, KVBlock
 from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.tier_index import TierIndex
 
 # (parent block hash or None, the block's token ids, cache salt) -> hash.
 BlockHasher = Callable[[int | None, tuple[int, ...], str], int]
+# Domain of the block hash: a new scheme gets a new one, so no old tier entry can match it.
+_HASH_PERSON = b"pagoda-kv-1"
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...], cache_salt: str) -> int:
-    """Chained block hash: the parent's hash, this block's tokens, the salt (first block)."""
-    return hash((parent_hash, token_ids, cache_salt))
+    """Chained block hash: the parent's hash, this block's tokens, the salt (first block).
+
+    A 64-bit BLAKE2b, the same in every process and on every host (Python's ``hash()`` is salted per
+    process): the prefix cache, the router, the plan and the executors' offload tiers, which outlive
+    processes, all key blocks by it.
+    """
+    digest = hashlib.blake2b(digest_size=8, person=_HASH_PERSON)
+    digest.update(b"\x00" if parent_hash is None else struct.pack("<BQ", 1, parent_hash))
+    salt = cache_salt.encode()
+    digest.update(struct.pack("<I", len(salt)) + salt)
+    tokens = array("q", token_ids)
+    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
+        tokens.byteswap()
+    digest.update(tokens.tobytes())
+    return int.from_bytes(digest.digest(), "little")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -36,6 +56,7 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         block_hasher: BlockHasher = hash_block_tokens,
+        tier: TierIndex | None = None,
     ):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -43,6 +64,11 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._hasher = block_hasher
+        # The executor's offload tier (docs/kv-offload.md): every block registered here, and every cached
+        # block evicted that the tier lacks, is saved to it; its blocks continue prefix hits as loads.
+        self.tier = tier if enable_prefix_caching else None
+        if self.tier is not None:
+            self.pool.on_evict = self._save_evicted
         # Prompt (and resumed) tokens looked up at admission, and how many hit.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -72,12 +98,26 @@ class KVCacheManager:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         return self._match(seq.token_ids, seq.cache_salt, max_blocks, seq.block_hashes)
 
+    def count_tier_blocks(self, seq: SchedulerSequence, first_block: int) -> int:
+        """How many blocks of seq from first_block on (after its device hits) the tier holds, in a row.
+
+        Bounded like get_computed_blocks: the last token is always computed.
+        """
+        if self.tier is None:
+            return 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        return self._count_in_tier(seq.token_ids, seq.cache_salt, first_block, max_blocks, seq.block_hashes)
+
     def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
-        """Tokens of token_ids the cache could serve now (for routing); no side effects."""
+        """Tokens of token_ids the device cache and then the tier could serve now (for routing); no side effects."""
         if not self.enable_prefix_caching or not token_ids:
             return 0
         max_blocks = (len(token_ids) - 1) // self.block_size
-        return len(self._match(token_ids, cache_salt, max_blocks, [])) * self.block_size
+        hashes: list[int] = []
+        num_hits = len(self._match(token_ids, cache_salt, max_blocks, hashes))
+        if self.tier is not None:
+            num_hits += self._count_in_tier(token_ids, cache_salt, num_hits, max_blocks, hashes)
+        return num_hits * self.block_size
 
     def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         """Counts one admitted lookup (failed admissions are retried, not counted)."""
@@ -129,7 +169,8 @@ class KVCacheManager:
                 break
             block = blocks[table[i]]
             token_ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            self.pool.cache_block(block, seq.block_hashes[i], token_ids, parent_key)
+            if self.pool.cache_block(block, seq.block_hashes[i], token_ids, parent_key) and self.tier is not None:
+                self.tier.queue_save(block.block_id, seq.block_hashes[i], token_ids)
             parent_key = block.prefix_id
         seq.num_registered_blocks = num_full
 
@@ -155,6 +196,25 @@ class KVCacheManager:
     def reset(self) -> None:
         """Every block free and uncached (the executor behind this pool is gone)."""
         self.pool.reset()
+
+    def _save_evicted(self, block: KVBlock) -> None:
+        """A cached block about to be reused: saved first unless the tier holds it (its write was dropped)."""
+        assert self.tier is not None and block.block_hash is not None and block.token_ids is not None
+        self.tier.queue_save(block.block_id, block.block_hash, block.token_ids)
+
+    def _count_in_tier(
+        self, token_ids: Sequence[int], cache_salt: str, first_block: int, max_blocks: int, hashes: list[int]
+    ) -> int:
+        """Blocks first_block.. (below max_blocks) whose hashes the tier holds, up to the first it lacks."""
+        assert self.tier is not None
+        num = 0
+        for i in range(first_block, max_blocks):
+            if i >= len(hashes):
+                self._extend_hashes(token_ids, cache_salt, i + 1, hashes)
+            if hashes[i] not in self.tier:
+                break
+            num += 1
+        return num
 
     def _match(self, token_ids: Sequence[int], cache_salt: str, max_blocks: int, hashes: list[int]) -> list[KVBlock]:
         """Walks the cache block by block, hashing lazily, until the first miss."""

@@ -59,6 +59,10 @@ class SchedulerMetrics:
         self.prefix_cache_queries = Counter(P + "prefix_cache_queries", "Prefix cache queries (tokens)", registry=r)
         self.prefix_cache_hits = Counter(P + "prefix_cache_hits", "Prefix cache hits (tokens)", registry=r)
         self.num_preemptions = Counter(P + "num_preemptions", "Preemptions", registry=r)
+        self.offload_hits = Counter(
+            P + "kv_offload_hit_tokens", "Prompt tokens loaded from offload tiers instead of computed", registry=r
+        )
+        self.num_swaps = Counter(P + "num_swaps", "Preempted sequences resumed from an offload tier", registry=r)
         self.ttft = Histogram(
             P + "time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -101,7 +105,7 @@ class SchedulerMetrics:
         self._incarnations: dict[str, str] = {}
         self._last_token_ns: dict[int, int] = {}
         # Scheduler-owned counters already exported, per scheduler core.
-        self._exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, int, int]] = weakref.WeakKeyDictionary()
+        self._exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, ...]] = weakref.WeakKeyDictionary()
         self._spec_exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, int, int]] = weakref.WeakKeyDictionary()
         self.spec_num_drafts_total = 0
         self.spec_draft_tokens_total = 0
@@ -111,6 +115,8 @@ class SchedulerMetrics:
         self.num_preemptions_total = 0
         self.prefix_cache_queries_total = 0
         self.prefix_cache_hits_total = 0
+        self.offload_hit_tokens_total = 0
+        self.num_swaps_total = 0
 
     def on_admitted(self, num_prompt_tokens: int) -> None:
         """Count an admitted request's prompt tokens."""
@@ -118,16 +124,26 @@ class SchedulerMetrics:
 
     def on_step(self, plan: StepPlan, result: StepResult, duration_s: float, scheduler: Scheduler) -> None:
         """Record a step, and export what the scheduler core counted since the last one."""
-        counts = (scheduler.num_preemptions, scheduler.prefix_cache_queries, scheduler.prefix_cache_hits)
-        last = self._exported.get(scheduler, (0, 0, 0))
+        counts = (
+            scheduler.num_preemptions,
+            scheduler.prefix_cache_queries,
+            scheduler.prefix_cache_hits,
+            scheduler.num_offload_hit_tokens,
+            scheduler.num_swaps,
+        )
+        last = self._exported.get(scheduler, (0, 0, 0, 0, 0))
         self._exported[scheduler] = counts
-        preemptions, queries, hits = (now - before for now, before in zip(counts, last))
+        preemptions, queries, hits, offload_hits, swaps = (now - before for now, before in zip(counts, last))
         self.num_preemptions.inc(preemptions)
         self.prefix_cache_queries.inc(queries)
         self.prefix_cache_hits.inc(hits)
+        self.offload_hits.inc(offload_hits)
+        self.num_swaps.inc(swaps)
         self.num_preemptions_total += preemptions
         self.prefix_cache_queries_total += queries
         self.prefix_cache_hits_total += hits
+        self.offload_hit_tokens_total += offload_hits
+        self.num_swaps_total += swaps
         if scheduler.drafter is not None:
             self._export_speculation(scheduler)
         self.step_duration.observe(duration_s)

@@ -173,9 +173,8 @@ class RequestState:
         """The whole request's counts: a resumed request's outputs include the delivered tokens."""
         seq = self.seq
         # A resume may hit cached blocks of delivered tokens too; only the prompt's count here.
-        return Usage(
-            seq.num_prompt_tokens, len(seq.output_token_ids), min(seq.num_cached_tokens, seq.num_prompt_tokens)
-        )
+        cached = min(seq.num_cached_tokens, seq.num_prompt_tokens)
+        return Usage(seq.num_prompt_tokens, len(seq.output_token_ids), cached, min(seq.num_offloaded_tokens, cached))
 
     def _timings(self) -> RequestTimings:
         now = time.monotonic_ns()

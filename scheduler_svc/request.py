@@ -102,6 +102,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # Of cached_tokens, those loaded from the executor's offload tier.
+    cached_tokens_offloaded: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

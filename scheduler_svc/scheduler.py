@@ -21,9 +21,18 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from pagoda.step import FinishReason, LogprobEntry, NewSequence, ScheduledSequence, StepPlan, StepResult
+from pagoda.step import (
+    BlockLoad,
+    FinishReason,
+    LogprobEntry,
+    NewSequence,
+    ScheduledSequence,
+    SeqError,
+    StepPlan,
+    StepResult,
+)
 from scheduler_svc.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens
 from scheduler_svc.request_queue import WaitingQueue
 from scheduler_svc.scheduler_types import SchedulerConfig as SchedulerConfig
@@ -31,6 +40,7 @@ from scheduler_svc.scheduler_types import SeqUpdate as SeqUpdate
 from scheduler_svc.sequence import SchedulerSequence, SequenceStatus
 from scheduler_svc.speculation import Drafter
 from scheduler_svc.step_builder import StepBuilder, StepEntry
+from scheduler_svc.tier_index import TierIndex
 
 # A sequence is planned at most this many tokens ahead of the results (the
 # engine keeps at most two plans in flight, so this only guards misuse).
@@ -45,10 +55,16 @@ class Scheduler:
         config: SchedulerConfig,
         clock: Callable[[], float] = time.monotonic,
         block_hasher: BlockHasher = hash_block_tokens,
+        tier_hashes: Iterable[int] = (),
     ):
+        """``tier_hashes``: what the executor's offload tier holds (its Describe), with ``config.kv_offload``."""
         self.config = config
         self._clock = clock
-        self._kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching, block_hasher)
+        # The executor's offload tier as this core knows it (docs/kv-offload.md); None: no tier.
+        self._tier = TierIndex(config.block_size, tier_hashes) if config.kv_offload else None
+        self._kv = KVCacheManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, block_hasher, self._tier
+        )
         self._waiting = WaitingQueue(config.max_priority_wait_s)
         # Sorted by seq.rank: iteration order, and preemption from the tail.
         self._running: list[SchedulerSequence] = []
@@ -61,6 +77,11 @@ class Scheduler:
         self._next_step_id = 0
         self._next_admission = 0
         self._num_preemptions = 0
+        # Offload tier: prompt tokens loaded instead of computed, preempted sequences resumed by loads
+        # (swaps), and loads each plan in flight asked for (for the cost model).
+        self._num_offload_hit_tokens = 0
+        self._num_swaps = 0
+        self._plan_loads: dict[int, int] = {}
         self._drafter: Drafter | None = None
         if config.speculative == "ngram":
             self._drafter = Drafter(config, self._kv)
@@ -98,6 +119,21 @@ class Scheduler:
     @property
     def num_preemptions(self) -> int:
         return self._num_preemptions
+
+    @property
+    def tier(self) -> TierIndex | None:
+        """The executor's offload tier as this core knows it (None: no tier)."""
+        return self._tier
+
+    @property
+    def num_offload_hit_tokens(self) -> int:
+        """Prompt (or resumed) tokens loaded from the offload tier instead of computed."""
+        return self._num_offload_hit_tokens
+
+    @property
+    def num_swaps(self) -> int:
+        """Preempted sequences resumed by loading their blocks from the offload tier."""
+        return self._num_swaps
 
     @property
     def prefix_cache_queries(self) -> int:
@@ -224,13 +260,16 @@ class Scheduler:
             new_seqs=tuple(step.new_seqs),
             scheduled_seqs=tuple(step.scheduled_seqs),
             dropped_seq_ids=tuple(self._dropped),
+            saves=self._tier.take_saves() if self._tier is not None else (),
         )
         self._dropped = []
         if plan.has_work:
             self._inflight[plan.step_id] = step.entries
             if step.num_drafts:
                 self._draft_steps.add(plan.step_id)
-        if plan.has_work or plan.dropped_seq_ids:
+            if step.num_loads:
+                self._plan_loads[plan.step_id] = step.num_loads
+        if plan.has_work or plan.dropped_seq_ids or plan.saves:
             self._next_step_id += 1
         return plan
 
@@ -242,10 +281,13 @@ class Scheduler:
         """
         entries = self._inflight.pop(result.step_id, None)
         self._draft_steps.discard(result.step_id)
+        if self._tier is not None:
+            self._tier.apply(result)
+            self._tier.cost.observe(self._plan_loads.pop(result.step_id, 0), result)
         if entries is None:
             # A plan without work, or a result from before take_all().
             return []
-        updates = [self._fail(err.seq_id, err.message) for err in result.errors if err.seq_id in self._seqs]
+        updates = self._apply_errors(result.errors, entries)
         outputs = {out.seq_id: out for out in result.outputs}
         for entry in entries.values():
             seq = entry.seq
@@ -257,6 +299,10 @@ class Scheduler:
                     self._kv.cache_full_blocks(seq, entry.num_computed_after)
                 continue
             out = outputs.get(seq.seq_id)
+            if out is None and not current:
+                # An earlier admission's step that did not run (failed, or the executor had dropped it).
+                seq.num_pending_tokens = max(0, seq.num_pending_tokens - 1)
+                continue
             if out is None or not 1 <= len(out.token_ids) <= entry.num_drafts + 1:
                 num = 0 if out is None else len(out.token_ids)
                 message = f"executor returned {num} tokens for a step with {entry.num_drafts} drafts"
@@ -361,16 +407,21 @@ class Scheduler:
                 return
 
     def _admit(self, seq: SchedulerSequence, aged: bool, step: StepBuilder) -> bool:
-        """Starts (or resumes) a sequence from its cached prefix; False if blocks lack."""
+        """Starts (or resumes) a sequence from its cached prefix: device hits, then tier loads; False if blocks
+        lack."""
+        bs = self.config.block_size
         hits = self._kv.get_computed_blocks(seq)
-        num_hit_tokens = len(hits) * self.config.block_size
+        tier = self._tier
+        num_loads = self._kv.count_tier_blocks(seq, len(hits)) if tier is not None and tier.cost.loads_pay else 0
+        num_hit_tokens = (len(hits) + num_loads) * bs
         num_tokens = min(seq.num_tokens - num_hit_tokens, step.budget)
-        if self._kv.allocate_slots(seq, num_tokens, hits) is None:
+        new_ids = self._kv.allocate_slots(seq, num_loads * bs + num_tokens, hits)
+        if new_ids is None:
             return False
+        loads = tuple(BlockLoad(seq.block_hashes[len(hits) + j], new_ids[j]) for j in range(num_loads))
         self._waiting.remove(seq)
         self._kv.record_prefix_query(seq.num_tokens, num_hit_tokens)
-        if seq.num_admissions == 0:
-            seq.num_cached_tokens = num_hit_tokens
+        self._count_hits(seq, num_hit_tokens, num_loads * bs)
         seq.num_admissions += 1
         seq.status = SequenceStatus.RUNNING
         seq.num_computed_tokens = num_hit_tokens
@@ -390,10 +441,22 @@ class Scheduler:
                 num_scheduled_tokens=num_tokens,
                 structured=seq.structured,
                 traceparent=seq.trace.traceparent if seq.trace is not None else "",
+                loads=loads,
             )
         )
+        step.num_loads += num_loads
         step.commit(seq, num_tokens)
         return True
+
+    def _count_hits(self, seq: SchedulerSequence, num_hit_tokens: int, num_loaded_tokens: int) -> None:
+        """Usage counts the first admission's hits (or the one after a failed load); swaps count resumes."""
+        if seq.num_admissions == 0 or seq.recount_cached_tokens:
+            seq.num_cached_tokens = num_hit_tokens
+            seq.num_offloaded_tokens = num_loaded_tokens
+            seq.recount_cached_tokens = False
+        self._num_offload_hit_tokens += num_loaded_tokens
+        if num_loaded_tokens and seq.num_preemptions:
+            self._num_swaps += 1
 
     # -- update internals ------------------------------------------------------------
 
@@ -426,6 +489,39 @@ class Scheduler:
         if finished:
             self._release(seq)
         return SeqUpdate(seq, token_ids[:num_taken], logprobs[:num_taken], finished)
+
+    def _apply_errors(self, errors: Sequence[SeqError], entries: dict[int, StepEntry]) -> list[SeqUpdate]:
+        """Sequences the executor failed: tier misses are recomputed, other errors finish them.
+
+        An error about an earlier admission of a sequence (preempted or recomputed since) is void.
+        """
+        updates = []
+        for err in errors:
+            seq = self._seqs.get(err.seq_id)
+            entry = entries.get(err.seq_id)
+            if seq is None or (entry is not None and not self._is_current(seq, entry)):
+                continue
+            if err.missing_block_hashes and seq.status is SequenceStatus.RUNNING:
+                self._recompute_after_miss(seq, err.missing_block_hashes)
+            else:
+                updates.append(self._fail(err.seq_id, err.message))
+        return updates
+
+    @staticmethod
+    def _is_current(seq: SchedulerSequence, entry: StepEntry) -> bool:
+        return seq.status is SequenceStatus.RUNNING and seq.num_admissions == entry.num_admissions
+
+    def _recompute_after_miss(self, seq: SchedulerSequence, block_hashes: tuple[int, ...]) -> None:
+        """The executor could not load blocks of seq and dropped it: forget them, admit it again at the head."""
+        assert self._tier is not None or not self.config.kv_offload
+        if self._tier is not None:
+            self._tier.forget(block_hashes)
+        self._kv.free(seq)
+        self._running_dirty = True
+        seq.reset_for_recompute()  # the executor holds it no more
+        seq.recount_cached_tokens = seq.num_admissions == 1
+        seq.status = SequenceStatus.WAITING
+        self._waiting.push(seq, front=True)
 
     def _fail(self, seq_id: int, message: str) -> SeqUpdate:
         seq = self._seqs[seq_id]

@@ -28,6 +28,8 @@ class SchedulerConfig:
     speculative: str = "off"
     num_speculative_tokens: int = 4
     speculative_max_batch: int = 8
+    # The executor has a KV offload tier (docs/kv-offload.md): save full blocks to it, load prefixes from it.
+    kv_offload: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):

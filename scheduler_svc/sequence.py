@@ -75,8 +75,11 @@ class SchedulerSequence:
         # plus pending tokens is the length the executor sees (the scheduler's
         # hot loops add them inline).
         self.num_pending_tokens = 0
-        # Prompt tokens served by the prefix cache at the first admission.
+        # Prompt tokens served by the prefix cache at the first admission, and how many of them the executor's
+        # offload tier gave (loads); recounted at the next admission after loads that failed.
         self.num_cached_tokens = 0
+        self.num_offloaded_tokens = 0
+        self.recount_cached_tokens = False
         self.block_ids: list[int] = []
         # Chained hashes of the full blocks of token_ids, computed once each.
         self.block_hashes: list[int] = []

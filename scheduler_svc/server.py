@@ -158,6 +158,8 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
                 kernels=dict(info.kernels) if info else {},
                 lease_holder=holder,
                 lease_epoch=epoch,
+                kv_offload=info.kv_offload if info else "",
+                num_tier_blocks=len(s.tier) if s is not None and s.tier is not None else 0,
             )
         )
     total = sum(e.num_kv_blocks for e in executors)
@@ -175,6 +177,8 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
         spec_num_drafts_total=m.spec_num_drafts_total,
         spec_draft_tokens_total=m.spec_draft_tokens_total,
         spec_accepted_tokens_total=m.spec_accepted_tokens_total,
+        offload_hit_tokens_total=m.offload_hit_tokens_total,
+        num_swaps_total=m.num_swaps_total,
         scheduler_id=engine.scheduler_id,
         schedulers=engine.fleet.ownership.live_schedulers(),
     )

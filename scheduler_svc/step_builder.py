@@ -39,6 +39,8 @@ class StepBuilder:
         self.speculate = False
         # Sequences that draft in this step.
         self.num_drafts = 0
+        # Blocks new sequences of this step load from the offload tier.
+        self.num_loads = 0
 
     def commit(self, seq: SchedulerSequence, num_tokens: int, num_drafts: int = 0) -> None:
         """Advances a planned sequence; reaching its length samples a pending token.

@@ -25,7 +25,9 @@ def delta_from_pb(pb: generation_pb2.GenerateResponse) -> GenerationDelta:
         logprobs=logprobs_from_pb(pb.logprobs),
         finish_reason=finish_reason,
         stop_reason=pb.stop_reason,
-        usage=Usage(pb.usage.prompt_tokens, pb.usage.completion_tokens, pb.usage.cached_tokens)
+        usage=Usage(
+            pb.usage.prompt_tokens, pb.usage.completion_tokens, pb.usage.cached_tokens, pb.usage.cached_tokens_offloaded
+        )
         if has_final or pb.HasField("usage")
         else None,
         timings=Timings(pb.timings.queue_ns / 1e9, pb.timings.time_to_first_token_ns / 1e9, pb.timings.total_ns / 1e9)

@@ -31,6 +31,25 @@ class FinishReason(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockLoad:
+    """Fill a block from the executor's offload tier (docs/kv-offload.md) before the step's forward."""
+
+    # The block's chained prefix hash (the tier's key).
+    block_hash: int
+    block_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSave:
+    """Write a full, computed block to the executor's offload tier (asynchronously; it may drop it)."""
+
+    block_id: int
+    block_hash: int
+    # The block's tokens: stored with it, checked when it is loaded into a sequence.
+    token_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class NewSequence:
     """A sequence the executor has not seen, or must recompute (preempted or moved)."""
 
@@ -51,6 +70,9 @@ class NewSequence:
     structured: Constraint | None = None
     # W3C trace context of the request span, for sampled requests only (docs/tracing.md); empty: not traced.
     traceparent: str = ""
+    # Blocks to fill from the offload tier first: the last len(loads) blocks of the num_computed_tokens
+    # prefix, in table order (the blocks before them are device prefix-cache hits).
+    loads: tuple[BlockLoad, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +103,9 @@ class StepPlan:
     dropped_seq_ids: tuple[int, ...] = ()
     # The lease (executor_svc.lease) of the stream it travels on; the executor refuses any other.
     epoch: int = 0
+    # Blocks to copy out to the offload tier before anything in this step writes KV (a block freed and
+    # reused by this step still holds what was computed).
+    saves: tuple[BlockSave, ...] = ()
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -133,6 +158,9 @@ class SeqError:
 
     seq_id: int
     message: str
+    # Non-empty: the failure is tier misses (these hashes could not be loaded); the sequence can be
+    # recomputed (the scheduler forgets the hashes and admits it again).
+    missing_block_hashes: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +175,9 @@ class StepTimings:
     step_ns: int = 0
     # Time the executor waited for this plan after finishing the previous step.
     idle_ns: int = 0
+    # Filling the plan's loads from the offload tier, and copying out its saves.
+    load_ns: int = 0
+    save_ns: int = 0
     # The draft model's passes (proposing speculative tokens), before prepare.
     draft_ns: int = 0
 
@@ -163,6 +194,11 @@ class StepResult:
     timings: StepTimings = StepTimings()
     num_scheduled_tokens: int = 0
     draining: bool = False
+    # What the offload tier gained and lost since the previous result (tier_reset: tier_added is all it
+    # holds, and replaces what the scheduler knew; the first result of each stream).
+    tier_added: tuple[int, ...] = ()
+    tier_removed: tuple[int, ...] = ()
+    tier_reset: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +230,9 @@ class ExecutorInfo:
     schedulers: tuple[str, ...] = ()
     # Schedulers whose Acquire was refused in the last 3 s, sorted.
     lease_claimants: tuple[str, ...] = ()
+    # The offload tier (docs/kv-offload.md): what it is ("" = none), and every hash it holds (full Describe only).
+    kv_offload: str = ""
+    tier_hashes: tuple[int, ...] = ()
     # The draft model proposing speculative tokens (empty: none), and how the KV budget is split: the
     # num_kv_blocks blocks take kv_cache_bytes for the model and draft_kv_cache_bytes for the draft model.
     draft_model: str = ""

@@ -17,6 +17,8 @@ from pagoda.constraint_pb import constraint_from_pb, constraint_to_pb
 from pagoda.params import SamplingParams
 from pagoda.params_pb import params_from_pb, params_to_pb
 from pagoda.step import (
+    BlockLoad,
+    BlockSave,
     ExecutorInfo,
     LogprobEntry,
     NewSequence,
@@ -41,6 +43,7 @@ def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
                 s,
                 sampling=params_to_pb(s.sampling),
                 structured=constraint_to_pb(s.structured),
+                loads=[executor_pb2.BlockLoad(block_hash=b.block_hash, block_id=b.block_id) for b in s.loads],
             )
             for s in plan.new_seqs
         ],
@@ -56,6 +59,10 @@ def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
         ],
         dropped_seq_ids=plan.dropped_seq_ids,
         epoch=plan.epoch,
+        saves=[
+            executor_pb2.BlockSave(block_id=b.block_id, block_hash=b.block_hash, token_ids=b.token_ids)
+            for b in plan.saves
+        ],
     )
 
 
@@ -69,6 +76,7 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
                 s,
                 sampling=params_from_pb(s.sampling, SamplingParams),
                 structured=constraint_from_pb(s.structured),
+                loads=tuple(BlockLoad(b.block_hash, b.block_id) for b in s.loads),
             )
             for s in msg.new_seqs
         ),
@@ -85,6 +93,7 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
         ),
         dropped_seq_ids=tuple(msg.dropped_seq_ids),
         epoch=msg.epoch,
+        saves=tuple(BlockSave(b.block_id, b.block_hash, tuple(b.token_ids)) for b in msg.saves),
     )
 
 
@@ -100,10 +109,16 @@ def result_to_pb(result: StepResult) -> executor_pb2.StepResult:
             )
             for o in result.outputs
         ],
-        errors=[executor_pb2.SequenceError(seq_id=e.seq_id, message=e.message) for e in result.errors],
+        errors=[
+            executor_pb2.SequenceError(seq_id=e.seq_id, message=e.message, missing_block_hashes=e.missing_block_hashes)
+            for e in result.errors
+        ],
         timings=executor_pb2.StepTimings(**vars(result.timings)),
         num_scheduled_tokens=result.num_scheduled_tokens,
         draining=result.draining,
+        tier_added=result.tier_added,
+        tier_removed=result.tier_removed,
+        tier_reset=result.tier_reset,
     )
 
 
@@ -117,10 +132,16 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
             SeqOutput(o.seq_id, tuple(o.token_ids), logprobs_from_pb(o.logprobs) if o.logprobs else ())
             for o in msg.outputs
         ),
-        errors=tuple(SeqError(e.seq_id, e.message) for e in msg.errors),
-        timings=StepTimings(t.prepare_ns, t.forward_ns, t.sample_ns, t.step_ns, t.idle_ns, t.draft_ns),
+        errors=tuple(SeqError(e.seq_id, e.message, tuple(e.missing_block_hashes)) for e in msg.errors),
+        timings=StepTimings(
+            t.prepare_ns, t.forward_ns, t.sample_ns, t.step_ns, t.idle_ns, t.load_ns, t.save_ns, t.draft_ns
+        ),
         num_scheduled_tokens=msg.num_scheduled_tokens,
         draining=msg.draining,
+        # Most results carry no tier change: skip the copies of empty lists.
+        tier_added=tuple(msg.tier_added) if msg.tier_added else (),
+        tier_removed=tuple(msg.tier_removed) if msg.tier_removed else (),
+        tier_reset=msg.tier_reset,
     )
 
 

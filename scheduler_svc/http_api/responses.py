@@ -31,7 +31,8 @@ def check_output(out: RequestOutput) -> None:
 def merged_usage(usages: list[Usage]) -> Usage:
     """The usage of a request's choices: the prompt once (as its first choice saw it), every completion."""
     first = usages[0]
-    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens)
+    completion_tokens = sum(u.completion_tokens for u in usages)
+    return Usage(first.prompt_tokens, completion_tokens, first.cached_tokens, first.cached_tokens_offloaded)
 
 
 def usage_body(usage: Usage) -> Json:
@@ -40,7 +41,10 @@ def usage_body(usage: Usage) -> Json:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cached_tokens_offloaded": usage.cached_tokens_offloaded,
+        },
     }
 
 

@@ -164,6 +164,7 @@ def test_cli_json_and_streamed_text(client_tiny_system):
         "prompt_tokens": len(PROMPT),
         "completion_tokens": 6,
         "cached_tokens": document["usage"]["cached_tokens"],
+        "cached_tokens_offloaded": 0,
     }
     proc = _cli("generate", *flags)
     assert proc.returncode == 0 and proc.stdout == expected.text + "\n"

@@ -18,6 +18,7 @@ import torch
 
 from executor_svc.kv_cache import KVCacheSpec
 from executor_svc.model_runner import ModelRunner
+from executor_svc.runner import SequenceState
 from pagoda import step as t
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams
@@ -231,6 +232,18 @@ def test_prefix_cache_hits_keep_the_draft_kv_of_blocks_a_draft_computed(checkpoi
     assert admit(7, (0, 1, 2, 14), 12) == 4
     runner.reset()
     assert admit(8, (0, 1, 2, 15), 12) == 0
+
+
+def test_blocks_filled_from_the_offload_tier_are_recomputed_by_the_draft(checkpoints, drafts):
+    runner = make_runner(checkpoints["llama"], drafts["llama"])
+    prompt = list(range(20, 33))
+    _decode_with_drafts(runner, 1, prompt, tuple(range(8)), num_steps=2)  # blocks 0-2 full of its draft KV
+    runner.execute(t.StepPlan(150, dropped_seq_ids=(1,)))
+    # Blocks 0-2 are hits, block 1 filled from the tier (the model's KV only): the draft starts after block 0.
+    state = SequenceState(2, "r", list(prompt), 13, GREEDY, [0, 1, 2, 10], 12)
+    new = t.NewSequence(2, "r", tuple(prompt), 13, GREEDY, (0, 1, 2, 10), 12, 1, loads=(t.BlockLoad(123, 1),))
+    runner.draft.follow(t.StepPlan(200, new_seqs=(new,)), {2: state})
+    assert state.num_draft_computed == 4
 
 
 def test_draft_kv_of_hit_blocks_is_what_a_fresh_draft_computes(checkpoints, drafts):

@@ -218,7 +218,7 @@ async def test_api_keys_health_metrics_and_error_shapes(keyed_api):
 
 
 def _outputs(last_reason: FinishReason) -> list[RequestOutput]:
-    usage = Usage(prompt_tokens=4, completion_tokens=3, cached_tokens=2)
+    usage = Usage(prompt_tokens=4, completion_tokens=3, cached_tokens=2, cached_tokens_offloaded=1)
     return [
         RequestOutput("r", "Hel", (11, 12)),
         RequestOutput("r", "lo", (13,), finish_reason=last_reason, usage=usage, error="boom"),
@@ -232,7 +232,7 @@ def test_formatters_join_text_and_report_usage():
         "prompt_tokens": 4,
         "completion_tokens": 3,
         "total_tokens": 7,
-        "prompt_tokens_details": {"cached_tokens": 2},
+        "prompt_tokens_details": {"cached_tokens": 2, "cached_tokens_offloaded": 1},
     }
     chat = ChatFormatter("chatcmpl-r", "m", None, None)
     chunks = [chunk for out in _outputs(FinishReason.STOP) for chunk in chat.chunks(out)]

@@ -55,10 +55,22 @@ def test_plan_round_trips():
         new_seqs=(
             step.NewSequence(1, "req-1", (5, 6, 7), 2, sampling, (3, 4), 1, 2),
             step.NewSequence(2, "req-2", (8,), 1, params.SamplingParams(), (), 0, 1),
+            step.NewSequence(
+                5,
+                "req-5",
+                (1,) * 9,
+                9,
+                sampling,
+                (6, 2, 8),
+                8,
+                1,
+                loads=(step.BlockLoad(2**64 - 1, 2), step.BlockLoad(7, 8)),
+            ),
         ),
         scheduled_seqs=(step.ScheduledSequence(3, 1), step.ScheduledSequence(4, 16, (9, 10))),
         dropped_seq_ids=(11, 12),
         epoch=2**48 + 5,
+        saves=(step.BlockSave(3, 2**63 + 1, (5, 6, 7, 8)), step.BlockSave(4, 0, (1, 2, 3, 4))),
     )
     assert plan_from_pb(plan_to_pb(plan)) == plan
 
@@ -69,16 +81,21 @@ def test_result_round_trips():
         step_id=3,
         incarnation_id="inc",
         outputs=(step.SeqOutput(1, (5,), (entry,)), step.SeqOutput(2, (7,))),
-        errors=(step.SeqError(9, "bad block"),),
-        timings=step.StepTimings(1, 2, 3, 4, 5),
+        errors=(step.SeqError(9, "bad block"), step.SeqError(10, "tier miss", (2**64 - 1, 3))),
+        timings=step.StepTimings(1, 2, 3, 4, 5, 6, 7),
         num_scheduled_tokens=17,
         draining=True,
+        tier_added=(1, 2**64 - 1),
+        tier_removed=(3,),
+        tier_reset=True,
     )
     assert result_from_pb(result_to_pb(result)) == result
 
 
 def test_executor_info_round_trips_with_its_kernels():
-    info = executor_info(kernels=(("attention", "cpp"), ("gemm", "amx-panel")))
+    info = executor_info(
+        kernels=(("attention", "cpp"), ("gemm", "amx-panel")), kv_offload="disk 1 GiB", tier_hashes=(5, 2**64 - 1)
+    )
     msg = info_to_pb(info)
     assert dict(msg.kernels) == {"attention": "cpp", "gemm": "amx-panel"}
     assert info_from_pb(msg) == info

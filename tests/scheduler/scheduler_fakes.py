@@ -10,6 +10,13 @@ for speculation tests, `copy_model`: of the last two tokens, so outputs repeat
 and n-gram drafts are accepted). Draft tokens are verified as the executor
 does: accepted while the model agrees, one token of its own after them, the
 block table cut to the blocks of the computed tokens.
+
+With a tier (`FakeTier`), it follows the offload protocol the same way:
+saves copy a block's slot values out before the step writes anything, loads
+copy them into the named blocks before the step computes (a hash it lacks, or
+stored for other tokens, fails the sequence recoverably), and each result
+reports what the tier gained and lost. The slot check then proves every
+loaded block holds exactly the KV its tokens imply.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import collections
 import dataclasses
 from collections.abc import Callable
 
-from pagoda.step import FinishReason, SeqOutput, StepPlan, StepResult
+from pagoda.step import FinishReason, SeqError, SeqOutput, StepPlan, StepResult
 from scheduler_svc.scheduler import Scheduler, SeqUpdate
 
 VOCAB_SIZE = 50
@@ -56,39 +63,126 @@ class _ExecSeq:
     digests: list[int]
 
 
-class FakeExecutor:
-    """Executes StepPlans against a slot -> value "KV cache"."""
+class FakeTier:
+    """An offload tier of at most `capacity` blocks (LRU): hash -> (slot values, token ids)."""
 
-    def __init__(self, num_blocks: int, block_size: int, model: Model = digest_model):
+    def __init__(self, capacity: int = 10**9, drop_every: int = 0) -> None:
+        self.capacity = capacity
+        # Every drop_every-th save is dropped (a full queue), reported as not held.
+        self.drop_every = drop_every
+        self.blocks: collections.OrderedDict[int, tuple[tuple[int, ...], tuple[int, ...]]] = collections.OrderedDict()
+        self.deltas: dict[int, bool] = {}
+        self.num_saves = self.num_loads = 0
+
+    def store(self, block_hash: int, values: tuple[int, ...], token_ids: tuple[int, ...]) -> None:
+        self.num_saves += 1
+        if self.drop_every and self.num_saves % self.drop_every == 0:
+            self.deltas[block_hash] = False
+            return
+        self.blocks[block_hash] = (values, token_ids)
+        self.deltas[block_hash] = True
+        while len(self.blocks) > self.capacity:
+            evicted, _ = self.blocks.popitem(last=False)
+            self.deltas[evicted] = False
+
+    def remove(self, block_hash: int) -> None:
+        """The block's file went bad: gone, without telling the scheduler."""
+        self.blocks.pop(block_hash, None)
+
+    def take_deltas(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        deltas, self.deltas = self.deltas, {}
+        return tuple(h for h, v in deltas.items() if v), tuple(h for h, v in deltas.items() if not v)
+
+
+class FakeExecutor:
+    """Executes StepPlans against a slot -> value "KV cache" (and an offload tier, if given)."""
+
+    def __init__(self, num_blocks: int, block_size: int, model: Model = digest_model, tier: FakeTier | None = None):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.model = model
+        self.tier = tier
         self.kv: dict[tuple[int, int], int] = {}
         self.seqs: dict[int, _ExecSeq] = {}
         self.num_steps = 0
+        # Sequences whose loads failed in the last step (a plan sent before the scheduler knew names them).
+        self.failed_loads: set[int] = set()
 
     def execute(self, plan: StepPlan) -> StepResult:
         self.num_steps += 1
+        self._save(plan)
         for seq_id in plan.dropped_seq_ids:
             self.seqs.pop(seq_id, None)
-        work = []
+        work, errors = [], []
         for new in plan.new_seqs:
             if new.seq_id in self.seqs:
                 raise ProtocolError(f"new seq {new.seq_id} already held")
+            missing = self._load(new)
+            if missing:
+                errors.append(SeqError(new.seq_id, "tier miss", missing))
+                continue
             self.seqs[new.seq_id] = _ExecSeq(list(new.token_ids), list(new.block_ids), new.num_computed_tokens, [])
             work.append((new.seq_id, new.num_scheduled_tokens, ()))
+        failed = {e.seq_id for e in errors}
         for sched in plan.scheduled_seqs:
             if sched.seq_id not in self.seqs:
+                if sched.seq_id in self.failed_loads:  # the plan was sent before it learnt of the failure
+                    errors.append(SeqError(sched.seq_id, f"unknown sequence {sched.seq_id}"))
+                    continue
                 raise ProtocolError(f"scheduled seq {sched.seq_id} not held")
             self.seqs[sched.seq_id].block_ids.extend(sched.new_block_ids)
             work.append((sched.seq_id, sched.num_scheduled_tokens, sched.draft_token_ids))
+        self.failed_loads = failed
         outputs = [out for seq_id, n, drafts in work if (out := self._run(seq_id, n, drafts)) is not None]
+        added, removed = self.tier.take_deltas() if self.tier is not None else ((), ())
         return StepResult(
             step_id=plan.step_id,
             incarnation_id="fake",
             outputs=tuple(outputs),
+            errors=tuple(errors),
             num_scheduled_tokens=plan.num_scheduled_tokens,
+            tier_added=added,
+            tier_removed=removed,
         )
+
+    def _save(self, plan: StepPlan) -> None:
+        """Before anything in the step writes KV: each block to save, copied out."""
+        if plan.saves and self.tier is None:
+            raise ProtocolError("saves for an executor without a tier")
+        for save in plan.saves:
+            if len(save.token_ids) != self.block_size:
+                raise ProtocolError(f"save of block {save.block_id} with {len(save.token_ids)} tokens")
+            values = tuple(self.kv.get((save.block_id, off), -1) for off in range(self.block_size))
+            if -1 in values:
+                raise ProtocolError(f"save of block {save.block_id}, which holds no computed KV")
+            self.tier.store(save.block_hash, values, save.token_ids)
+
+    def _load(self, new) -> tuple[int, ...]:
+        """Fills the blocks a new sequence loads; returns the hashes the tier lacks (then nothing is loaded)."""
+        if not new.loads:
+            return ()
+        if self.tier is None:
+            raise ProtocolError("loads for an executor without a tier")
+        bs = self.block_size
+        first = new.num_computed_tokens // bs - len(new.loads)
+        if new.num_computed_tokens % bs or first < 0:
+            raise ProtocolError(f"{len(new.loads)} loads do not end the computed prefix of seq {new.seq_id}")
+        missing = []
+        for j, load in enumerate(new.loads):
+            if new.block_ids[first + j] != load.block_id:
+                raise ProtocolError(f"load into block {load.block_id}, table position {first + j} holds another")
+            stored = self.tier.blocks.get(load.block_hash)
+            if stored is None or stored[1] != tuple(new.token_ids[(first + j) * bs : (first + j + 1) * bs]):
+                missing.append(load.block_hash)
+        if missing:
+            return tuple(missing)
+        for load in new.loads:
+            values, _ = self.tier.blocks[load.block_hash]
+            self.tier.blocks.move_to_end(load.block_hash)
+            for off, value in enumerate(values):
+                self.kv[(load.block_id, off)] = value
+            self.tier.num_loads += 1
+        return ()
 
     def _slot(self, seq: _ExecSeq, pos: int) -> tuple[int, int]:
         index = pos // self.block_size
@@ -179,11 +273,11 @@ class Engine:
         if self.inflight and not self.scheduler.may_plan_ahead:
             updates += self._apply(self.scheduler.update(self.inflight.popleft()))
         plan = self.scheduler.schedule()
-        sent = plan.has_work or bool(plan.dropped_seq_ids)
+        sent = plan.has_work or bool(plan.dropped_seq_ids) or bool(plan.saves)
         if sent:
             self.plans.append(plan)
             result = self.executor.execute(plan)
-            if plan.has_work:
+            if plan.has_work or plan.saves:
                 self.inflight.append(result)
         while self.inflight and (len(self.inflight) >= self.max_inflight or not plan.has_work):
             updates += self._apply(self.scheduler.update(self.inflight.popleft()))

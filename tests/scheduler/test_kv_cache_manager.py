@@ -5,6 +5,9 @@ from scheduler_svc.kv_cache_manager import KVCacheManager
 from scheduler_svc.sequence import SchedulerSequence
 
 BS = 4
+# hash_block_tokens of (None, (1, 2, 3, 4), "salt") and of its child (5, 6, 7, 8): pinned, since stored tiers use them.
+GOLDEN_FIRST = 10995580233736943827
+GOLDEN_SECOND = 14424299491238797292
 
 
 def make_seq(seq_id: int, tokens: list[int], salt: str = "") -> SchedulerSequence:
@@ -166,3 +169,23 @@ def test_prefix_caching_disabled():
     assert kv.pool.cached == {}
     assert admit(kv, make_seq(2, list(range(9)))) == []
     assert kv.peek_prefix_hit_tokens(list(range(9))) == 0
+
+
+def test_block_hashes_are_stable_64_bit_values_the_same_in_every_process():
+    """Offload tiers outlive processes: the hash of a block must not depend on PYTHONHASHSEED."""
+    import subprocess
+    import sys
+
+    from scheduler_svc.kv_cache_manager import hash_block_tokens
+
+    first = hash_block_tokens(None, (1, 2, 3, 4), "salt")
+    second = hash_block_tokens(first, (5, 6, 7, 8), "")
+    assert (first, second) == (GOLDEN_FIRST, GOLDEN_SECOND)  # a change of scheme must change _HASH_PERSON
+    assert 0 <= first < 2**64 and 0 <= second < 2**64
+    code = "from scheduler_svc.kv_cache_manager import hash_block_tokens as h; print(h(None, (1, 2, 3, 4), 'salt'))"
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True, text=True)
+        assert out.stdout.strip() == str(first), out.stderr
+    assert hash_block_tokens(None, (1, 2, 3, 4), "") != first  # the salt counts
+    assert hash_block_tokens(1, (1, 2, 3, 4), "salt") != first  # and the parent
+    assert hash_block_tokens(None, (1, 2, 3, 5), "salt") != first

@@ -34,7 +34,7 @@ class Lease(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., epoch: _Optional[int] = ..., holder_id: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes")
+    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,8 @@ class ExecutorInfo(_message.Message):
     LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_CLAIMANTS_FIELD_NUMBER: _ClassVar[int]
+    KV_OFFLOAD_FIELD_NUMBER: _ClassVar[int]
+    TIER_HASHES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -87,13 +89,33 @@ class ExecutorInfo(_message.Message):
     lease_epoch: int
     schedulers: _containers.RepeatedScalarFieldContainer[str]
     lease_claimants: _containers.RepeatedScalarFieldContainer[str]
+    kv_offload: str
+    tier_hashes: _containers.RepeatedScalarFieldContainer[int]
     draft_model: str
     kv_cache_bytes: int
     draft_kv_cache_bytes: int
-    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ...) -> None: ...
+
+class BlockLoad(_message.Message):
+    __slots__ = ("block_hash", "block_id")
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    block_hash: int
+    block_id: int
+    def __init__(self, block_hash: _Optional[int] = ..., block_id: _Optional[int] = ...) -> None: ...
+
+class BlockSave(_message.Message):
+    __slots__ = ("block_id", "block_hash", "token_ids")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    block_hash: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, block_id: _Optional[int] = ..., block_hash: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NewSequence(_message.Message):
-    __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "structured", "traceparent")
+    __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "structured", "traceparent", "loads")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +126,7 @@ class NewSequence(_message.Message):
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -114,7 +137,8 @@ class NewSequence(_message.Message):
     num_scheduled_tokens: int
     structured: _common_pb2.StructuredOutput
     traceparent: str
-    def __init__(self, seq_id: _Optional[int] = ..., request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., structured: _Optional[_Union[_common_pb2.StructuredOutput, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    loads: _containers.RepeatedCompositeFieldContainer[BlockLoad]
+    def __init__(self, seq_id: _Optional[int] = ..., request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., structured: _Optional[_Union[_common_pb2.StructuredOutput, _Mapping]] = ..., traceparent: _Optional[str] = ..., loads: _Optional[_Iterable[_Union[BlockLoad, _Mapping]]] = ...) -> None: ...
 
 class ScheduledSequence(_message.Message):
     __slots__ = ("seq_id", "num_scheduled_tokens", "new_block_ids", "draft_token_ids", "num_model_draft_tokens")
@@ -131,18 +155,20 @@ class ScheduledSequence(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., num_model_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "scheduled_seqs", "dropped_seq_ids", "epoch")
+    __slots__ = ("step_id", "new_seqs", "scheduled_seqs", "dropped_seq_ids", "epoch", "saves")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_SEQS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SAVES_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
     scheduled_seqs: _containers.RepeatedCompositeFieldContainer[ScheduledSequence]
     dropped_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     epoch: int
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., scheduled_seqs: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., dropped_seq_ids: _Optional[_Iterable[int]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    saves: _containers.RepeatedCompositeFieldContainer[BlockSave]
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., scheduled_seqs: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., dropped_seq_ids: _Optional[_Iterable[int]] = ..., epoch: _Optional[int] = ..., saves: _Optional[_Iterable[_Union[BlockSave, _Mapping]]] = ...) -> None: ...
 
 class SequenceOutput(_message.Message):
     __slots__ = ("seq_id", "token_ids", "logprobs")
@@ -155,31 +181,37 @@ class SequenceOutput(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.LogprobEntry, _Mapping]]] = ...) -> None: ...
 
 class SequenceError(_message.Message):
-    __slots__ = ("seq_id", "message")
+    __slots__ = ("seq_id", "message", "missing_block_hashes")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MISSING_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     message: str
-    def __init__(self, seq_id: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    missing_block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_id: _Optional[int] = ..., message: _Optional[str] = ..., missing_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepTimings(_message.Message):
-    __slots__ = ("prepare_ns", "forward_ns", "sample_ns", "step_ns", "idle_ns", "draft_ns")
+    __slots__ = ("prepare_ns", "forward_ns", "sample_ns", "step_ns", "idle_ns", "load_ns", "save_ns", "draft_ns")
     PREPARE_NS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_NS_FIELD_NUMBER: _ClassVar[int]
     IDLE_NS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_NS_FIELD_NUMBER: _ClassVar[int]
+    SAVE_NS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_NS_FIELD_NUMBER: _ClassVar[int]
     prepare_ns: int
     forward_ns: int
     sample_ns: int
     step_ns: int
     idle_ns: int
+    load_ns: int
+    save_ns: int
     draft_ns: int
-    def __init__(self, prepare_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sample_ns: _Optional[int] = ..., step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., draft_ns: _Optional[int] = ...) -> None: ...
+    def __init__(self, prepare_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sample_ns: _Optional[int] = ..., step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., load_ns: _Optional[int] = ..., save_ns: _Optional[int] = ..., draft_ns: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "incarnation_id", "outputs", "errors", "timings", "num_scheduled_tokens", "draining")
+    __slots__ = ("step_id", "incarnation_id", "outputs", "errors", "timings", "num_scheduled_tokens", "draining", "tier_added", "tier_removed", "tier_reset")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +219,9 @@ class StepResult(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    TIER_ADDED_FIELD_NUMBER: _ClassVar[int]
+    TIER_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    TIER_RESET_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     incarnation_id: str
     outputs: _containers.RepeatedCompositeFieldContainer[SequenceOutput]
@@ -194,4 +229,7 @@ class StepResult(_message.Message):
     timings: StepTimings
     num_scheduled_tokens: int
     draining: bool
-    def __init__(self, step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ..., num_scheduled_tokens: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    tier_added: _containers.RepeatedScalarFieldContainer[int]
+    tier_removed: _containers.RepeatedScalarFieldContainer[int]
+    tier_reset: bool
+    def __init__(self, step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ..., num_scheduled_tokens: _Optional[int] = ..., draining: _Optional[bool] = ..., tier_added: _Optional[_Iterable[int]] = ..., tier_removed: _Optional[_Iterable[int]] = ..., tier_reset: _Optional[bool] = ...) -> None: ...
