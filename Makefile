@@ -13,6 +13,10 @@ PORT ?= 50051
 HTTP_PORT ?= 8000
 # float32 by default: answers match Hugging Face fp32 exactly (DTYPE=bfloat16 is ~3x faster on AMX CPUs).
 DTYPE ?= float32
+# KV offload tier (docs/kv-offload.md): on by default in $(PAGODA_CACHE_DIR or ~/.cache/pagoda)/kv-offload;
+# KV_OFFLOAD_DIR=/path puts it elsewhere, KV_OFFLOAD=off turns it off.
+KV_OFFLOAD ?= on
+KV_OFFLOAD_DIR ?=
 PYTEST_ARGS ?=
 # Two stamps: the Python packages (redone when pyproject.toml changes) and the C++ kernels (redone when their
 # sources or the torch they build against change), so a dependency change does not recompile the kernels.
@@ -27,6 +31,7 @@ STAMP := $(PYTHON_STAMP) $(KERNELS_STAMP)
 help:
 	@echo "make run               serve the default model (SmolLM2-135M-Instruct) on 127.0.0.1:$(PORT)"
 	@echo "make run MODEL=/path   serve a Hugging Face checkpoint folder or a .gguf file"
+	@echo "make run KV_OFFLOAD=off  without the KV offload tier (on by default: ~/.cache/pagoda/kv-offload)"
 	@echo "make test              run every test (installs first)"
 	@echo "make integration-test  run only the tests that start real processes"
 
@@ -66,7 +71,8 @@ model: $(STAMP)
 	$(BIN)/python -m executor_svc.model_cache
 
 run: $(STAMP)
-	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --schedulers $(SCHEDULERS) --port $(PORT) --http-port $(HTTP_PORT) --dtype $(DTYPE)
+	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --schedulers $(SCHEDULERS) --port $(PORT) --http-port $(HTTP_PORT) --dtype $(DTYPE) \
+		$(if $(filter off,$(KV_OFFLOAD)),--kv-offload-dir '',$(if $(KV_OFFLOAD_DIR),--kv-offload-dir $(KV_OFFLOAD_DIR)))
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -12,8 +12,13 @@ with torch's JIT loader into ``TORCH_EXTENSIONS_DIR`` and silently runs the
 torch code when the cached build is older than its sources: point that
 variable at the cache its ``make install`` filled.
 
-``--env-a/-b/-c`` add environment variables to one checkout's server, so one
-checkout can be measured two ways (the same path as B and C). ``--otlp-sink``
+``--env-a/-b/-c`` add environment variables to one checkout's server, and
+``--serve-args-a/-b/-c`` flags to its ``pagoda serve``, so one checkout can be
+measured two ways (the same path as B and C). ``{tmpdir}`` in any serve
+arguments is a new empty directory for each run: a checkout with the KV
+offload tier (on by default) would otherwise serve repeated prompts from the
+tier of the run before (``--kv-offload-dir {tmpdir}``: a cold tier each run;
+``--kv-offload-dir ''``: none). ``--otlp-sink``
 starts an OTLP/gRPC receiver in this process that counts the spans it gets;
 ``{otlp}`` in those variables is its endpoint (tracing on, exported locally).
 
@@ -21,6 +26,9 @@ Usage:
     python bench/ab_serve.py --a /path/to/checkout-before --b . --rounds 3 \\
         --serve-args "--dtype bfloat16 --kv-cache-memory 1GiB" \\
         --bench-args "--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"
+    # the KV offload tier off and on, cold (docs/kv-offload.md):
+    python bench/ab_serve.py --a . --b . --serve-args-a "--kv-offload-dir ''" \\
+        --serve-args-b "--kv-offload-dir {tmpdir}"
     # tracing off and on (docs/tracing.md):
     python bench/ab_serve.py --a /path/to/checkout-before --b . --c . --otlp-sink \\
         --env-c "OTEL_EXPORTER_OTLP_ENDPOINT={otlp}"
@@ -32,6 +40,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -124,6 +133,8 @@ def run_once(
     """
     port = _free_port()
     target = f"127.0.0.1:{port}"
+    run_dir = tempfile.mkdtemp(prefix="ab-serve-")
+    serve_args = [arg.replace("{tmpdir}", run_dir) for arg in serve_args]
     serve = [str(checkout / ".venv" / "bin" / "pagoda"), "serve", "--port", str(port), *serve_args]
     with open(log, "ab") as out:
         server = subprocess.Popen(
@@ -150,6 +161,7 @@ def run_once(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
     return float(metrics["output_throughput"]), cpu_ms / float(metrics["total_output_tokens"])
 
 
@@ -175,6 +187,7 @@ def main() -> int:
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "ab_serve.log")
     for name in "abc":
         parser.add_argument(f"--env-{name}", default="", help=f"KEY=VALUE ... added to {name.upper()}'s server")
+        parser.add_argument(f"--serve-args-{name}", default="", help=f"flags added to {name.upper()}'s pagoda serve")
     parser.add_argument("--otlp-sink", action="store_true", help="count spans at {otlp}, a local OTLP receiver")
     args = parser.parse_args()
     sink = SpanSink() if args.otlp_sink else None
@@ -188,7 +201,8 @@ def main() -> int:
     for round_index in range(args.rounds):
         shift = round_index % len(names)  # each checkout goes first in turn
         for name in names[shift:] + names[:shift]:
-            serve_args, bench_args = shlex.split(args.serve_args), shlex.split(args.bench_args)
+            serve_args = shlex.split(args.serve_args) + shlex.split(getattr(args, f"serve_args_{name.lower()}"))
+            bench_args = shlex.split(args.bench_args)
             tok_s, cpu_ms = run_once(checkouts[name], client, serve_args, bench_args, args.log, envs[name])
             results[name].append(tok_s)
             cpu[name].append(cpu_ms)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pagoda.launch.serve import launcher_from_args, split_passthrough
+from pagoda.launch.serve import default_offload_root, launcher_from_args, split_passthrough
 from pagoda_bench.cli import is_loopback
 from pagoda_client import TlsConfig
 from pagoda_client.cli import build_parser, connection_of, generation_kwargs
@@ -154,13 +154,17 @@ def test_serve_flags_and_passthrough():
     launcher = launcher_from_args(args, unknown)
     assert launcher.target == "127.0.0.1:6001"
     executor_argv = launcher.executors[1].argv
-    assert executor_argv[-8:] == [
+    tier = str(default_offload_root() / "executor-1")
+    assert executor_argv[-11:] == [
         "--model",
         "/m",
         "--dtype",
         "float32",
         "--kv-cache-memory",
         "64MiB",
+        "--kv-offload-dir",
+        tier,
+        "--kv-offload-dir-next-free",
         "--num-threads",
         "1",
     ]
@@ -248,3 +252,27 @@ def test_throughput_ratio():
 
     assert throughput_ratio({"output_throughput": 300.0}, {"output_throughput": 60.0}) == 5.0
     assert throughput_ratio({"output_throughput": 300.0}, {"output_throughput": 0.0}) is None
+
+
+def test_serve_gives_each_executor_its_own_tier_and_turns_it_off_on_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGODA_CACHE_DIR", str(tmp_path / "cache"))
+
+    def executor_flags(*flags):
+        args, unknown = build_parser().parse_known_args(["serve", "--executors", "2", *flags])
+        argvs = [executor.argv for executor in launcher_from_args(args, unknown).executors]
+        # The tier flags come last (nothing else is passed here).
+        return [
+            argv[next((i for i, a in enumerate(argv) if a.startswith("--kv-offload")), len(argv)) :] for argv in argvs
+        ]
+
+    default = tmp_path / "cache" / "kv-offload"
+    assert executor_flags() == [
+        ["--kv-offload-dir", str(default / f"executor-{i}"), "--kv-offload-dir-next-free"] for i in range(2)
+    ]
+    assert executor_flags("--kv-offload-dir", str(tmp_path / "t"), "--kv-offload-size", "2GiB") == [
+        ["--kv-offload-dir", str(tmp_path / "t" / f"executor-{i}"), "--kv-offload-size", "2GiB"] for i in range(2)
+    ]
+    assert executor_flags("--kv-offload-dir", "") == [[], []]
+    assert (
+        executor_flags("--kv-offload-dir", "", "--kv-offload-memory", "1GiB") == [["--kv-offload-memory", "1GiB"]] * 2
+    )

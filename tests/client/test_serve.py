@@ -34,9 +34,10 @@ def _read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> s
 
 
 def _serve(model: Path, port: int, log_dir: Path, flags: str = "") -> list[str]:
-    """The command line of ``pagoda serve`` on ``model`` and ``port``, logging into ``log_dir``, plus ``flags``."""
+    """The command line of ``pagoda serve`` on ``model`` and ``port``, logging into ``log_dir``, plus ``flags``
+    (its offload tiers under ``log_dir``, not the user's cache)."""
     argv = [sys.executable, "-m", "pagoda_client.cli", "serve", "--model", str(model), "--port", str(port)]
-    return [*argv, "--log-dir", str(log_dir), *flags.split()]
+    return [*argv, "--log-dir", str(log_dir), "--kv-offload-dir", str(log_dir / "kv-offload"), *flags.split()]
 
 
 def _gone(pid: int) -> bool:
@@ -120,6 +121,7 @@ def test_serve_stops_on_a_crash_loop_with_the_childs_last_lines(client_tiny_mode
     port = free_port()
     command = [sys.executable, "-m", "pagoda_client.cli", "serve", "--model", str(model), "--port", str(port)]
     command += ["--dtype", "float32", "--kv-cache-memory", "256KiB", "--restart-backoff-s", "0.2"]
+    command += ["--kv-offload-dir", str(tmp_path / "kv-offload")]
     # 5 exits, as by default; a window wide enough for 5 starts of a slow, shared machine.
     command += ["--crash-loop-window-s", "300"]
     with open(tmp_path / "serve.err", "w+") as err:  # no --log-dir: the children's output is echoed here

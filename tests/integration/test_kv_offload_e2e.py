@@ -9,12 +9,14 @@ instead of recomputing. Every output equals the one computed without a tier.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import random
 import signal
 
 import pytest
 from support.system import fp32_launcher
 
+from pagoda.launch.launcher import LauncherError, OffloadPlan
 from pagoda_client import Client
 
 pytestmark = pytest.mark.integration
@@ -114,3 +116,28 @@ def test_an_over_subscribed_pool_swaps_and_changes_no_token(tiny_model_dir, tmp_
         roomy, status = _run_all(system.target, requests)
     assert status.num_preemptions_total == 0
     assert [r.token_ids for r in swapped] == [r.token_ids for r in roomy]
+
+
+def _tier_dir(system) -> str:
+    """The directory executor 0 scanned at its (last) start."""
+    lines = [line for line in system.logs()["executor-0"].splitlines() if '"kv_offload_scanned"' in line]
+    return json.loads(lines[-1])["directory"]
+
+
+def test_two_systems_side_by_side_never_share_a_tier_and_a_held_one_is_refused(tiny_model_dir, tmp_path):
+    shared = OffloadPlan(str(tmp_path / "root"), next_free=True)
+    with (
+        fp32_launcher(tiny_model_dir, tmp_path / "a", "1MiB", block_size=BS, kv_offload=shared) as a,
+        fp32_launcher(tiny_model_dir, tmp_path / "b", "1MiB", block_size=BS, kv_offload=shared) as b,
+    ):
+        assert _tier_dir(a).startswith(str(tmp_path / "root" / "executor-0") + "/")
+        assert _tier_dir(b).startswith(str(tmp_path / "root" / "executor-0.1") + "/")
+        explicit = OffloadPlan(str(tmp_path / "root"))
+        with pytest.raises(
+            LauncherError, match=rf"executor-0 is in use by another process \(pid {a.executor_pids[0]}\)"
+        ):
+            fp32_launcher(tiny_model_dir, tmp_path / "c", "1MiB", block_size=BS, kv_offload=explicit).start()
+        # A killed executor's directory is free at once (the kernel drops its lock): it restarts on it.
+        a.kill_executor(0, signal.SIGKILL)
+        a.restart_executor(0)
+        assert _tier_dir(a).startswith(str(tmp_path / "root" / "executor-0") + "/")

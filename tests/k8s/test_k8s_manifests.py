@@ -148,3 +148,21 @@ def test_programs_parse_the_rendered_settings(renders, overlay):
             assert config.http_port == 8000
         if overlay == "gpu-tls":
             assert config.tls_cert.startswith("/etc/pagoda/tls/")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_executor_keeps_its_kv_offload_tier_on_a_volume_of_its_own(renders, overlay):
+    """The tier's directory is a per-pod persistent volume (a volumeClaimTemplate), larger than the tier."""
+    from pagoda.runtime.flags import parse_size
+
+    objects = renders[overlay]
+    executor = _container(objects, "pagoda-executor")
+    directory = setting(executor, objects, "--kv-offload-dir")
+    mount = next(m for m in executor.spec["volumeMounts"] if m["mountPath"] == directory)
+    claims = {t["metadata"]["name"]: t for t in executor.workload["spec"]["volumeClaimTemplates"]}
+    assert mount["name"] in claims and not mount.get("readOnly")
+    claim = parse_size(claims[mount["name"]]["spec"]["resources"]["requests"]["storage"].replace("Gi", "GiB"))
+    assert parse_size(setting(executor, objects, "--kv-offload-size")) < claim
+    if overlay.startswith("gpu"):
+        memory = parse_size(setting(executor, objects, "--kv-offload-memory"))
+        assert memory < parse_size(executor.spec["resources"]["limits"]["memory"].replace("Gi", "GiB"))

@@ -34,6 +34,7 @@ def _executor(objects, model, tmp_path, index: int) -> Service:
         "PAGODA_MODEL": str(model),
         "PAGODA_MODEL_CACHE_DIR": str(tmp_path / "cache"),
         "PAGODA_KV_CACHE_MEMORY": "4MiB",
+        "PAGODA_KV_OFFLOAD_DIR": str(tmp_path / f"kv-offload-{index}"),
     }
     argv, env = argv_and_env(main_container(objects, "pagoda-executor"), objects, overrides)
     return Service(f"executor-{index}", argv, f"{LOOPBACK}:{port}", tmp_path / f"executor-{index}.log", env)

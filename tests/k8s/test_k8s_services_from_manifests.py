@@ -35,6 +35,7 @@ def test_cpu_overlay_settings_start_real_services(tmp_path):
             "PAGODA_MODEL": str(model),
             "PAGODA_MODEL_CACHE_DIR": str(tmp_path / "cache"),
             "PAGODA_KV_CACHE_MEMORY": "4MiB",
+            "PAGODA_KV_OFFLOAD_DIR": str(tmp_path / "kv-offload"),
         },
     )
     sc_argv, sc_env = argv_and_env(

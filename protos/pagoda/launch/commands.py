@@ -62,6 +62,29 @@ def executor_argv(
 
 
 @dataclass(frozen=True)
+class OffloadPlan:
+    """The executors' KV offload tiers (docs/kv-offload.md): executor i keeps its own in ``root/executor-<i>``.
+
+    Attributes:
+        root: the parent directory ("" = no disk tier, host memory only when ``memory`` is given).
+        size, memory: each executor's disk and host-memory capacities (None: the executor's default).
+        next_free: an ``executor-<i>`` another live process holds gives way to the first free
+            ``executor-<i>.N`` (``pagoda serve``'s default root: two of them side by side never share).
+    """
+
+    root: str
+    size: str | None = None
+    memory: str | None = None
+    next_free: bool = False
+
+    def flags(self, index: int) -> list[str]:
+        """The executor flags of executor ``index``."""
+        argv = ["--kv-offload-dir", str(Path(self.root).expanduser() / f"executor-{index}")] if self.root else []
+        argv += optional_flags({"--kv-offload-size": self.size, "--kv-offload-memory": self.memory})
+        return argv + (["--kv-offload-dir-next-free"] if self.next_free and self.root else [])
+
+
+@dataclass(frozen=True)
 class SchedulerPlan:
     """What every scheduler of one system shares.
 

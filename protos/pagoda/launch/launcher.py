@@ -24,6 +24,7 @@ from pagoda.channel import Tls, auth_metadata, open_channel
 from pagoda.launch.child import Child, describe_exit
 from pagoda.launch.commands import (
     LOOPBACK,
+    OffloadPlan,
     SchedulerPlan,
     child_env,
     executor_argv,
@@ -36,7 +37,7 @@ from pagoda.launch.restart_policy import RestartPolicy
 from pagoda.launch.supervisor import CRASH_LOOP_LINES, Supervisor
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
-__all__ = ["LOOPBACK", "Launcher", "LauncherError", "free_port", "service_command"]
+__all__ = ["LOOPBACK", "Launcher", "LauncherError", "OffloadPlan", "free_port", "service_command"]
 
 logger = logging.getLogger(__name__)
 # The generated stub is untyped; this is the one call the launcher makes through it.
@@ -75,6 +76,7 @@ class Launcher:
         restart: restart a child that exits after ``start`` (False: it stays
             down, ``check`` reports it).
         restart_policy: backoff and crash-loop rules of ``restart``.
+        kv_offload: the executors' KV offload tiers (None: none, unless ``extra_executor_args`` give one).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class Launcher:
         client_api_key: str | None = None,
         restart: bool = False,
         restart_policy: RestartPolicy | None = None,
+        kv_offload: OffloadPlan | None = None,
     ) -> None:
         if num_executors < 1 or num_schedulers < 1:
             raise ValueError("num_executors and num_schedulers must be at least 1")
@@ -110,9 +113,14 @@ class Launcher:
         self.client_tls = client_tls
         self.client_api_key = client_api_key
         self._env = child_env(env, echo=self.log_dir is None)
+        self.kv_offload = kv_offload
         self.executors = [
             self._child(
-                f"executor-{i}", executor_argv(p, model, dtype, kv_cache_memory, block_size, extra_executor_args), p
+                f"executor-{i}",
+                executor_argv(
+                    p, model, dtype, kv_cache_memory, block_size, [*self._offload_flags(i), *extra_executor_args]
+                ),
+                p,
             )
             for i, p in enumerate(free_port() for _ in range(num_executors))
         ]
@@ -136,6 +144,9 @@ class Launcher:
             if restart
             else None
         )
+
+    def _offload_flags(self, index: int) -> list[str]:
+        return self.kv_offload.flags(index) if self.kv_offload is not None else []
 
     def _child(
         self,

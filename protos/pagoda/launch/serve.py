@@ -21,6 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pagoda.launch.commands import OffloadPlan
     from pagoda.launch.launcher import Launcher
 
 
@@ -47,6 +48,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto")
     parser.add_argument("--kv-cache-memory", default=None, help="KV cache bytes per executor, e.g. 1GiB")
     parser.add_argument("--block-size", type=int, default=None)
+    offload = parser.add_argument_group("KV offload tier (docs/kv-offload.md; on by default)")
+    offload.add_argument(
+        "--kv-offload-dir",
+        default=None,
+        help="executor i keeps its tier in DIR/executor-<i>, across restarts "
+        "(default: $PAGODA_CACHE_DIR or ~/.cache/pagoda, then kv-offload; '' = no disk tier)",
+    )
+    offload.add_argument("--kv-offload-size", default=None, help="disk tier capacity per executor (default 10GiB)")
+    offload.add_argument("--kv-offload-memory", default=None, help="host-memory tier per executor (default none)")
     parser.add_argument("--metrics-port", type=int, default=None, help="scheduler Prometheus port")
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port")
     parser.add_argument("--executor-args", default="", help="extra executor flags, one quoted string")
@@ -90,7 +100,27 @@ def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence
         stop_grace_s=args.stop_grace_s,
         restart=not args.no_restart,
         restart_policy=policy,
+        kv_offload=offload_plan(args),
     )
+
+
+def offload_plan(args: argparse.Namespace) -> OffloadPlan | None:
+    """The tiers the ``serve`` flags ask for: the default root under the cache dir unless ``--kv-offload-dir``
+    names one ('' with no ``--kv-offload-memory``: no tier)."""
+    from pagoda.launch.commands import OffloadPlan
+
+    if args.kv_offload_dir is None:
+        return OffloadPlan(str(default_offload_root()), args.kv_offload_size, args.kv_offload_memory, next_free=True)
+    if not args.kv_offload_dir and not args.kv_offload_memory:
+        return None
+    return OffloadPlan(args.kv_offload_dir, args.kv_offload_size, args.kv_offload_memory)
+
+
+def default_offload_root() -> Path:
+    """``$PAGODA_CACHE_DIR/kv-offload``, or ``~/.cache/pagoda/kv-offload`` (beside the default model)."""
+    configured = os.environ.get("PAGODA_CACHE_DIR")
+    cache = Path(configured).expanduser() if configured else Path.home() / ".cache" / "pagoda"
+    return cache / "kv-offload"
 
 
 def _pagoda_command() -> str:
