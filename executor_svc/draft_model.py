@@ -217,11 +217,12 @@ class DraftModel:
 
     def warmup(self) -> None:
         """One small prefill and one decode pass through every layer; the KV contents are restored."""
+        # Two drafts: the prompt's KV and the first draft's, num_tokens + 1 positions.
         num_tokens = min(8, self.kv_cache.num_blocks * self.block_size - 1)
         if num_tokens < 1:
             return
         num_blocks = -(-(num_tokens + 1) // self.block_size)
-        saved = self.kv_cache.storage[:, :, :, :num_blocks].clone()
+        saved = [tensor.narrow(dim, 0, num_blocks).clone() for tensor, dim in self.kv_cache.block_tensors()]
         state = SequenceState(
             -1,
             "warmup",
@@ -235,4 +236,5 @@ class DraftModel:
         with torch.inference_mode():
             self.propose([state])
         self._proposed = []
-        self.kv_cache.storage[:, :, :, :num_blocks] = saved
+        for (tensor, dim), contents in zip(self.kv_cache.block_tensors(), saved):
+            tensor.narrow(dim, 0, num_blocks).copy_(contents)

@@ -19,7 +19,7 @@ import torch
 from executor_svc.attention import get_backend
 from executor_svc.attention.layer_states import LayerStates
 from executor_svc.constraints import ConstraintEngine, StepMasks
-from executor_svc.device import dtype_name, resolve_device, resolve_dtype
+from executor_svc.device import dtype_name, resolve_device, resolve_dtype, resolve_kv_dtype
 from executor_svc.draft_model import DraftCheckpoint, DraftModel, load_draft_checkpoint
 from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 from executor_svc.model_config import ModelConfig
@@ -60,9 +60,15 @@ class ModelRunner:
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.kv_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
+        self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, self.dtype)
         # Implementations by name first: a bad name fails before the weights are read.
         self.backend = get_backend(attention_backend, self.device, self.dtype)
+        if self.kv_dtype == torch.int8 and self.backend.name == "torch":
+            log.warning(
+                "kv_cache_int8_fallback",
+                detail="the torch attention backend dequantizes the int8 KV cache as it gathers it: correct, and the "
+                "same capacity, but no faster than a bf16 cache (the C++ kernels read int8; make install builds them)",
+            )
         ops = get_layer_ops(layer_ops, self.device, self.dtype)
         checkpoint = load_checkpoint(model_path)
         self.config = ModelConfig.from_dict(checkpoint.config)
@@ -130,8 +136,8 @@ class ModelRunner:
         """The paged KV cache, as many blocks as the budget holds, and the draft model's for the same blocks."""
         spec = self._kv_spec(self.config)
         draft_spec = self._kv_spec(draft.config) if draft is not None else None
-        bytes_per_block = spec.bytes_per_block + (draft_spec.bytes_per_block if draft_spec is not None else 0)
-        num_blocks = num_blocks_for_budget(bytes_per_block, self.device, memory_bytes, memory_fraction)
+        shared_with = (draft_spec,) if draft_spec is not None else ()
+        num_blocks = num_blocks_for_budget(spec, self.device, memory_bytes, memory_fraction, shared_with)
         kv_cache = KVCache(spec, num_blocks, self.device)
         return kv_cache, KVCache(draft_spec, num_blocks, self.device) if draft_spec is not None else None
 
@@ -215,7 +221,7 @@ class ModelRunner:
             return
         num_blocks = -(-(num_tokens + 1) // self.block_size)
         block_ids = tuple(range(num_blocks))
-        saved = self.kv_cache.storage[:, :, :, :num_blocks].clone()
+        saved = [tensor.narrow(dim, 0, num_blocks).clone() for tensor, dim in self.kv_cache.block_tensors()]
         state = SequenceState(
             -1, "warmup", list(range(num_tokens)), num_tokens, SamplingParams(temperature=0.0), list(block_ids), 0
         )
@@ -226,7 +232,8 @@ class ModelRunner:
                 self.model.compute_logits(hidden[batch.sample_rows])
                 state.num_computed_tokens += num_scheduled
                 state.token_ids.append(0)
-            self.kv_cache.storage[:, :, :, :num_blocks] = saved
+            for (tensor, dim), contents in zip(self.kv_cache.block_tensors(), saved):
+                tensor.narrow(dim, 0, num_blocks).copy_(contents)
         if self.draft is not None:
             self.draft.warmup()
 

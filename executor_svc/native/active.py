@@ -52,7 +52,7 @@ def prefill_path(runner) -> str:
     if backend.name == "triton":
         return "triton"
     kernel = getattr(backend, "prefill_kernel", None)
-    k_cache, _ = runner.kv_cache.layer(0)
+    k_cache = runner.kv_cache.layer(0).k
     q = torch.empty(0, 1, runner.config.head_dim, dtype=runner.dtype, device="meta")  # [T, H, Dh]
     if kernel is None or not cpp_backend._prefill_fits(q, k_cache):
         return "sdpa"

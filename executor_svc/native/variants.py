@@ -103,7 +103,7 @@ COMMON_CFLAGS = ("-O3", "-ffast-math")
 # The C++ of every variant (csrc/), and the headers its sources include.
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("library.cpp", "cpu_ops.cpp", "cpu_gemm.cpp", "cpu_kernel.cpp", "cpu_prefill.cpp")
-HEADERS = ("cpu_common.h", "amx.h", "cpu_kernel_common.h", "cpu_kernel_avx512.h")
+HEADERS = ("cpu_common.h", "amx.h", "cpu_kernel_common.h", "cpu_kernel_avx512.h", "cpu_prefill_pack.h")
 
 
 def portable(name: str) -> Variant:

@@ -144,6 +144,8 @@ def test_serve_flags_and_passthrough():
             "float32",
             "--kv-cache-memory",
             "64MiB",
+            "--kv-cache-dtype",
+            "int8",
             "--executor-args",
             "--num-threads 1",
             "--max-num-batched-tokens",
@@ -155,13 +157,15 @@ def test_serve_flags_and_passthrough():
     assert launcher.target == "127.0.0.1:6001"
     executor_argv = launcher.executors[1].argv
     tier = str(default_offload_root() / "executor-1")
-    assert executor_argv[-11:] == [
+    assert executor_argv[-13:] == [
         "--model",
         "/m",
         "--dtype",
         "float32",
         "--kv-cache-memory",
         "64MiB",
+        "--kv-cache-dtype",
+        "int8",
         "--kv-offload-dir",
         tier,
         "--kv-offload-dir-next-free",

@@ -23,6 +23,7 @@ def _status() -> generation_pb2.ServerStatus:
                 num_free_kv_blocks=90,
                 kv_cache_usage=0.25,
                 kernels={"gemm": "amx-panel", "attention": "cpp", "prefill": "amx-flash"},
+                kv_cache_dtype="int8",
             ),
             generation_pb2.ExecutorStatus(address="127.0.0.1:6002", state="CONNECTING"),
         ],
@@ -41,8 +42,9 @@ def test_human_output_lists_the_kernels_under_their_executor():
     lines = format_status(status_from_pb(_status())).splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("127.0.0.1:6001"))
     assert "READY" in lines[first] and "90/120" in lines[first]
-    assert lines[first + 1] == "  kernels: attention=cpp  gemm=amx-panel  prefill=amx-flash"
-    assert lines[first + 2].startswith("127.0.0.1:6002") and len(lines) == first + 3
+    assert lines[first + 1] == "  kv cache dtype: int8"
+    assert lines[first + 2] == "  kernels: attention=cpp  gemm=amx-panel  prefill=amx-flash"
+    assert lines[first + 3].startswith("127.0.0.1:6002") and len(lines) == first + 4  # not described: no lines
 
 
 def test_json_output_has_the_kernels_of_each_executor():
@@ -50,3 +52,4 @@ def test_json_output_has_the_kernels_of_each_executor():
     assert document["executors"][0]["kernels"] == {"attention": "cpp", "gemm": "amx-panel", "prefill": "amx-flash"}
     assert document["executors"][1]["kernels"] == {}
     assert document["num_requests_total"] == 9 and document["executors"][0]["num_free_kv_blocks"] == 90
+    assert document["executors"][0]["kv_cache_dtype"] == "int8" and document["executors"][1]["kv_cache_dtype"] == ""

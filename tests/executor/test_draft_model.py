@@ -176,6 +176,15 @@ class MixedPlans:
             self.blocks.keep(out.seq_id, self.computed[out.seq_id])
 
 
+def test_model_drafts_over_an_int8_kv_cache(checkpoints, drafts):
+    """The draft model's KV is stored as the model's is (here int8 rows with scales)."""
+    truth = plain_tokens(make_runner(checkpoints["llama"], None, kv_cache_dtype="int8"), GREEDY)
+    runner = make_runner(checkpoints["llama"], checkpoints["llama"], kv_cache_dtype="int8")
+    assert runner.draft.kv_cache.spec.quantized
+    tokens, acceptance = drafted_tokens(runner, GREEDY)
+    assert tokens == truth and acceptance >= 0.9
+
+
 @pytest.mark.parametrize("draft", ["smaller", "itself"])
 def test_steps_mixing_prefills_decodes_plan_drafts_and_model_drafts(checkpoints, drafts, draft):
     """Each sequence's tokens equal its plain decoding."""

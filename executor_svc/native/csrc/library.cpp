@@ -50,12 +50,15 @@ TORCH_LIBRARY(pagoda, m) {
   m.def("linear_f32(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.def("pack_bf16(Tensor weight) -> Tensor");
   m.def("linear_bf16(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
-  // Paged attention (cpu_kernel.cpp: decode and the K/V store; cpu_prefill.cpp: AMX prefill).
-  m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
+  // Paged attention (cpu_kernel.cpp: decode and the K/V store; cpu_prefill.cpp: AMX prefill). An int8
+  // cache comes with k_scale and v_scale, one fp32 scale per (kv head, slot) ([KVH, NB, BS]).
+  m.def(
+      "store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
+      "Tensor(c!)? k_scale=None, Tensor(d!)? v_scale=None) -> ()");
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale, "
-      "int window, float softcap=0.) -> Tensor");
+      "int window, float softcap=0., Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
   m.def(
       "paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor spans, float scale, "
-      "Tensor(a!) out, int window=0, float softcap=0.) -> ()");
+      "Tensor(a!) out, int window=0, float softcap=0., Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
 }
