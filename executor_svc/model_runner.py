@@ -25,6 +25,7 @@ from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
+from executor_svc.quant.modes import resolve_quantization
 from executor_svc.runner import SequenceState, SequenceTable
 from executor_svc.sampler import SampleRequest, sample
 from executor_svc.step_batch import StepBatch, build_step_batch
@@ -56,6 +57,8 @@ class ModelRunner:
         max_model_len: int | None = None,
         attention_backend: str = "auto",
         layer_ops: str = "auto",
+        quantization: str = "auto",
+        quantized_activations: str = "auto",
         draft_model_path: str | None = None,
     ):
         self.device = resolve_device(device)
@@ -69,16 +72,21 @@ class ModelRunner:
                 detail="the torch attention backend dequantizes the int8 KV cache as it gathers it: correct, and the "
                 "same capacity, but no faster than a bf16 cache (the C++ kernels read int8; make install builds them)",
             )
-        ops = get_layer_ops(layer_ops, self.device, self.dtype)
+        base_ops = get_layer_ops(layer_ops, self.device, self.dtype)
+        self.quantization = resolve_quantization(
+            quantization, quantized_activations, model_path, self.device, self.dtype, base_ops
+        )
+        ops = self.quantization.wrap(base_ops)
         checkpoint = load_checkpoint(model_path)
         self.config = ModelConfig.from_dict(checkpoint.config)
         self.max_model_len = max_model_len or self.config.max_position_embeddings
         self.model = self._build_model(validate_tensors(self.config, checkpoint.tensors), ops)
         del checkpoint.tensors
-        # Built before the KV cache is sized: on CUDA the budget is a fraction of the memory left.
+        # Built before the KV cache is sized (on CUDA the budget is a fraction of the memory left); unquantized:
+        # the model's quantization may be a GGUF file's own blocks, and a small draft gains little from it.
         draft = None
         if draft_model_path:
-            draft = load_draft_checkpoint(draft_model_path, self.dtype, self.device, self.max_model_len, ops)
+            draft = load_draft_checkpoint(draft_model_path, self.dtype, self.device, self.max_model_len, base_ops)
         self.block_size = block_size or default_block_size(self.device, self.config.head_dim, self.kv_dtype)
         self.kv_cache, draft_kv_cache = self._allocate_kv_cache(kv_cache_memory_bytes, kv_cache_memory_fraction, draft)
         # The draft model proposing speculative tokens (docs/speculative-decoding.md); None: none.
@@ -109,6 +117,7 @@ class ModelRunner:
             model_name=model_name,
             architecture=self.config.architecture,
             dtype=dtype_name(self.dtype),
+            quantization=self.quantization.name,
             kv_cache_dtype=dtype_name(self.kv_dtype),
             device=str(self.device),
             block_size=self.block_size,

@@ -233,6 +233,8 @@ class ExecutorInfo:
     # The offload tier (docs/kv-offload.md): what it is ("" = none), and every hash it holds (full Describe only).
     kv_offload: str = ""
     tier_hashes: tuple[int, ...] = ()
+    # The linear weights' quantization in effect: none, int8, ... (docs/quantization.md).
+    quantization: str = "none"
     # The draft model proposing speculative tokens (empty: none), and how the KV budget is split: the
     # num_kv_blocks blocks take kv_cache_bytes for the model and draft_kv_cache_bytes for the draft model.
     draft_model: str = ""

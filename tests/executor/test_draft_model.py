@@ -185,6 +185,15 @@ def test_model_drafts_over_an_int8_kv_cache(checkpoints, drafts):
     assert tokens == truth and acceptance >= 0.9
 
 
+def test_model_drafts_for_an_int8_quantized_model(checkpoints, drafts):
+    """The model's weights in int8, the draft model's not (it runs at the model's dtype)."""
+    truth = plain_tokens(make_runner(checkpoints["llama"], None, quantization="int8"), GREEDY)
+    runner = make_runner(checkpoints["llama"], drafts["llama"], quantization="int8")
+    assert runner.info.quantization == "int8"
+    tokens, _ = drafted_tokens(runner, GREEDY)
+    assert tokens == truth
+
+
 @pytest.mark.parametrize("draft", ["smaller", "itself"])
 def test_steps_mixing_prefills_decodes_plan_drafts_and_model_drafts(checkpoints, drafts, draft):
     """Each sequence's tokens equal its plain decoding."""
