@@ -178,7 +178,8 @@ def status_document(status: ServerStatus) -> dict[str, Any]:
 
 
 def format_status(status: ServerStatus) -> str:
-    """``pagoda status``: totals, one row per executor (and who holds it), and each executor's kernels under it."""
+    """``pagoda status``: totals, one row per executor (and who holds it), and each executor's KV cache dtype and
+    kernels under it."""
     lines = [
         f"scheduler {status.scheduler_id}  live schedulers {', '.join(status.schedulers)}",
         f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
@@ -193,6 +194,10 @@ def format_status(status: ServerStatus) -> str:
             f"{e.address:<22}{e.state:<14}{e.num_running:>8}{e.num_waiting:>8}{blocks:>20}{e.kv_cache_usage:>8.1%}"
             f"  {e.lease_holder or '-'}"
         )
+        if e.kv_cache_dtype:
+            lines.append(f"  kv cache dtype: {e.kv_cache_dtype}")
+        if e.quantization:
+            lines.append(f"  quantization: {e.quantization}")
         if e.kernels:
             lines.append("  kernels: " + "  ".join(f"{part}={path}" for part, path in e.kernels.items()))
         if e.kv_offload:

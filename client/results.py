@@ -139,6 +139,10 @@ class ModelInfo:
     has_chat_template: bool
     max_prompt_tokens: int
     max_new_tokens: int
+    kv_cache_dtype: str = ""
+    """What the KV cache stores: the model dtype, or ``int8`` (quantized rows with scales)."""
+    quantization: str = ""
+    """The linear weights' quantization: ``none``, ``int8``, or a GGUF file's block types as stored."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,10 @@ class ExecutorStatus:
     """Its KV offload tier, e.g. ``disk 10.00 GiB at /path`` (empty: none)."""
     num_tier_blocks: int = 0
     """Blocks its offload tier holds, as this scheduler knows."""
+    kv_cache_dtype: str = ""
+    """Its KV cache dtype (empty until the scheduler has described it)."""
+    quantization: str = ""
+    """Its weights' quantization (empty until the scheduler has described it)."""
 
 
 @dataclass(frozen=True)

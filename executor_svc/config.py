@@ -22,7 +22,15 @@ class ExecutorConfig:
     model_name: str = dataclasses.field(default="", metadata=_help("name reported to clients"))
     model_cache_dir: str = dataclasses.field(default="", metadata=_help("cache for the default model"))
     dtype: str = dataclasses.field(default="auto", metadata=_help("float32, bfloat16, float16 or auto"))
-    kv_cache_dtype: str = dataclasses.field(default="auto", metadata=_help("KV cache dtype or auto (= dtype)"))
+    kv_cache_dtype: str = dataclasses.field(
+        default="auto", metadata=_help("auto (= dtype), float32, bfloat16, float16, or int8 (rows + scales)")
+    )
+    quantization: str = dataclasses.field(
+        default="auto", metadata=_help("linear weights: auto (none), none or int8 (docs/quantization.md)")
+    )
+    quantized_activations: str = dataclasses.field(
+        default="auto", metadata=_help("int8 layers' activations: auto, int8 or bf16 (weight-only)")
+    )
     kv_cache_memory: int | None = dataclasses.field(
         default=None, metadata=_help("bytes for the KV cache (default 1GiB on CPU)", parse=parse_size)
     )

@@ -49,6 +49,27 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+# KV cache dtypes beyond the model dtypes: rows quantized per (token, kv head), scales beside them (kv_cache.py).
+_KV_ONLY_DTYPES = {"int8": torch.int8}
+
+
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """``--kv-cache-dtype``: ``auto`` is the model dtype; ``int8`` stores quantized rows with scales.
+
+    Raises:
+        ValueError: a name that is no KV cache dtype (fp8 included: int8 with per-row scales takes the same bytes
+            and keeps more precision, and this CPU converts it faster; see docs/quantization.md).
+    """
+    if name == "auto":
+        return model_dtype
+    if name in _KV_ONLY_DTYPES:
+        return _KV_ONLY_DTYPES[name]
+    if name not in _DTYPES:
+        names = ", ".join([*sorted(_DTYPES), *_KV_ONLY_DTYPES])
+        raise ValueError(f"unsupported KV cache dtype {name!r}; use auto (the model dtype), {names}")
+    return _DTYPES[name]
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``bfloat16``."""
     return str(dtype).removeprefix("torch.")

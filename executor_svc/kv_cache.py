@@ -4,6 +4,13 @@ Per layer, K and V are ``[num_kv_heads, num_blocks, block_size, head_dim]``
 views of one tensor ``[num_layers, 2, num_kv_heads, num_blocks, block_size,
 head_dim]``. Slot ``s = block_id * block_size + offset`` addresses one token.
 The scheduler owns which block holds what; this module only stores.
+
+An int8 cache (``--kv-cache-dtype int8``) stores each (token, kv head) row of
+K and V as int8 with one fp32 scale beside it, ``row ~ q * scale`` with
+``scale = max|row| / 127``: the scales are a second tensor ``[num_layers, 2,
+num_kv_heads, num_blocks, block_size]`` indexed like the first. The KV write
+path quantizes (``quantize_rows``, or the C++ ``store_kv``); the attention
+kernels read the int8 rows and apply the scales themselves.
 """
 
 from __future__ import annotations
@@ -14,6 +21,10 @@ import torch
 
 # The KV cache budget on the CPU when none is given (--kv-cache-memory).
 CPU_DEFAULT_KV_BYTES = 2**30
+# KV cache dtypes that store quantized rows plus per-(token, head) scales.
+QUANTIZED_KV_DTYPES = (torch.int8,)
+SCALE_DTYPE = torch.float32
+INT8_MAX = 127
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,10 +38,60 @@ class KVCacheSpec:
     dtype: torch.dtype
 
     @property
+    def quantized(self) -> bool:
+        """Whether rows are stored quantized, with a scale per (token, kv head)."""
+        return self.dtype in QUANTIZED_KV_DTYPES
+
+    @property
     def bytes_per_block(self) -> int:
-        """K and V of one block over all layers."""
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.block_size * self.head_dim * element_size
+        """K and V of one block over all layers (with their scales when quantized)."""
+        row_bytes = self.head_dim * _element_size(self.dtype)
+        if self.quantized:
+            row_bytes += _element_size(SCALE_DTYPE)
+        return 2 * self.num_layers * self.num_kv_heads * self.block_size * row_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKV:
+    """One layer's paged K and V (views of the cache) and, for a quantized cache, their scales."""
+
+    k: torch.Tensor  # [KVH, NB, BS, Dh], the cache dtype
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None  # [KVH, NB, BS] fp32: row = k * k_scale (quantized caches only)
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the rows are int8 with scales."""
+        return self.k_scale is not None
+
+    def rows(self, block_ids: torch.Tensor, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the first ``length`` positions of a block table, each [KVH, length, Dh] in ``dtype``."""
+        keys = self.k.index_select(1, block_ids).flatten(1, 2)[:, :length]
+        values = self.v.index_select(1, block_ids).flatten(1, 2)[:, :length]
+        if self.k_scale is None or self.v_scale is None:
+            return keys.to(dtype), values.to(dtype)
+        k_scale = self.k_scale.index_select(1, block_ids).flatten(1, 2)[:, :length]
+        v_scale = self.v_scale.index_select(1, block_ids).flatten(1, 2)[:, :length]
+        return dequantize_rows(keys, k_scale, dtype), dequantize_rows(values, v_scale, dtype)
+
+
+def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [..., Dh] -> int8 [..., Dh] and fp32 scales [...], ``rows ~ q * scale``, ``|q| <= 127``.
+
+    The C++ ``store_kv`` computes the same bits: scale = max|row| * (1 / 127),
+    q = round-half-even(row * (1 / scale)) (0 for a row of zeros).
+    """
+    rows = rows.float()
+    scale = rows.abs().amax(dim=-1) * (1.0 / INT8_MAX)
+    inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    quantized = torch.round(rows * inverse.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return quantized, scale
+
+
+def dequantize_rows(rows: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 rows [..., Dh] times their scales [...] (in fp32), in ``dtype``."""
+    return (rows.float() * scale.unsqueeze(-1)).to(dtype)
 
 
 class KVCache:
@@ -41,29 +102,27 @@ class KVCache:
             raise ValueError(f"KV cache budget leaves {num_blocks} blocks; need at least 1")
         self.spec = spec
         self.num_blocks = num_blocks
+        shape = (spec.num_layers, 2, spec.num_kv_heads, num_blocks, spec.block_size, spec.head_dim)
         # Zeroed, so padded block-table entries read finite values (masked out).
-        self.storage = torch.zeros(
-            spec.num_layers,
-            2,
-            spec.num_kv_heads,
-            num_blocks,
-            spec.block_size,
-            spec.head_dim,
-            dtype=spec.dtype,
-            device=device,
-        )
+        self.storage = torch.zeros(shape, dtype=spec.dtype, device=device)
+        # [L, 2, KVH, NB, BS]: the scale of each stored row (quantized caches only).
+        self.scales = torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device) if spec.quantized else None
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one layer, each [KVH, NB, BS, Dh]."""
-        return self.storage[index, 0], self.storage[index, 1]
+    def layer(self, index: int) -> LayerKV:
+        """K and V of one layer, each [KVH, NB, BS, Dh], with their scales [KVH, NB, BS] when quantized."""
+        if self.scales is None:
+            return LayerKV(self.storage[index, 0], self.storage[index, 1])
+        return LayerKV(self.storage[index, 0], self.storage[index, 1], self.scales[index, 0], self.scales[index, 1])
 
     def block_tensors(self) -> tuple[tuple[torch.Tensor, int], ...]:
-        """Every tensor holding per-block state, each with the dim its block ids index.
+        """Every tensor holding per-block state, each with the dim its block ids index: the rows
+        [L, 2, KVH, NB, BS, Dh], then for an int8 cache their scales [L, 2, KVH, NB, BS].
 
-        This is everything one block id owns (the offload tier stores and loads exactly these bytes);
-        a cache that keeps more per block (e.g. quantization scales) lists those tensors here too.
+        This is everything one block id owns (the offload tier stores and loads exactly these bytes).
         """
-        return ((self.storage, 3),)
+        if self.scales is None:
+            return ((self.storage, 3),)
+        return ((self.storage, 3), (self.scales, 3))
 
     @property
     def block_nbytes(self) -> int:
@@ -99,10 +158,18 @@ class KVCache:
             offset += nbytes
 
     def token_kv(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V [KVH, Dh] stored at one slot (for tests and debugging)."""
+        """K and V [KVH, Dh] stored at one slot, dequantized to fp32 for a quantized cache (tests, debugging)."""
         block_id, offset = divmod(slot, self.spec.block_size)
-        k_cache, v_cache = self.layer(layer)
-        return k_cache[:, block_id, offset], v_cache[:, block_id, offset]
+        cache = self.layer(layer)
+        k, v = cache.k[:, block_id, offset], cache.v[:, block_id, offset]
+        if cache.k_scale is None or cache.v_scale is None:
+            return k, v
+        k_scale, v_scale = cache.k_scale[:, block_id, offset], cache.v_scale[:, block_id, offset]
+        return dequantize_rows(k, k_scale, torch.float32), dequantize_rows(v, v_scale, torch.float32)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def dtype_text(dtype: torch.dtype) -> str:
@@ -120,10 +187,10 @@ DEFAULT_BLOCK_SIZE = 16  # CUDA, and the floor on the CPU
 
 def default_block_size(device: torch.device, head_dim: int, dtype: torch.dtype) -> int:
     """Tokens per KV block when none is asked for: 16 on CUDA; on the CPU, one
-    4 KiB page of K per kv head (16 for fp32 with head_dim 64, 32 for bf16)."""
+    4 KiB page of K per kv head (16 for fp32 with head_dim 64, 32 for bf16, 64 for int8)."""
     if device.type != "cpu":
         return DEFAULT_BLOCK_SIZE
-    per_token = head_dim * torch.empty((), dtype=dtype).element_size()
+    per_token = head_dim * _element_size(dtype)
     return max(DEFAULT_BLOCK_SIZE, min(128, CPU_BLOCK_BYTES // per_token))
 
 

@@ -18,11 +18,12 @@ import torch
 
 from executor_svc.attention import get_backend
 from executor_svc.constraints import ConstraintEngine, StepMasks
-from executor_svc.device import dtype_name, resolve_device, resolve_dtype
+from executor_svc.device import dtype_name, resolve_device, resolve_dtype, resolve_kv_dtype
 from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
+from executor_svc.quant.modes import resolve_quantization
 from executor_svc.runner import SequenceState, SequenceTable
 from executor_svc.sampler import SampleRequest, sample
 from executor_svc.step_batch import StepBatch, build_step_batch
@@ -54,13 +55,25 @@ class ModelRunner:
         max_model_len: int | None = None,
         attention_backend: str = "auto",
         layer_ops: str = "auto",
+        quantization: str = "auto",
+        quantized_activations: str = "auto",
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.kv_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
+        self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, self.dtype)
         # Implementations by name first: a bad name fails before the weights are read.
         self.backend = get_backend(attention_backend, self.device, self.dtype)
+        if self.kv_dtype == torch.int8 and self.backend.name == "torch":
+            log.warning(
+                "kv_cache_int8_fallback",
+                detail="the torch attention backend dequantizes the int8 KV cache as it gathers it: correct, and the "
+                "same capacity, but no faster than a bf16 cache (the C++ kernels read int8; make install builds them)",
+            )
         ops = get_layer_ops(layer_ops, self.device, self.dtype)
+        self.quantization = resolve_quantization(
+            quantization, quantized_activations, model_path, self.device, self.dtype, ops
+        )
+        ops = self.quantization.wrap(ops)
         checkpoint = load_checkpoint(model_path)
         self.config = ModelConfig.from_dict(checkpoint.config)
         self.max_model_len = max_model_len or self.config.max_position_embeddings
@@ -91,6 +104,7 @@ class ModelRunner:
             model_name=model_name,
             architecture=self.config.architecture,
             dtype=dtype_name(self.dtype),
+            quantization=self.quantization.name,
             kv_cache_dtype=dtype_name(self.kv_dtype),
             device=str(self.device),
             block_size=self.block_size,
@@ -188,7 +202,7 @@ class ModelRunner:
             return
         num_blocks = -(-(num_tokens + 1) // self.block_size)
         block_ids = tuple(range(num_blocks))
-        saved = self.kv_cache.storage[:, :, :, :num_blocks].clone()
+        saved = [tensor.narrow(dim, 0, num_blocks).clone() for tensor, dim in self.kv_cache.block_tensors()]
         state = SequenceState(
             -1, "warmup", list(range(num_tokens)), num_tokens, SamplingParams(temperature=0.0), list(block_ids), 0
         )
@@ -199,7 +213,8 @@ class ModelRunner:
                 self.model.compute_logits(hidden[batch.sample_rows])
                 state.num_computed_tokens += num_scheduled
                 state.token_ids.append(0)
-            self.kv_cache.storage[:, :, :, :num_blocks] = saved
+            for (tensor, dim), contents in zip(self.kv_cache.block_tensors(), saved):
+                tensor.narrow(dim, 0, num_blocks).copy_(contents)
 
     # -- the step -----------------------------------------------------------
 

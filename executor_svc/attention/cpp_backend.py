@@ -8,7 +8,9 @@ reading K/V from the cache; other prefill chunks (fp32, head dims other than
 (``sdpa_prefill``). Both kernels take the layer's sliding window and
 attention soft-cap (Gemma 2), as the SDPA path does. The step's K/V rows are
 stored by the kernel too (one small C++ loop instead of two index_copy_ of
-transposed views per layer).
+transposed views per layer). An int8 cache is quantized by that store and
+read as int8 by both kernels, which apply the per-(token, head) scales
+themselves; SDPA prefill dequantizes what it gathers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from executor_svc.attention import cpu_kernel
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.sdpa_prefill import SdpaPrefill
+from executor_svc.kv_cache import LayerKV
 
 
 def load_kernels(dtype: torch.dtype) -> tuple[Any, Any | None]:
@@ -82,29 +85,31 @@ class CppAttentionBackend:
             prefill_spans=spans,
         )
 
-    def forward(self, q, k, v, k_cache, v_cache, state: CppStepState, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, cache: LayerKV, state: CppStepState, scale: float) -> torch.Tensor:
         """Writes this step's K/V, then attends; returns [T, H * Dh]."""
         meta = state.meta
-        self.kernel.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        scales = (cache.k_scale, cache.v_scale)  # None, None unless the cache is int8
+        self.kernel.store_kv(k, v, cache.k, cache.v, meta.slot_mapping, *scales)
         num_tokens, num_heads, head_dim = q.shape
         num_decode = meta.num_decode_seqs
         window, softcap = meta.sliding_window or 0, meta.logit_softcap or 0.0
-        decode_args = (k_cache, v_cache, state.block_tables, state.context_lens, scale, window, softcap)
+        decode_args = (cache.k, cache.v, state.block_tables, state.context_lens, scale, window, softcap, *scales)
         if not meta.prefills:
             return self.kernel.paged_decode(q, *decode_args).view(num_tokens, num_heads * head_dim)
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         if num_decode:
             out[:num_decode] = self.kernel.paged_decode(q[:num_decode], *decode_args)
-        if state.prefill_spans is not None and _prefill_fits(q, k_cache):
+        if state.prefill_spans is not None and _prefill_fits(q, cache.k):
             spans = state.prefill_spans
             self.prefill_kernel.paged_prefill(
-                q, k_cache, v_cache, meta.block_tables, spans, scale, out, window, softcap
+                q, cache.k, cache.v, meta.block_tables, spans, scale, out, window, softcap, *scales
             )
         else:
-            state.sdpa.run(q, k, v, k_cache, v_cache, scale, out)
+            state.sdpa.run(q, k, v, cache, scale, out)
         return out.view(num_tokens, num_heads * head_dim)
 
 
 def _prefill_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """The AMX prefill kernel's shapes: bf16 queries and cache, head_dim 64, 128 or 256 (Gemma)."""
-    return q.dtype == k_cache.dtype == torch.bfloat16 and q.shape[-1] in (64, 128, 256)
+    """The AMX prefill kernel's shapes: bf16 queries, a bf16 or int8 cache, head_dim 64, 128 or 256 (Gemma)."""
+    cache_fits = k_cache.dtype in (torch.bfloat16, torch.int8)
+    return q.dtype == torch.bfloat16 and cache_fits and q.shape[-1] in (64, 128, 256)

@@ -16,6 +16,7 @@ from executor_svc.attention import cpp_backend
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.torch_backend import TorchAttentionBackend
 from executor_svc.implementations import Implementation, ImplementationRegistry
+from executor_svc.kv_cache import LayerKV
 
 
 class AttentionBackend(Protocol):
@@ -32,12 +33,12 @@ class AttentionBackend(Protocol):
         q: torch.Tensor,  # [T, H, Dh]
         k: torch.Tensor,  # [T, KVH, Dh]
         v: torch.Tensor,  # [T, KVH, Dh]
-        k_cache: torch.Tensor,  # [KVH, NB, BS, Dh], one layer's
-        v_cache: torch.Tensor,
+        cache: LayerKV,  # one layer's K/V [KVH, NB, BS, Dh] (+ scales [KVH, NB, BS] when int8)
         state: Any,
         scale: float,
     ) -> torch.Tensor:
-        """Writes the step's K/V into the cache at ``meta.slot_mapping``, then attends; returns [T, H * Dh]."""
+        """Writes the step's K/V into the cache at ``meta.slot_mapping`` (quantized for an int8 cache), then
+        attends; returns [T, H * Dh]. Every backend reads an int8 cache (docs/quantization.md)."""
         ...
 
 

@@ -6,6 +6,9 @@ gather, no mask); otherwise its context is gathered from the paged cache and
 a boolean mask says which key each query sees. SDPA has no soft-cap, so
 soft-capped layers (Gemma 2) run the same product, cap and softmax as
 separate torch ops, rounded as transformers' eager attention rounds them.
+With an int8 cache every chunk reads its context from the cache, dequantized
+as it is gathered, so attention sees the same rows whatever the chunking (the
+fallback where the AMX kernel cannot run: fp32 models, CPUs without AMX).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
+from executor_svc.kv_cache import LayerKV
 
 
 @dataclasses.dataclass
@@ -49,25 +53,23 @@ class SdpaPrefill:
         q: torch.Tensor,  # [T, H, Dh]
         k: torch.Tensor,  # [T, KVH, Dh], this step's keys (already in the cache too)
         v: torch.Tensor,  # [T, KVH, Dh]
-        k_cache: torch.Tensor,  # [KVH, NB, BS, Dh]
-        v_cache: torch.Tensor,
+        cache: LayerKV,  # [KVH, NB, BS, Dh] (+ scales)
         scale: float,
         out: torch.Tensor,  # [T, H, Dh], the prefill rows are written
     ) -> None:
         """Attends every prefill chunk over its cached prefix and itself."""
         for span, mask, block_ids in zip(self.spans, self.masks, self.block_ids):
             rows = slice(span.query_start, span.query_start + span.num_query_tokens)
-            context = (k_cache, v_cache, span.context_len, mask, block_ids)
+            context = (cache, span.context_len, mask, block_ids)
             out[rows] = _attend(q[rows], k[rows], v[rows], *context, scale, self.logit_softcap)
 
 
-def _attend(q, k, v, k_cache, v_cache, context_len, mask, block_ids, scale, softcap) -> torch.Tensor:
+def _attend(q, k, v, cache: LayerKV, context_len, mask, block_ids, scale, softcap) -> torch.Tensor:
     """Causal attention of one chunk q [n, H, Dh] over its context; returns [n, H, Dh]."""
-    if mask is None:
+    if mask is None and not cache.quantized:
         keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, Dh]
     else:
-        keys = k_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)  # [KVH, ctx, Dh]
-        values = v_cache.index_select(1, block_ids).flatten(1, 2)[:, :context_len].to(q.dtype)
+        keys, values = cache.rows(block_ids, context_len, q.dtype)  # [KVH, ctx, Dh]
     if softcap is not None:
         return _attend_capped(q, keys, values, mask, scale, softcap)
     out = F.scaled_dot_product_attention(

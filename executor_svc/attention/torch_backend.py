@@ -8,6 +8,10 @@ the GQA group as the query dimension, with no transpose copy.
 Decode tokens of all sequences: one gather + masked matmul/softmax/matmul per
 layer. Prefill chunks: the SDPA path shared with the C++ backend
 (``sdpa_prefill``).
+
+An int8 cache is read by dequantizing what the gather copied (the documented
+fallback for machines without the C++ kernels: correct, but it reads the
+cache twice, so it is no faster than a bf16 cache).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.sdpa_prefill import SdpaPrefill, soft_cap
+from executor_svc.kv_cache import LayerKV, dequantize_rows, quantize_rows
 
 # Decode sequences are split into at most this many groups of similar context
 # length (each padded only to its own longest), when there are enough of them.
@@ -42,7 +47,7 @@ class TorchStepState:
 
     meta: AttentionMetadata
     decode_groups: list[DecodeGroup]
-    gather_buffers: list[torch.Tensor]  # two flat buffers, reused by every group and layer
+    gather_buffers: list[torch.Tensor]  # two flat buffers (four with scales), reused by every group and layer
     prefill: SdpaPrefill
 
 
@@ -80,37 +85,40 @@ class TorchAttentionBackend:
         q: torch.Tensor,  # [T, H, Dh]
         k: torch.Tensor,  # [T, KVH, Dh]
         v: torch.Tensor,  # [T, KVH, Dh]
-        k_cache: torch.Tensor,  # [KVH, NB, BS, Dh]
-        v_cache: torch.Tensor,
+        cache: LayerKV,  # K/V [KVH, NB, BS, Dh] (+ scales)
         state: TorchStepState,
         scale: float,
     ) -> torch.Tensor:  # [T, H * Dh]
         """Writes this step's K/V into the cache, then attends over the cache."""
-        write_kv(k, v, k_cache, v_cache, state.meta.slot_mapping)
+        write_kv(k, v, cache, state.meta.slot_mapping)
         num_tokens, num_heads, head_dim = q.shape
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         for group in state.decode_groups:
             rows = slice(group.start, group.end)
-            out[rows] = _decode(q[rows], k_cache, v_cache, group, state, scale)
-        state.prefill.run(q, k, v, k_cache, v_cache, scale, out)
+            out[rows] = _decode(q[rows], cache, group, state, scale)
+        state.prefill.run(q, k, v, cache, scale, out)
         return out.view(num_tokens, num_heads * head_dim)
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Stores K/V rows [T, KVH, Dh] at their slots, in place."""
-    num_kv_heads, _, _, head_dim = k_cache.shape
-    k_flat = k_cache.view(num_kv_heads, -1, head_dim)  # [KVH, NB * BS, Dh]
-    v_flat = v_cache.view(num_kv_heads, -1, head_dim)
-    k_flat.index_copy_(1, slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
-    v_flat.index_copy_(1, slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
+def write_kv(k: torch.Tensor, v: torch.Tensor, cache: LayerKV, slot_mapping: torch.Tensor) -> None:
+    """Stores K/V rows [T, KVH, Dh] at their slots, in place (quantized, with their scales, for an int8 cache)."""
+    for rows, dest, dest_scale in ((k, cache.k, cache.k_scale), (v, cache.v, cache.v_scale)):
+        num_kv_heads, _, _, head_dim = dest.shape
+        flat = dest.view(num_kv_heads, -1, head_dim)  # [KVH, NB * BS, Dh]
+        rows = rows.transpose(0, 1)  # [KVH, T, Dh]
+        if dest_scale is None:
+            flat.index_copy_(1, slot_mapping, rows.to(dest.dtype))
+            continue
+        quantized, row_scale = quantize_rows(rows)
+        flat.index_copy_(1, slot_mapping, quantized)
+        dest_scale.view(num_kv_heads, -1).index_copy_(1, slot_mapping, row_scale)  # [KVH, NB * BS]
 
 
-def _decode(q, k_cache, v_cache, group: DecodeGroup, state: TorchStepState, scale: float) -> torch.Tensor:
+def _decode(q, cache: LayerKV, group: DecodeGroup, state: TorchStepState, scale: float) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context."""
     num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[0]
-    keys, values = _gather(k_cache, v_cache, group, state)  # [KVH, n, L, Dh]
-    keys, values = keys.to(q.dtype), values.to(q.dtype)
+    num_kv_heads = cache.k.shape[0]
+    keys, values = _gather(cache, group, state, q.dtype)  # [KVH, n, L, Dh]
     queries = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)  # [KVH, n, G, Dh]
     scores = torch.matmul(queries * scale, keys.transpose(-1, -2))  # [KVH, n, G, L]
     if state.meta.logit_softcap is not None:
@@ -121,23 +129,25 @@ def _decode(q, k_cache, v_cache, group: DecodeGroup, state: TorchStepState, scal
     return out.transpose(0, 1).reshape(num_seqs, num_heads, head_dim)
 
 
-def _gather(k_cache, v_cache, group: DecodeGroup, state: TorchStepState):
+def _gather(cache: LayerKV, group: DecodeGroup, state: TorchStepState, dtype: torch.dtype):
     """Copies a group's blocks into the step's buffers (index_select is several
-    times faster than advanced indexing here)."""
-    num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
-    num_ids = group.block_ids.shape[0]
+    times faster than advanced indexing here); K, V [KVH, n, L, Dh] in ``dtype``."""
+    num_kv_heads = cache.k.shape[0]
+    parts = (cache.k, cache.v) if cache.k_scale is None else (cache.k, cache.v, cache.k_scale, cache.v_scale)
     if not state.gather_buffers:
-        largest = max(g.block_ids.shape[0] for g in state.decode_groups)
-        size = num_kv_heads * largest * block_size * head_dim
-        state.gather_buffers = [torch.empty(size, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2)]
+        largest = max(g.block_ids.shape[0] for g in state.decode_groups) * num_kv_heads  # (head, block) pairs
+        state.gather_buffers = [torch.empty(largest * p[0, 0].numel(), dtype=p.dtype, device=p.device) for p in parts]
+    num_seqs, num_ids = group.end - group.start, group.block_ids.shape[0]
     gathered = []
-    for cache, buffer in zip((k_cache, v_cache), state.gather_buffers):
-        out = buffer[: num_kv_heads * num_ids * block_size * head_dim].view(
-            num_kv_heads, num_ids, block_size * head_dim
-        )
-        torch.index_select(cache.view(num_kv_heads, num_blocks, -1), 1, group.block_ids, out=out)
-        gathered.append(out.view(num_kv_heads, group.end - group.start, group.length, head_dim))
-    return gathered
+    for part, buffer in zip(parts, state.gather_buffers):
+        per_block = part[0, 0].numel()  # BS * Dh rows, or BS scales
+        out = buffer[: num_kv_heads * num_ids * per_block].view(num_kv_heads, num_ids, per_block)
+        torch.index_select(part.view(num_kv_heads, part.shape[1], per_block), 1, group.block_ids, out=out)
+        gathered.append(out.view(num_kv_heads, num_seqs, group.length, -1))  # [KVH, n, L, Dh or 1]
+    if len(gathered) == 2:
+        return gathered[0].to(dtype), gathered[1].to(dtype)
+    keys, values, k_scale, v_scale = gathered
+    return dequantize_rows(keys, k_scale[..., 0], dtype), dequantize_rows(values, v_scale[..., 0], dtype)
 
 
 def _decode_mask(context_lens, length, sliding_window, dtype) -> torch.Tensor:

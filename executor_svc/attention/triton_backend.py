@@ -6,7 +6,9 @@ softmax, reading K/V straight from the paged cache (no gather). Decode tokens
 and prefill chunks (with or without cached prefix) take the same path, since
 each token carries its own position. Sliding windows and soft-capped scores
 (Gemma 2) are compile-time switches of the kernel. K/V of the step are written first, with
-the same slot-mapping write as the torch backend.
+the same slot-mapping write as the torch backend. An int8 cache is a third switch: the kernel
+loads int8 rows and multiplies each by its (token, head) scale as it loads it (no separate
+dequantize pass); the write quantizes as the C++ store does (``kv_cache.quantize_rows``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton.language as tl
 
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.torch_backend import write_kv
+from executor_svc.kv_cache import LayerKV
 
 
 @triton.jit
@@ -26,6 +29,8 @@ def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     out_ptr,
     block_tables_ptr,
     seq_of_token_ptr,
@@ -40,6 +45,8 @@ def _paged_attention_kernel(
     stride_c_h,
     stride_c_b,
     stride_c_s,
+    stride_s_h,
+    stride_s_b,
     stride_bt,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -49,6 +56,7 @@ def _paged_attention_kernel(
     BLOCK_PAD: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
+    QUANTIZED: tl.constexpr,
 ):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -73,8 +81,12 @@ def _paged_attention_kernel(
         valid = (offs < BLOCK_SIZE) & (key_pos <= pos) & (key_pos >= first_pos)  # [BLOCK_PAD]
         kv_offsets = kv_head * stride_c_h + block_id * stride_c_b + offs[:, None] * stride_c_s + d[None, :]
         kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_PAD, DIM_PAD]
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0).to(tl.float32)  # [BLOCK_PAD, DIM_PAD]
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0).to(tl.float32)
+        if QUANTIZED:  # int8 rows times their scales [BLOCK_PAD]
+            scale_offsets = kv_head * stride_s_h + block_id * stride_s_b + offs
+            k = k * tl.load(k_scale_ptr + scale_offsets, mask=valid, other=0.0)[:, None]
+            v = v * tl.load(v_scale_ptr + scale_offsets, mask=valid, other=0.0)[:, None]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_PAD, BLOCK_PAD]
         if USE_SOFTCAP:  # cap * tanh(s / cap), tanh(x) = 2 * sigmoid(2x) - 1
             scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
@@ -120,9 +132,13 @@ class TritonAttentionBackend:
         positions = meta.context_lens[seq_of_token] - (meta.query_start_loc[1:][seq_of_token] - token_index)
         return TritonStepState(meta, seq_of_token.int(), positions.int(), meta.block_tables.int().contiguous())
 
-    def forward(self, q, k, v, k_cache, v_cache, state: TritonStepState, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, cache: LayerKV, state: TritonStepState, scale: float) -> torch.Tensor:
         """Writes the step's K/V, then runs the kernel; returns [T, H * Dh]."""
-        write_kv(k, v, k_cache, v_cache, state.meta.slot_mapping)
+        write_kv(k, v, cache, state.meta.slot_mapping)
+        k_cache, v_cache = cache.k, cache.v
+        # Without scales the kernel's scale pointers are never read (QUANTIZED is off): pass the cache.
+        k_scale = cache.k_scale if cache.k_scale is not None else k_cache
+        v_scale = cache.v_scale if cache.v_scale is not None else v_cache
         num_tokens, num_heads, head_dim = q.shape
         num_kv_heads, _, block_size, _ = k_cache.shape
         group = num_heads // num_kv_heads
@@ -132,6 +148,8 @@ class TritonAttentionBackend:
             q,
             k_cache,
             v_cache,
+            k_scale,
+            v_scale,
             out,
             state.block_tables,
             state.seq_of_token,
@@ -146,6 +164,8 @@ class TritonAttentionBackend:
             k_cache.stride(0),
             k_cache.stride(1),
             k_cache.stride(2),
+            k_scale.stride(0),
+            k_scale.stride(1),
             state.block_tables.stride(0),
             GROUP=group,
             GROUP_PAD=triton.next_power_of_2(group),
@@ -155,5 +175,6 @@ class TritonAttentionBackend:
             BLOCK_PAD=triton.next_power_of_2(block_size),
             USE_WINDOW=window is not None,
             USE_SOFTCAP=softcap is not None,
+            QUANTIZED=cache.quantized,
         )
         return out.view(num_tokens, num_heads * head_dim)

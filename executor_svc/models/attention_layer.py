@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from executor_svc.kv_cache import LayerKV
 from executor_svc.model_config import ModelConfig
 from executor_svc.models.layer_ops import LayerOps
 
@@ -77,8 +78,7 @@ def attend(
     x: torch.Tensor,  # [T, hidden], normed
     weights: AttentionWeights,
     rotary: Any,  # ops.rotary_for(...) of this layer's RoPE
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    cache: LayerKV,
     backend: Any,
     attn_state: Any,
     scale: float,
@@ -93,7 +93,7 @@ def attend(
     qk = ops.rotate(qk, rotary)
     q, k = qk[:, :num_heads], qk[:, num_heads:]
     v = qkv[:, num_heads + num_kv_heads :]  # [T, KVH, Dh]
-    return backend.forward(q, k, v, k_cache, v_cache, attn_state, scale)
+    return backend.forward(q, k, v, cache, attn_state, scale)
 
 
 def _norm_qk(qk: torch.Tensor, weights: AttentionWeights, config: ModelConfig) -> torch.Tensor:

@@ -102,11 +102,9 @@ class GemmaModel:
         hidden = F.embedding(input_ids, self.embed) * self.embed_scale  # [T, hidden], the residual stream
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
-            k_cache, v_cache = kv_cache.layer(index)
+            cache = kv_cache.layer(index)
             rotary = rotaries[layer.rope_index]
-            attn = attend(
-                ops, config, normed, layer.attn, rotary, k_cache, v_cache, backend, attn_states[index], self.scale
-            )
+            attn = attend(ops, config, normed, layer.attn, rotary, cache, backend, attn_states[index], self.scale)
             attn = ops.rms_norm(ops.linear(attn, layer.attn.o_proj), layer.post_attn_norm, eps)
             normed = ops.add_rms_norm(attn, hidden, layer.pre_ff_norm, eps)  # hidden += attn
             mlp_out = ops.rms_norm(layer.mlp(normed), layer.post_ff_norm, eps)

@@ -107,10 +107,8 @@ class LlamaModel:
         hidden = F.embedding(input_ids, self.embed)  # [T, hidden], the residual stream (updated in place)
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
-            k_cache, v_cache = kv_cache.layer(index)
-            attn_out = attend(
-                ops, config, normed, layer.attn, rotary, k_cache, v_cache, backend, attn_states[index], scale
-            )
+            cache = kv_cache.layer(index)
+            attn_out = attend(ops, config, normed, layer.attn, rotary, cache, backend, attn_states[index], scale)
             normed = ops.add_rms_norm(ops.linear(attn_out, layer.attn.o_proj), hidden, layer.post_norm, eps)
             mlp_out = layer.mlp(normed)
             if index + 1 < len(layers):

@@ -197,6 +197,7 @@ def test_large_group(cpp_kernel):
 def test_store_kv_matches_index_copy(cpp_kernel, kv_dtype):
     """The step's K/V rows land where write_kv puts them, converted to the cache dtype."""
     from executor_svc.attention.torch_backend import write_kv
+    from executor_svc.kv_cache import LayerKV
 
     gen = torch.Generator().manual_seed(3)
     qkv = torch.randn(5, 4 + 2 * 2, 16, generator=gen)  # strided K/V views, as the model passes them
@@ -204,7 +205,7 @@ def test_store_kv_matches_index_copy(cpp_kernel, kv_dtype):
     slots = torch.tensor([0, 7, 33, 12, 25])
     caches = [torch.zeros(2, 7, 5, 16, dtype=kv_dtype) for _ in range(4)]
     cpp_kernel.store_kv(k, v, caches[0], caches[1], slots)
-    write_kv(k, v, caches[2], caches[3], slots)
+    write_kv(k, v, LayerKV(caches[2], caches[3]), slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
     with pytest.raises(RuntimeError, match="out of range"):
         cpp_kernel.store_kv(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 35]))

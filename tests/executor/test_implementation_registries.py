@@ -92,9 +92,9 @@ class CountingAttention:
         self.num_prepares += 1
         return self.inner.prepare(meta)
 
-    def forward(self, q, k, v, k_cache, v_cache, state, scale):
+    def forward(self, q, k, v, cache, state, scale):
         self.num_forwards += 1
-        return self.inner.forward(q, k, v, k_cache, v_cache, state, scale)
+        return self.inner.forward(q, k, v, cache, state, scale)
 
 
 class CountingOps(TorchLayerOps):

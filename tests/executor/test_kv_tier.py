@@ -81,20 +81,18 @@ def test_blocks_round_trip_bit_for_bit_across_a_reopen(tmp_path, dtype):
     assert reopened.stats.hits["disk"] == 3
 
 
-def test_a_cache_with_more_tensors_per_block_round_trips_them_all(tmp_path):
-    """A KV cache that keeps scales beside K and V (int8 KV) only lists them in block_tensors()."""
+def test_an_int8_cache_round_trips_its_rows_and_scales(tmp_path):
+    """An int8 KV cache keeps scales beside K and V: block_tensors() lists both, the tier stores both."""
 
-    class ScaledCache(KVCache):
-        def __init__(self, seed: int) -> None:
-            super().__init__(KVCacheSpec(2, 2, 8, BS, torch.int8), 6, CPU)
-            generator = torch.Generator().manual_seed(seed)
-            self.storage.copy_(torch.randint(-128, 127, self.storage.shape, generator=generator, dtype=torch.int8))
-            self.scales = torch.rand((2, 2, 2, 6, BS), generator=generator)  # [L, K/V, KVH, NB, BS]
+    def int8_cache(seed: int) -> KVCache:
+        kv = KVCache(KVCacheSpec(2, 2, 8, BS, torch.int8), 6, CPU)
+        generator = torch.Generator().manual_seed(seed)
+        kv.storage.copy_(torch.randint(-127, 128, kv.storage.shape, generator=generator, dtype=torch.int8))
+        assert kv.scales is not None and kv.scales.shape == (2, 2, 2, 6, BS)  # [L, K/V, KVH, NB, BS]
+        kv.scales.copy_(torch.rand(kv.scales.shape, generator=generator))
+        return kv
 
-        def block_tensors(self):
-            return ((self.storage, 3), (self.scales, 3))
-
-    source, target = ScaledCache(1), ScaledCache(2)
+    source, target = int8_cache(1), int8_cache(2)
     assert "int8" in source.block_layout() and "float32" in source.block_layout()
     store = open_store(tmp_path, namespace(source))
     save(store, source, [(7, 2)])

@@ -96,9 +96,21 @@ def test_sharded_checkpoint_with_index(tmp_path, checkpoints):
     assert one == many and len(one) == 8
 
 
-@pytest.mark.parametrize("dtype,kv_dtype", [("bfloat16", "auto"), ("float32", "bfloat16"), ("float16", "auto")])
+@pytest.mark.parametrize(
+    "dtype,kv_dtype",
+    [("bfloat16", "auto"), ("float32", "bfloat16"), ("float16", "auto"), ("float32", "int8"), ("bfloat16", "int8")],
+)
 def test_reduced_precision_logits_close_to_fp32(checkpoints, dtype, kv_dtype):
-    """bf16 / fp16 weights, or a bf16 KV cache under fp32 weights, stay close to HF fp32."""
+    """bf16 / fp16 weights, or a bf16 or int8 KV cache, stay close to HF fp32."""
+    _check_close_to_fp32(checkpoints, dtype, kv_dtype, "auto")
+
+
+def test_int8_kv_cache_on_the_torch_backend_close_to_fp32(checkpoints):
+    """The documented fallback: the torch backend dequantizes an int8 cache as it gathers it."""
+    _check_close_to_fp32(checkpoints, "float32", "int8", "torch")
+
+
+def _check_close_to_fp32(checkpoints, dtype: str, kv_dtype: str, backend: str) -> None:
     hf = load_hf(checkpoints["llama"])
     runner = ModelRunner(
         str(checkpoints["llama"]),
@@ -107,7 +119,9 @@ def test_reduced_precision_logits_close_to_fp32(checkpoints, dtype, kv_dtype):
         device="cpu",
         block_size=4,
         kv_cache_memory_bytes=2**20,
+        attention_backend=backend,
     )
+    assert runner.backend.name == backend or backend == "auto"
     assert runner.info.kv_cache_dtype == (dtype if kv_dtype == "auto" else kv_dtype)
     recorder = install_recorder(runner)
     prompt = [4, 8, 15, 16, 23, 42, 7]

@@ -13,6 +13,11 @@
 // shuffles into an even/odd lane order (queries and outputs use the same
 // order). Anything else runs plain loops that the compiler vectorises (-O3
 // -ffast-math), so the build works on any CPU.
+//
+// int8 caches (cpu_kernel_common.h) take the same paths: rows widen from
+// int8 in registers (natural lane order), each tile's 16 K scales multiply
+// its scores and its 16 V scales its probabilities before P.V (the softmax
+// sums use the unscaled ones). store_kv quantizes the step's rows.
 #include "cpu_kernel_common.h"
 #include "cpu_kernel_avx512.h"
 
@@ -46,28 +51,35 @@ inline void tile_step_generic(const float* keys, const float* values, const floa
   }
 }
 
-// Widens the tile's rows (element offsets into head) into out [count, D].
+// Widens the tile's rows (element offsets into head) into out [count, D], times their scales (int8 caches).
 template <typename C>
-inline void widen_tile(const C* head, const int64_t* rows, int64_t count, int64_t head_dim, float* out) {
-  for (int64_t i = 0; i < count; ++i)
-    for (int64_t d = 0; d < head_dim; ++d) out[i * head_dim + d] = to_float(head[rows[i] + d]);
+inline void widen_tile(const C* head, const float* scales, const int64_t* rows, int64_t count, int64_t head_dim,
+                       float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    if constexpr (kQuantized<C>) {
+      const float scale = scales[rows[i] / head_dim];
+      for (int64_t d = 0; d < head_dim; ++d) out[i * head_dim + d] = to_float(head[rows[i] + d]) * scale;
+    } else {
+      for (int64_t d = 0; d < head_dim; ++d) out[i * head_dim + d] = to_float(head[rows[i] + d]);
+    }
+  }
 }
 
 // Attends the group's queries (see Scratch::query) over positions [lo, hi) of
 // one sequence and kv head, folding into `state`. NC = D / 16, or 0 for generic.
 template <typename C, int NC>
-void attend_span(const Job& job, const C* k_head, const C* v_head, const int64_t* table, int64_t lo, int64_t hi,
-                 State state, Scratch& scratch) {
+void attend_span(const Job& job, HeadRows<C> head, const int64_t* table, int64_t lo, int64_t hi, State state,
+                 Scratch& scratch) {
   const int64_t head_dim = job.head_dim, group = job.group;
   float *keys = scratch.keys(), *values = scratch.values(), *probs = scratch.probs(), *query = scratch.query(group);
 #if defined(__AVX512F__)
-  if constexpr (NC > 0) return span_wide_all<C, NC>(job, k_head, v_head, table, lo, hi, state, query);
+  if constexpr (NC > 0) return span_wide_all<C, NC>(job, head, table, lo, hi, state, query);
 #endif
-  TileWalker<C> walker(job, k_head, v_head, table, lo, hi);
+  TileWalker<C> walker(job, head.k, head.v, table, lo, hi);
   int64_t rows[kTile];  // element offsets of the tile's K (= V) rows
   while (const int64_t count = walker.next(rows)) {
-    widen_tile(k_head, rows, count, head_dim, keys);
-    widen_tile(v_head, rows, count, head_dim, values);
+    widen_tile(head.k, head.k_scale, rows, count, head_dim, keys);
+    widen_tile(head.v, head.v_scale, rows, count, head_dim, values);
     for (int64_t g = 0; g < group; ++g) {
       float* acc = state.acc + g * head_dim;
       tile_step_generic(keys, values, query + g * head_dim, count, head_dim, job.softcap, state.row_max + g,
@@ -77,7 +89,7 @@ void attend_span(const Job& job, const C* k_head, const C* v_head, const int64_t
 }
 
 template <typename C>
-using SpanFn = void (*)(const Job&, const C*, const C*, const int64_t*, int64_t, int64_t, State, Scratch&);
+using SpanFn = void (*)(const Job&, HeadRows<C>, const int64_t*, int64_t, int64_t, State, Scratch&);
 
 template <typename C>
 SpanFn<C> pick_span_fn(int64_t head_dim) {
@@ -188,7 +200,7 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
     lo = std::min(context, first + split * chunk);
     hi = std::min(context, lo + chunk);
   };
-  const int64_t head_elems = job.num_blocks * job.block_size * head_dim;
+  const int64_t head_slots = job.num_blocks * job.block_size, head_elems = head_slots * head_dim;
   parallel_for(num_items * num_splits, 1, [&](int64_t begin, int64_t end) {
     Scratch scratch(group, head_dim);
     std::vector<float> own(num_splits == 1 ? state_floats : 0);
@@ -203,9 +215,11 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
       std::fill(state.row_sum, state.row_sum + group + group * head_dim, 0.f);
       if (lo < hi) {
         load_query(job, q, seq, kv_head, scratch.query(group));
-        const int64_t kv_offset = kv_head * head_elems;
-        span_fn(job, k_cache + kv_offset, v_cache + kv_offset, job.block_tables + seq * job.max_blocks, lo, hi,
-                state, scratch);
+        const int64_t kv_offset = kv_head * head_elems, scale_offset = kv_head * head_slots;
+        const HeadRows<C> head{k_cache + kv_offset, v_cache + kv_offset,
+                               job.k_scales ? job.k_scales + scale_offset : nullptr,
+                               job.v_scales ? job.v_scales + scale_offset : nullptr};
+        span_fn(job, head, job.block_tables + seq * job.max_blocks, lo, hi, state, scratch);
       }
       if (num_splits == 1) write_output(job, &state, 1, out_of(item));
     }
@@ -220,14 +234,32 @@ void decode(Job job, const Q* q, const C* k_cache, const C* v_cache, Q* out, int
   });
 }
 
+// Checks an int8 cache's scales: both given, fp32, contiguous, one per row of the cache [KVH, NB, BS].
+// Returns false when the cache is not int8 (then no scales may be given).
+bool check_scales(const at::Tensor& k_cache, const std::optional<at::Tensor>& k_scale,
+                  const std::optional<at::Tensor>& v_scale) {
+  if (k_cache.scalar_type() != at::kChar) {
+    TORCH_CHECK(!k_scale.has_value() && !v_scale.has_value(), "scales are only for an int8 KV cache");
+    return false;
+  }
+  TORCH_CHECK(k_scale.has_value() && v_scale.has_value(), "an int8 KV cache needs k_scale and v_scale");
+  for (const at::Tensor* scale : {&*k_scale, &*v_scale})
+    TORCH_CHECK(scale->scalar_type() == at::kFloat && scale->is_contiguous() &&
+                    scale->sizes() == k_cache.sizes().slice(0, 3),
+                "KV scales must be contiguous fp32 [KVH, NB, BS] like the cache's rows");
+  return true;
+}
+
 }  // namespace
 
-// q: [S, H, D]; caches: [KVH, NB, BS, D] contiguous; block_tables: [S, MB]
+// q: [S, H, D]; caches: [KVH, NB, BS, D] contiguous (fp32, bf16, fp16, or
+// int8 with k_scale / v_scale [KVH, NB, BS] fp32); block_tables: [S, MB]
 // int64; context_lens: [S] int64 (positions 0..len-1 visible; with window > 0
 // only the last `window`); softcap > 0: scores (already scaled) become
 // softcap * tanh(score / softcap). Returns [S, H, D] in q's dtype.
 at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                        at::Tensor context_lens, double scale, int64_t window, double softcap) {
+                        at::Tensor context_lens, double scale, int64_t window, double softcap,
+                        const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   q = q.contiguous();
   block_tables = block_tables.contiguous();
   context_lens = context_lens.contiguous();
@@ -239,12 +271,20 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0), "batch sizes differ");
   TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(0) == 0, "head shapes do not match");
   TORCH_CHECK(softcap >= 0, "softcap must be >= 0 (0: not capped)");
+  const bool quantized = check_scales(k_cache, k_scale, v_scale);
   Job job{q.size(1), k_cache.size(0), q.size(2), q.size(1) / k_cache.size(0), k_cache.size(2), k_cache.size(1),
           block_tables.size(1), block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
           static_cast<float>(scale), window, static_cast<float>(softcap), kNatural};
   auto out = at::empty_like(q);
   PAGODA_DISPATCH_FLOATS(q.scalar_type(), "paged_decode (query)", [&] {
     using Q = scalar_t;
+    if (quantized) {
+      job.k_scales = k_scale->data_ptr<float>();
+      job.v_scales = v_scale->data_ptr<float>();
+      decode(job, q.data_ptr<Q>(), k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(), out.data_ptr<Q>(),
+             q.size(0));
+      return;
+    }
     PAGODA_DISPATCH_FLOATS(k_cache.scalar_type(), "paged_decode (KV cache)", [&] {
       decode(job, q.data_ptr<Q>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), out.data_ptr<Q>(),
              q.size(0));
@@ -255,8 +295,34 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
 
 namespace {
 
+constexpr float kInvInt8Max = 1.f / 127.f;
+
+// Hides a value from the optimiser: -ffast-math may not fold the arithmetic around it (it would turn
+// 1 / (top * (1 / 127)) into 127 / top, which rounds differently).
+inline float opaque(float x) {
+#if defined(__GNUC__)
+  asm("" : "+x"(x));
+#endif
+  return x;
+}
+
+// One row into int8 with its scale: scale = max|x| * (1 / 127), q = round-half-even(x * (1 / scale)) in
+// fp32, the same bits as kv_cache.quantize_rows.
+template <typename S>
+void quantize_row(const S* row, int64_t head_dim, int8_t* dst, float* scale) {
+  float top = 0.f;
+  for (int64_t d = 0; d < head_dim; ++d) top = std::max(top, std::fabs(to_float(row[d])));
+  const float s = opaque(top * kInvInt8Max), inverse = opaque(s > 0.f ? 1.f / s : 0.f);
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float q = std::nearbyint(to_float(row[d]) * inverse);
+    dst[d] = static_cast<int8_t>(std::clamp(q, -127.f, 127.f));
+  }
+  *scale = s;
+}
+
+// Rows src [T, KVH, D] into the cache [KVH, NB, BS, D] at slots [T]; scales [KVH, NB * BS] for int8 caches.
 template <typename S, typename C>
-void store_rows(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
+void store_rows(const at::Tensor& src, at::Tensor& cache, float* scales, const int64_t* slots) {
   const int64_t num_tokens = src.size(0), num_kv_heads = src.size(1), head_dim = src.size(2);
   const int64_t num_slots = cache.size(1) * cache.size(2);
   const S* from = src.data_ptr<S>();
@@ -266,7 +332,9 @@ void store_rows(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) 
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const S* row = from + t * src.stride(0) + h * src.stride(1);
       C* dst = to + (h * num_slots + slots[t]) * head_dim;
-      if constexpr (std::is_same_v<S, C>) {
+      if constexpr (kQuantized<C>) {
+        quantize_row(row, head_dim, dst, scales + h * num_slots + slots[t]);
+      } else if constexpr (std::is_same_v<S, C>) {
         std::memcpy(dst, row, head_dim * sizeof(C));
       } else {
         for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<C>(to_float(row[d]));
@@ -275,13 +343,17 @@ void store_rows(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) 
   }
 }
 
-void store_one(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
+void store_one(const at::Tensor& src, at::Tensor& cache, const std::optional<at::Tensor>& scale,
+               const int64_t* slots) {
   TORCH_CHECK(src.dim() == 3 && src.stride(2) == 1, "K/V rows must be [T, KVH, D] with contiguous rows");
   TORCH_CHECK(cache.is_contiguous() && src.size(1) == cache.size(0) && src.size(2) == cache.size(3),
               "K/V rows do not match the cache");
   PAGODA_DISPATCH_FLOATS(src.scalar_type(), "store_kv (K/V)", [&] {
     using S = scalar_t;
-    PAGODA_DISPATCH_FLOATS(cache.scalar_type(), "store_kv (KV cache)", [&] { store_rows<S, scalar_t>(src, cache, slots); });
+    if (cache.scalar_type() == at::kChar) return store_rows<S, int8_t>(src, cache, scale->data_ptr<float>(), slots);
+    PAGODA_DISPATCH_FLOATS(cache.scalar_type(), "store_kv (KV cache)", [&] {
+      store_rows<S, scalar_t>(src, cache, nullptr, slots);
+    });
   });
 }
 
@@ -289,12 +361,18 @@ void store_one(const at::Tensor& src, at::Tensor& cache, const int64_t* slots) {
 
 // Writes the step's K/V rows k, v [T, KVH, D] (rows contiguous, any other
 // strides) into the caches [KVH, NB, BS, D] at slot_mapping [T] int64
-// (slot = block * BS + offset), converting to the cache dtype.
-void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slot_mapping) {
+// (slot = block * BS + offset), converting to the cache dtype; an int8 cache
+// gets each row quantized and its scale written to k_scale / v_scale
+// [KVH, NB, BS] fp32.
+void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slot_mapping,
+              const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   slot_mapping = slot_mapping.contiguous();
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.size(0) == k.size(0), "bad slot_mapping");
-  store_one(k, k_cache, slot_mapping.data_ptr<int64_t>());
-  store_one(v, v_cache, slot_mapping.data_ptr<int64_t>());
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.sizes() == v_cache.sizes(),
+              "K and V caches differ");
+  check_scales(k_cache, k_scale, v_scale);
+  store_one(k, k_cache, k_scale, slot_mapping.data_ptr<int64_t>());
+  store_one(v, v_cache, v_scale, slot_mapping.data_ptr<int64_t>());
 }
 
 TORCH_LIBRARY_IMPL(pagoda, CPU, m) {

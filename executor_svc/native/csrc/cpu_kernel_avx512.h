@@ -15,6 +15,21 @@ inline __m512 load16(const BF16* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+inline __m512 load16(const int8_t* p) {  // the integers, exactly (the row's scale is applied elsewhere)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// The scales of a tile's rows [16] (int8 caches): one load when the tile lies in one block (then lanes past
+// `valid` are 0), else one per row from the rows' element offsets (rows past the count repeat the last one).
+template <int64_t D>
+PAGODA_INLINE __m512 tile_scales(const float* scales, const RowCursor& start, const int64_t* offsets, int64_t count,
+                                 __mmask16 valid) {
+  if (start.offset + count <= start.block_size)
+    return _mm512_maskz_loadu_ps(valid, scales + start.table[start.block] * start.block_size + start.offset);
+  alignas(64) float each[kTile];
+  for (int i = 0; i < kTile; ++i) each[i] = scales[offsets[i] / D];
+  return _mm512_load_ps(each);
+}
 
 // Widens one cache row of D = 16 * NC values into NC fp32 registers; bf16
 // with even NC goes in even/odd order (per 32 values: a shift for the even
@@ -104,9 +119,10 @@ PAGODA_INLINE void scores_rows(const C* const* rows, const __m512* q, __m512* ou
 // prefetch loop step). CAP: scores are soft-capped (job.softcap), a template
 // argument so that uncapped models run exactly the code they ran before.
 template <typename C, int NC, int GB, bool CAP>
-void span_wide(const Job& job, const C* k_head, const C* v_head, const int64_t* table, int64_t lo, int64_t hi,
-               const float* query, float* row_max, float* row_sum, float* acc_out) {
+void span_wide(const Job& job, HeadRows<C> head, const int64_t* table, int64_t lo, int64_t hi, const float* query,
+               float* row_max, float* row_sum, float* acc_out) {
   constexpr int64_t D = NC * 16;
+  const C *k_head = head.k, *v_head = head.v;
   constexpr int kLines = int(D * sizeof(C) + 63) / 64;  // cache lines per row
   __m512 q[GB * NC], acc[GB][NC], sum[GB], top[GB];
   for (int g = 0; g < GB; ++g) {
@@ -132,7 +148,14 @@ void span_wide(const Job& job, const C* k_head, const C* v_head, const int64_t* 
         _mm_prefetch(kp + 64 * l, _MM_HINT_T0);
         _mm_prefetch(vp + 64 * l, _MM_HINT_T0);
       }
+      if constexpr (kQuantized<C>) {
+        if (ahead.offset % 16 == 0) {  // a new 64-byte line of scales
+          _mm_prefetch(reinterpret_cast<const char*>(head.k_scale + ahead.row()), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(head.v_scale + ahead.row()), _MM_HINT_T0);
+        }
+      }
     }
+    const RowCursor tile_start = cursor;
     for (int64_t i = 0; i < kTile; ++i) {
       offsets[i] = cursor.row() * D;
       if (i + 1 < count) cursor.advance();
@@ -144,6 +167,12 @@ void span_wide(const Job& job, const C* k_head, const C* v_head, const int64_t* 
     __m512 scores[GB];
     scores_rows<C, NC, GB>(krows, q, scores);
     const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+    __m512 v_scales = _mm512_setzero_ps();
+    if constexpr (kQuantized<C>) {
+      const __m512 k_scales = tile_scales<D>(head.k_scale, tile_start, offsets, count, valid);
+      v_scales = tile_scales<D>(head.v_scale, tile_start, offsets, count, valid);
+      for (int g = 0; g < GB; ++g) scores[g] = _mm512_mul_ps(scores[g], k_scales);
+    }
     for (int g = 0; g < GB; ++g) {
       if constexpr (CAP) scores[g] = pagoda::softcap16(scores[g], job.softcap);
       const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(kNegBig), valid, scores[g]);
@@ -156,7 +185,7 @@ void span_wide(const Job& job, const C* k_head, const C* v_head, const int64_t* 
       }
       const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, top[g])));
       sum[g] = _mm512_add_ps(sum[g], p);
-      _mm512_store_ps(probs[g], p);
+      _mm512_store_ps(probs[g], kQuantized<C> ? _mm512_mul_ps(p, v_scales) : p);  // P.V weights
     }
 #pragma GCC unroll 16
     for (int i = 0; i < kTile; ++i) {  // rows past the count repeat the last one, with weight 0
@@ -175,16 +204,16 @@ void span_wide(const Job& job, const C* k_head, const C* v_head, const int64_t* 
 
 // All G queries of the item through span_wide, GB at a time (GB * NC <= 16).
 template <typename C, int NC>
-inline void span_wide_all(const Job& job, const C* k_head, const C* v_head, const int64_t* table, int64_t lo,
-                          int64_t hi, State state, const float* query) {
+inline void span_wide_all(const Job& job, HeadRows<C> head, const int64_t* table, int64_t lo, int64_t hi,
+                          State state, const float* query) {
   constexpr int64_t D = NC * 16;
   for_query_blocks<NC>(job.group, [&](auto gb, int64_t g) {
     constexpr int GB = decltype(gb)::value;
     float *row_max = state.row_max + g, *row_sum = state.row_sum + g, *acc = state.acc + g * D;
     if (job.softcap > 0.f)
-      span_wide<C, NC, GB, true>(job, k_head, v_head, table, lo, hi, query + g * D, row_max, row_sum, acc);
+      span_wide<C, NC, GB, true>(job, head, table, lo, hi, query + g * D, row_max, row_sum, acc);
     else
-      span_wide<C, NC, GB, false>(job, k_head, v_head, table, lo, hi, query + g * D, row_max, row_sum, acc);
+      span_wide<C, NC, GB, false>(job, head, table, lo, hi, query + g * D, row_max, row_sum, acc);
   });
 }
 

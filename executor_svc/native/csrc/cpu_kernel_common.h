@@ -1,5 +1,10 @@
 // Shared pieces of the CPU paged decode kernel (cpu_kernel.cpp): types,
 // constants, the per-call job description and per-thread scratch.
+//
+// An int8 cache (C = int8_t) holds each (token, kv head) row quantized, with
+// one fp32 scale per row in a tensor beside it ([KVH, NB, BS], the cache's
+// row index): row = q * scale. The kernel applies the scales itself: a K
+// scale multiplies the row's score, a V scale the row's probability.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -24,6 +29,7 @@ constexpr int64_t kMinSplit = 256;    // fewest positions worth a split of their
 constexpr int64_t kMaxSplits = 16;
 
 using pagoda::to_float;
+inline float to_float(int8_t x) { return static_cast<float>(x); }
 
 // Shapes and pointers shared by every work item of one call.
 struct Job {
@@ -34,7 +40,21 @@ struct Job {
   int64_t window;
   float softcap;  // scores become softcap * tanh(score / softcap); 0: not capped
   int lanes;  // Lanes: dim order of the fp32 accumulators (and fp32 queries)
+  const float* k_scales = nullptr;  // [KVH, NB * BS] scales of an int8 cache's rows (else nullptr)
+  const float* v_scales = nullptr;
 };
+
+// One kv head's paged rows [NB * BS, D] and, for an int8 cache, their scales [NB * BS] (else nullptr).
+template <typename C>
+struct HeadRows {
+  const C* k;
+  const C* v;
+  const float* k_scale;
+  const float* v_scale;
+};
+
+template <typename C>
+constexpr bool kQuantized = std::is_same_v<C, int8_t>;
 
 // Online-softmax state of one item (or one split of it): [G] max, [G] sum, [G, D] acc.
 struct State {
