@@ -99,7 +99,10 @@ def open_runner_tier(
     from executor_svc.kv_tier.open_tier import open_tier
     from executor_svc.kv_tier.step_io import TierStepIO
 
-    identity = model_identity(model_path, dtype_name(runner.dtype))
+    # Quantized weights give other KV: their blocks are another model's (unquantized ones keep their identity).
+    quant = runner.quantization
+    extra = {} if quant.name == "none" else {"quantization": quant.name, "activations": quant.target.activations}
+    identity = model_identity(model_path, dtype_name(runner.dtype), **extra)
     on_store_s = metrics.tier_store_s.observe if metrics is not None else (lambda s: None)
     tier = open_tier(config, runner.kv_cache, identity, lock, on_store_s)
     if tier is not None:
