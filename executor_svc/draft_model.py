@@ -179,6 +179,10 @@ class DraftModel:
                 full[state.block_table[index]] = 1
         self._proposed = []
 
+    def abandon(self) -> None:
+        """After a step that failed: its sequences are dropped, nothing to confirm."""
+        self._proposed = []
+
     def _view(self, state: SequenceState, token_ids: list[int], num_computed: int) -> SequenceState:
         """The sequence as one draft pass sees it: ``token_ids`` known, ``num_computed`` in the draft KV."""
         return SequenceState(

@@ -218,6 +218,8 @@ class ModelRunner:
                 return self._run(step.step_id, scheduled, errors, start_ns)
         except Exception as exc:  # one bad step must not kill the executor
             log.exception("step_failed", step_id=step.step_id)
+            if self.draft is not None:
+                self.draft.abandon()
             for state, _ in scheduled:
                 self._seqs.pop(state.seq_id, None)
                 errors.append(SeqError(state.seq_id, f"step failed: {type(exc).__name__}: {exc}"))
@@ -249,10 +251,7 @@ class ModelRunner:
     # -- the step -----------------------------------------------------------
 
     def _run(self, step_id, scheduled, errors, start_ns) -> StepResult:
-        drafting = [state for state, _ in scheduled if state.num_model_draft_tokens]
-        if drafting and self.draft is not None:
-            self.draft.propose(drafting)
-        drafted_ns = time.perf_counter_ns()
+        draft_ns = self._propose_drafts(scheduled)
         batch = build_step_batch(scheduled, self.block_size, self.device)
         # The masks of the constrained rows are computed while the forward runs (None: no row is constrained).
         masks = self.constraints.start(batch.sample_states) if self.constraints is not None else None
@@ -265,14 +264,14 @@ class ModelRunner:
         for state, num_scheduled in scheduled:
             state.num_computed_tokens += num_scheduled
         outputs = self._sample(batch.sample_states, logits, masks, errors)
-        if drafting and self.draft is not None:
+        if self.draft is not None:
             self.draft.confirm()
         end_ns = time.perf_counter_ns()
         timings = StepTimings(
-            prepare_ns=prepared_ns - drafted_ns,
+            prepare_ns=prepared_ns - start_ns - draft_ns,
             forward_ns=forward_done_ns - prepared_ns,
             sample_ns=end_ns - forward_done_ns,
-            draft_ns=drafted_ns - start_ns,
+            draft_ns=draft_ns,
         )
         return StepResult(
             step_id=step_id,
@@ -281,6 +280,15 @@ class ModelRunner:
             timings=timings,
             num_scheduled_tokens=batch.num_tokens,
         )
+
+    def _propose_drafts(self, scheduled: list[tuple[SequenceState, int]]) -> int:
+        """The draft model's proposals for the sequences the plan asks it for; returns its passes' time (ns)."""
+        drafting = [state for state, _ in scheduled if state.num_model_draft_tokens]
+        if not drafting or self.draft is None:
+            return 0
+        start_ns = time.perf_counter_ns()
+        self.draft.propose(drafting)
+        return time.perf_counter_ns() - start_ns
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         layer_states = self._layer_states.prepare(self.backend, batch.attn_meta)  # [num_layers]
