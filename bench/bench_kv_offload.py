@@ -19,8 +19,8 @@ Parts (``--part``, default all):
 
 Every system binds 127.0.0.1 and is stopped when the benchmark ends, however it
 ends (SIGTERM and SIGINT stop the children's process groups). Run it alone on
-the machine (the figures in the doc were taken with /work/... nothing else
-running). Usage:
+the machine (the figures in the doc were taken with nothing else running; the
+load average is printed with them). Usage:
 
     python bench/bench_kv_offload.py --part ttft --lengths 1024,3072,8000 --prompts 3
     python bench/bench_kv_offload.py --part miss --rounds 3
