@@ -239,6 +239,7 @@ class Scheduler:
         self._seqs = {}
         self._dropped = []
         self._inflight = {}
+        self._plan_loads = {}
         self._draft_steps.clear()
         return seqs
 
@@ -514,7 +515,6 @@ class Scheduler:
 
     def _recompute_after_miss(self, seq: SchedulerSequence, block_hashes: tuple[int, ...]) -> None:
         """The executor could not load blocks of seq and dropped it: forget them, admit it again at the head."""
-        assert self._tier is not None or not self.config.kv_offload
         if self._tier is not None:
             self._tier.forget(block_hashes)
         self._kv.free(seq)
