@@ -47,13 +47,21 @@ int64_t packed_elems(const Span& span, int64_t head_dim) {
   return 2 * ((span.context() - span.base + kKeys - 1) / kKeys) * kKeys * head_dim;
 }
 
+// The bf16 bits of an integer |x| <= 255: its fp32 bits' upper half (exact: at most 8 significant bits).
+inline uint16_t int_bf16_bits(int x) {
+  const float f = static_cast<float>(x);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return static_cast<uint16_t>(bits >> 16);
+}
+
 // Two adjacent values of a row as a bf16 pair (int8: the integers, exactly).
 inline uint32_t bf16_pair(const BF16* row, int64_t p) { return reinterpret_cast<const uint32_t*>(row)[p]; }
 inline uint32_t bf16_pair(const int8_t* row, int64_t p) {
-  return uint32_t(BF16(float(row[2 * p])).x) | uint32_t(BF16(float(row[2 * p + 1])).x) << 16;
+  return uint32_t(int_bf16_bits(row[2 * p])) | uint32_t(int_bf16_bits(row[2 * p + 1])) << 16;
 }
 inline BF16 to_bf16(BF16 x) { return x; }
-inline BF16 to_bf16(int8_t x) { return BF16(float(x)); }
+inline BF16 to_bf16(int8_t x) { return BF16(int_bf16_bits(x), BF16::from_bits()); }
 
 // Chunks of 32 keys of one (span, kv head) repack.
 int64_t packed_chunks(const Span& span, int64_t head_dim) { return packed_elems(span, head_dim) / (2 * kKeys * head_dim); }
