@@ -141,6 +141,8 @@ class ModelInfo:
     max_new_tokens: int
     kv_cache_dtype: str = ""
     """What the KV cache stores: the model dtype, or ``int8`` (quantized rows with scales)."""
+    quantization: str = ""
+    """The linear weights' quantization: ``none``, ``int8``, or a GGUF file's block types as stored."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,8 @@ class ExecutorStatus:
     """Blocks its offload tier holds, as this scheduler knows."""
     kv_cache_dtype: str = ""
     """Its KV cache dtype (empty until the scheduler has described it)."""
+    quantization: str = ""
+    """Its weights' quantization (empty until the scheduler has described it)."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,12 @@ class ExecutorConfig:
     kv_cache_dtype: str = dataclasses.field(
         default="auto", metadata=_help("auto (= dtype), float32, bfloat16, float16, or int8 (rows + scales)")
     )
+    quantization: str = dataclasses.field(
+        default="auto", metadata=_help("linear weights: auto (none), none or int8 (docs/quantization.md)")
+    )
+    quantized_activations: str = dataclasses.field(
+        default="auto", metadata=_help("int8 layers' activations: auto, int8 or bf16 (weight-only)")
+    )
     kv_cache_memory: int | None = dataclasses.field(
         default=None, metadata=_help("bytes for the KV cache (default 1GiB on CPU)", parse=parse_size)
     )

@@ -140,6 +140,8 @@ def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
         max_model_len=config.max_model_len,
         attention_backend=config.attention_backend,
         layer_ops=config.layer_ops,
+        quantization=config.quantization,
+        quantized_activations=config.quantized_activations,
     )
 
 

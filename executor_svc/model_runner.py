@@ -23,6 +23,7 @@ from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
+from executor_svc.quant.modes import resolve_quantization
 from executor_svc.runner import SequenceState, SequenceTable
 from executor_svc.sampler import SampleRequest, sample
 from executor_svc.step_batch import StepBatch, build_step_batch
@@ -54,6 +55,8 @@ class ModelRunner:
         max_model_len: int | None = None,
         attention_backend: str = "auto",
         layer_ops: str = "auto",
+        quantization: str = "auto",
+        quantized_activations: str = "auto",
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -67,6 +70,10 @@ class ModelRunner:
                 "same capacity, but no faster than a bf16 cache (the C++ kernels read int8; make install builds them)",
             )
         ops = get_layer_ops(layer_ops, self.device, self.dtype)
+        self.quantization = resolve_quantization(
+            quantization, quantized_activations, model_path, self.device, self.dtype, ops
+        )
+        ops = self.quantization.wrap(ops)
         checkpoint = load_checkpoint(model_path)
         self.config = ModelConfig.from_dict(checkpoint.config)
         self.max_model_len = max_model_len or self.config.max_position_embeddings
@@ -97,6 +104,7 @@ class ModelRunner:
             model_name=model_name,
             architecture=self.config.architecture,
             dtype=dtype_name(self.dtype),
+            quantization=self.quantization.name,
             kv_cache_dtype=dtype_name(self.kv_dtype),
             device=str(self.device),
             block_size=self.block_size,

@@ -157,6 +157,7 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
                 kv_cache_usage=s.kv_cache_usage if s else 0.0,
                 kernels=dict(info.kernels) if info else {},
                 kv_cache_dtype=info.kv_cache_dtype if info else "",
+                quantization=info.quantization if info else "",
                 lease_holder=holder,
                 lease_epoch=epoch,
                 kv_offload=info.kv_offload if info else "",

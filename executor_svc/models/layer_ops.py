@@ -24,8 +24,12 @@ class LayerOps(Protocol):
 
     name: str
 
-    def pack(self, weight: torch.Tensor) -> Any:
-        """A weight [out, in] in the form ``linear`` takes (maybe opaque)."""
+    def pack(self, weight: torch.Tensor, dense: bool = False) -> Any:
+        """A weight [out, in] in the form ``linear`` takes (maybe opaque).
+
+        ``dense``: never quantize it (MoE routers), whatever ``--quantization`` says; layer ops that do not
+        quantize (these two) ignore it.
+        """
         ...
 
     def linear(self, x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,7 +66,7 @@ class TorchLayerOps:
 
     name = "torch"
 
-    def pack(self, weight: torch.Tensor):
+    def pack(self, weight: torch.Tensor, dense: bool = False):
         """A weight [out, in] in the form ``linear`` takes (here: as is)."""
         return weight
 
@@ -109,7 +113,7 @@ class CppLayerOps:
         self.pack_weights = _can_pack() if pack_weights is None else pack_weights
         self.gemm = gemm if self.pack_weights else None
 
-    def pack(self, weight):
+    def pack(self, weight, dense=False):
         """Weights reordered once for the matmul that reads them.
 
         bf16: panels for our AMX kernel (native/cpu_gemm.cpp) where the CPU

@@ -128,7 +128,12 @@ def moe_loader(names: ExpertNames) -> FeedForwardLoader:
         ]
         act = gated_activation(config.hidden_act, ops)
         return MoeBlock(
-            ops, ops.pack(get(names.router)), experts, config.num_experts_per_tok, config.norm_topk_prob, act
+            ops,
+            ops.pack(get(names.router), dense=True),
+            experts,
+            config.num_experts_per_tok,
+            config.norm_topk_prob,
+            act,
         )
 
     return load

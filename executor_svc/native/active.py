@@ -5,7 +5,8 @@ the ``pagoda_executor_kernel_info`` metric:
 
 - ``attention``: the attention backend (cpp, torch, triton);
 - ``prefill``: what prompt chunks run (amx-flash, sdpa, triton);
-- ``gemm``: how linear layers multiply (amx-panel, avx512-panel, onednn, torch);
+- ``gemm``: how linear layers multiply (amx-panel, avx512-panel, onednn, torch; with ``--quantization`` the
+  quantized paths, e.g. amx-int8, joined with ``+`` when the weights run several);
 - ``layer_ops``: the norms, rotary and SiLU (cpp, torch);
 - ``mlp``: the feed-forward blocks (dense, moe-grouped: experts grouped over the step's tokens, or both);
 - ``variant``: the C++ kernel build loaded (native, amx, ..., or none).
@@ -18,6 +19,7 @@ import torch
 from executor_svc.attention import cpp_backend
 from executor_svc.models.layer_ops import PackedWeight, PanelWeight
 from executor_svc.native import loader
+from executor_svc.quant.layer_ops import QuantizedLayerOps
 
 KERNEL_KEYS = ("attention", "prefill", "gemm", "layer_ops", "mlp", "variant")
 
@@ -37,7 +39,10 @@ def active_kernels(runner) -> dict[str, str]:
 
 
 def gemm_path(ops, dtype: torch.dtype, device: torch.device) -> str:
-    """How ``ops`` multiplies by a weight of ``dtype``: what its ``pack`` makes of one."""
+    """How ``ops`` multiplies by a weight of ``dtype``: what its ``pack`` made of the model's weights (quantized
+    layer ops record it), else what it makes of one."""
+    if isinstance(ops, QuantizedLayerOps) and ops.gemm_paths:
+        return "+".join(ops.gemm_paths)
     packed = ops.pack(torch.zeros(16, 64, dtype=dtype, device=device))  # [out, in]: one panel in every layout
     if isinstance(packed, PanelWeight):
         return "amx-panel" if packed.panels.dtype == torch.bfloat16 else "avx512-panel"

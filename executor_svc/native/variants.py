@@ -10,9 +10,11 @@ required flags the CPU has.
 The portable flag sets follow the code's ``#if`` guards: ``__AVX512F__``
 (decode attention, argmax, fp32 panel GEMM), ``__AVX512BF16__`` (bf16
 rotary and SiLU) and ``__AMX_TILE__``/``__AMX_BF16__`` (bf16 panel GEMM and
-prefill), plus ``avx2`` for the loops the compiler vectorises on CPUs
-without AVX-512. A variant requires every flag its ``-march`` lets the
-compiler use, not only those the guards test.
+prefill), ``__AVX512VNNI__`` and ``__AMX_INT8__`` (the int8 GEMMs; every
+CPU with AVX-512-bf16 has VNNI, every one with AMX-BF16 has AMX-INT8), plus
+``avx2`` for the loops the compiler vectorises on CPUs without AVX-512. A
+variant requires every flag its ``-march`` lets the compiler use, not only
+those the guards test.
 """
 
 from __future__ import annotations
@@ -88,9 +90,10 @@ class Variant:
 NATIVE = "native"
 # Portable builds for the executor image, x86-64 only.
 PORTABLE = (
-    Variant("amx", ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
-            _X86_64_V4 | {"avx512_bf16", "amx_tile", "amx_bf16"}),
-    Variant("avx512-bf16", ("-march=x86-64-v4", "-mavx512bf16"), _X86_64_V4 | {"avx512_bf16"}),
+    Variant("amx", ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
+            _X86_64_V4 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"}),
+    Variant("avx512-bf16", ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
+            _X86_64_V4 | {"avx512_bf16", "avx512_vnni"}),
     Variant("avx512", ("-march=x86-64-v4",), _X86_64_V4),
     Variant("avx2", ("-march=x86-64-v3",), _X86_64_V3),
     Variant("x86-64", ("-march=x86-64",), frozenset()),
@@ -102,8 +105,15 @@ PREFERENCE = (NATIVE, *PORTABLE_NAMES)
 COMMON_CFLAGS = ("-O3", "-ffast-math")
 # The C++ of every variant (csrc/), and the headers its sources include.
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("library.cpp", "cpu_ops.cpp", "cpu_gemm.cpp", "cpu_kernel.cpp", "cpu_prefill.cpp")
-HEADERS = ("cpu_common.h", "amx.h", "cpu_kernel_common.h", "cpu_kernel_avx512.h", "cpu_prefill_pack.h")
+SOURCES = ("library.cpp", "cpu_ops.cpp", "cpu_gemm.cpp", "cpu_kernel.cpp", "cpu_prefill.cpp", "cpu_quant.cpp")
+HEADERS = (
+    "cpu_common.h",
+    "amx.h",
+    "cpu_kernel_common.h",
+    "cpu_kernel_avx512.h",
+    "cpu_prefill_pack.h",
+    "cpu_quant.h",
+)
 
 
 def portable(name: str) -> Variant:

@@ -225,3 +225,5 @@ class ExecutorInfo:
     # The offload tier (docs/kv-offload.md): what it is ("" = none), and every hash it holds (full Describe only).
     kv_offload: str = ""
     tier_hashes: tuple[int, ...] = ()
+    # The linear weights' quantization in effect: none, int8, ... (docs/quantization.md).
+    quantization: str = "none"

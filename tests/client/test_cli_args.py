@@ -280,3 +280,13 @@ def test_serve_gives_each_executor_its_own_tier_and_turns_it_off_on_request(tmp_
     assert (
         executor_flags("--kv-offload-dir", "", "--kv-offload-memory", "1GiB") == [["--kv-offload-memory", "1GiB"]] * 2
     )
+
+
+def test_serve_passes_quantization_to_every_executor():
+    args, unknown = build_parser().parse_known_args(["serve", "--executors", "2", "--quantization", "int8"])
+    launcher = launcher_from_args(args, unknown)
+    for executor in launcher.executors:
+        argv = executor.argv
+        assert argv[argv.index("--quantization") + 1] == "int8"
+    args, unknown = build_parser().parse_known_args(["serve"])
+    assert "--quantization" not in launcher_from_args(args, unknown).executors[0].argv  # the executor's default

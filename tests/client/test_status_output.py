@@ -24,6 +24,7 @@ def _status() -> generation_pb2.ServerStatus:
                 kv_cache_usage=0.25,
                 kernels={"gemm": "amx-panel", "attention": "cpp", "prefill": "amx-flash"},
                 kv_cache_dtype="int8",
+                quantization="none",
             ),
             generation_pb2.ExecutorStatus(address="127.0.0.1:6002", state="CONNECTING"),
         ],
@@ -43,13 +44,15 @@ def test_human_output_lists_the_kernels_under_their_executor():
     first = next(i for i, line in enumerate(lines) if line.startswith("127.0.0.1:6001"))
     assert "READY" in lines[first] and "90/120" in lines[first]
     assert lines[first + 1] == "  kv cache dtype: int8"
-    assert lines[first + 2] == "  kernels: attention=cpp  gemm=amx-panel  prefill=amx-flash"
-    assert lines[first + 3].startswith("127.0.0.1:6002") and len(lines) == first + 4  # not described: no lines
+    assert lines[first + 2] == "  quantization: none"
+    assert lines[first + 3] == "  kernels: attention=cpp  gemm=amx-panel  prefill=amx-flash"
+    assert lines[first + 4].startswith("127.0.0.1:6002") and len(lines) == first + 5  # not described: no lines
 
 
 def test_json_output_has_the_kernels_of_each_executor():
     document = json.loads(json.dumps(status_document(status_from_pb(_status()))))
     assert document["executors"][0]["kernels"] == {"attention": "cpp", "gemm": "amx-panel", "prefill": "amx-flash"}
     assert document["executors"][1]["kernels"] == {}
+    assert document["executors"][0]["quantization"] == "none" and document["executors"][1]["quantization"] == ""
     assert document["num_requests_total"] == 9 and document["executors"][0]["num_free_kv_blocks"] == 90
     assert document["executors"][0]["kv_cache_dtype"] == "int8" and document["executors"][1]["kv_cache_dtype"] == ""

@@ -27,7 +27,13 @@ def test_a_dataclass_from_a_message_gets_tuples():
 def test_a_message_from_the_first_source_with_each_field_then_given_values():
     limits = SimpleNamespace(model_name="limits", max_model_len=64, vocab_size=100, max_prompt_tokens=63)
     model = SimpleNamespace(
-        model_name="model", architecture="a", dtype="d", max_model_len=512, max_new_tokens=16, kv_cache_dtype="int8"
+        model_name="model",
+        architecture="a",
+        dtype="d",
+        max_model_len=512,
+        max_new_tokens=16,
+        kv_cache_dtype="int8",
+        quantization="none",
     )
     msg = copy_by_name(generation_pb2.ModelInfo, limits, model, eos_token_ids=(1,), has_chat_template=True)
     assert (msg.model_name, msg.architecture, msg.max_model_len, msg.max_new_tokens) == ("limits", "a", 64, 16)

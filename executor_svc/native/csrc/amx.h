@@ -3,8 +3,8 @@
 #pragma once
 #include "cpu_common.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define PAGODA_AMX 1
+#if defined(__AMX_TILE__)
+#define PAGODA_AMX_TILE 1
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -32,6 +32,47 @@ inline void configure_square_tiles() {
 inline bool request_amx() {
   static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   return granted;
+}
+
+}  // namespace pagoda
+#endif
+
+// The bf16 tile kernels (panel GEMM, prefill attention) need AMX-BF16 and AVX-512-BF16.
+#if defined(PAGODA_AMX_TILE) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define PAGODA_AMX 1
+
+namespace pagoda {
+
+// A 16 * RT x 16 * PT block of y (RT, PT <= 2) for prefill-sized x: rows
+// from x (ldx elements), panels p0 and p1 (= p0 + 1); out [32, 32] fp32.
+// Tiles 0-3: C (row tile r, panel t at 2r + t); 4, 6: A; 5, 7: B.
+template <int RT, int PT>
+PAGODA_INLINE void amx_block(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* p0, const c10::BFloat16* p1,
+                             int64_t k_chunks, float* out) {
+  _tile_zero(0);
+  if constexpr (PT > 1) _tile_zero(1);
+  if constexpr (RT > 1) _tile_zero(2);
+  if constexpr (RT > 1 && PT > 1) _tile_zero(3);
+  const int64_t stride = ldx * int64_t(sizeof(c10::BFloat16));
+  for (int64_t kc = 0; kc < k_chunks; ++kc) {
+    const c10::BFloat16* a = x + kc * 32;
+    _tile_loadd(4, a, stride);
+    _tile_loadd(5, p0 + kc * 512, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (RT > 1) {
+      _tile_loadd(6, a + 16 * ldx, stride);
+      _tile_dpbf16ps(2, 6, 5);
+    }
+    if constexpr (PT > 1) {
+      _tile_loadd(7, p1 + kc * 512, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      if constexpr (RT > 1) _tile_dpbf16ps(3, 6, 7);
+    }
+  }
+  _tile_stored(0, out, 128);
+  if constexpr (PT > 1) _tile_stored(1, out + 16, 128);
+  if constexpr (RT > 1) _tile_stored(2, out + 512, 128);
+  if constexpr (RT > 1 && PT > 1) _tile_stored(3, out + 528, 128);
 }
 
 }  // namespace pagoda

@@ -224,37 +224,7 @@ PAGODA_INLINE void amx_panel(const BF16* x, int64_t ldx, const BF16* panel, int6
   if constexpr (TILES > 3) _tile_stored(3, out + 768, 64);
 }
 
-// A 16 * RT x 16 * PT block of y (RT, PT <= 2) for prefill-sized x: rows
-// from x (ldx elements), panels p0 and p1 (= p0 + 1); out [32, 32] fp32.
-// Tiles 0-3: C (row tile r, panel t at 2r + t); 4, 6: A; 5, 7: B.
-template <int RT, int PT>
-PAGODA_INLINE void amx_block(const BF16* x, int64_t ldx, const BF16* p0, const BF16* p1, int64_t k_chunks,
-                             float* out) {
-  _tile_zero(0);
-  if constexpr (PT > 1) _tile_zero(1);
-  if constexpr (RT > 1) _tile_zero(2);
-  if constexpr (RT > 1 && PT > 1) _tile_zero(3);
-  const int64_t stride = ldx * int64_t(sizeof(BF16));
-  for (int64_t kc = 0; kc < k_chunks; ++kc) {
-    const BF16* a = x + kc * kAmxDepth;
-    _tile_loadd(4, a, stride);
-    _tile_loadd(5, p0 + kc * kAmxDepth * kAmxCols, 64);
-    _tile_dpbf16ps(0, 4, 5);
-    if constexpr (RT > 1) {
-      _tile_loadd(6, a + 16 * ldx, stride);
-      _tile_dpbf16ps(2, 6, 5);
-    }
-    if constexpr (PT > 1) {
-      _tile_loadd(7, p1 + kc * kAmxDepth * kAmxCols, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      if constexpr (RT > 1) _tile_dpbf16ps(3, 6, 7);
-    }
-  }
-  _tile_stored(0, out, 128);
-  if constexpr (PT > 1) _tile_stored(1, out + 16, 128);
-  if constexpr (RT > 1) _tile_stored(2, out + 512, 128);
-  if constexpr (RT > 1 && PT > 1) _tile_stored(3, out + 528, 128);
-}
+using pagoda::amx_block;
 
 #endif
 

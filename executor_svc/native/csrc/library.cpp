@@ -3,7 +3,7 @@
 // The CPU implementations are registered next to their code
 // (TORCH_LIBRARY_IMPL in cpu_ops.cpp, cpu_gemm.cpp, cpu_kernel.cpp,
 // cpu_prefill.cpp). `(a!)` marks a tensor the op writes in place.
-#include "amx.h"
+#include "cpu_quant.h"
 
 #include <string>
 #include <vector>
@@ -22,6 +22,12 @@ std::vector<std::string> cpu_features() {
 #if defined(PAGODA_AMX)
   features.push_back("amx");  // the bf16 panel GEMM and the prefill kernel
 #endif
+#if defined(__AVX512VNNI__)
+  features.push_back("avx512_vnni");  // the int8 GEMM without AMX
+#endif
+#if defined(PAGODA_AMX_INT8)
+  features.push_back("amx_int8");  // the int8 GEMM's tile path
+#endif
   return features;
 }
 
@@ -39,6 +45,7 @@ bool amx_ready() {
 TORCH_LIBRARY(pagoda, m) {
   m.def("cpu_features() -> str[]", &cpu_features);
   m.def("amx_ready() -> bool", &amx_ready);
+  m.def("amx_int8_ready() -> bool", &pagoda::quant::amx_int8_ready);
   // Layer ops (cpu_ops.cpp).
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
@@ -50,6 +57,13 @@ TORCH_LIBRARY(pagoda, m) {
   m.def("linear_f32(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.def("pack_bf16(Tensor weight) -> Tensor");
   m.def("linear_bf16(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
+  // Quantized linear layers (cpu_quant.cpp: int8 weights).
+  m.def("quantize_rows_int8(Tensor x, int group) -> (Tensor, Tensor, Tensor)");
+  m.def("pack_int8(Tensor weight) -> Tensor");
+  m.def("int8_column_sums(Tensor packed) -> Tensor");
+  m.def(
+      "linear_int8(Tensor x, Tensor packed, Tensor scales, int out_features, Tensor? bias, Tensor? column_sums, "
+      "int widen_above) -> Tensor");
   // Paged attention (cpu_kernel.cpp: decode and the K/V store; cpu_prefill.cpp: AMX prefill). An int8
   // cache comes with k_scale and v_scale, one fp32 scale per (kv head, slot) ([KVH, NB, BS]).
   m.def(

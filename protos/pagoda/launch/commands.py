@@ -54,12 +54,14 @@ def executor_argv(
     block_size: int | None,
     extra: Sequence[str],
     kv_cache_dtype: str | None = None,
+    quantization: str | None = None,
 ) -> list[str]:
     """``pagoda-executor`` on 127.0.0.1:``port``."""
     argv = service_command("pagoda-executor", "executor_svc.main")
     argv += ["--host", LOOPBACK, "--port", str(port), "--model", model or "default"]
     argv += optional_flags({"--dtype": dtype, "--kv-cache-memory": kv_cache_memory, "--block-size": block_size})
     argv += optional_flags({"--kv-cache-dtype": kv_cache_dtype})
+    argv += optional_flags({"--quantization": quantization})
     return argv + list(extra)
 
 

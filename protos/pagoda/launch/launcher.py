@@ -63,7 +63,7 @@ class Launcher:
             each is given every executor (and ``--scheduler-id`` when several).
         port: first scheduler's port (0: a free port for each).
         host: scheduler bind address.
-        dtype, kv_cache_memory, block_size, kv_cache_dtype: executor flags (None: its default).
+        dtype, kv_cache_memory, block_size, kv_cache_dtype, quantization: executor flags (None: its default).
         metrics_port, http_port: first scheduler's ports (None: off).
         extra_executor_args, extra_scheduler_args: flags passed through.
         env: extra environment of every child.
@@ -91,6 +91,7 @@ class Launcher:
         kv_cache_memory: str | None = None,
         block_size: int | None = None,
         kv_cache_dtype: str | None = None,
+        quantization: str | None = None,
         metrics_port: int | None = None,
         http_port: int | None = None,
         extra_executor_args: Sequence[str] = (),
@@ -126,6 +127,7 @@ class Launcher:
                     block_size,
                     [*self._offload_flags(i), *extra_executor_args],
                     kv_cache_dtype,
+                    quantization,
                 ),
                 p,
             )

@@ -50,6 +50,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache-dtype", default=None, help="auto (the model dtype), float32, bfloat16, float16 or int8"
     )
+    parser.add_argument("--quantization", default=None, help="linear weights: auto, none or int8 (per executor)")
     parser.add_argument("--block-size", type=int, default=None)
     offload = parser.add_argument_group("KV offload tier (docs/kv-offload.md; on by default)")
     offload.add_argument(
@@ -95,6 +96,7 @@ def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence
         kv_cache_memory=args.kv_cache_memory,
         kv_cache_dtype=args.kv_cache_dtype,
         block_size=args.block_size,
+        quantization=args.quantization,
         metrics_port=args.metrics_port,
         http_port=args.http_port,
         extra_executor_args=shlex.split(args.executor_args),

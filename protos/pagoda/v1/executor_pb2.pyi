@@ -34,7 +34,7 @@ class Lease(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., epoch: _Optional[int] = ..., holder_id: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes")
+    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class ExecutorInfo(_message.Message):
     LEASE_CLAIMANTS_FIELD_NUMBER: _ClassVar[int]
     KV_OFFLOAD_FIELD_NUMBER: _ClassVar[int]
     TIER_HASHES_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     model_name: str
     architecture: str
@@ -88,7 +89,8 @@ class ExecutorInfo(_message.Message):
     lease_claimants: _containers.RepeatedScalarFieldContainer[str]
     kv_offload: str
     tier_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    quantization: str
+    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ...) -> None: ...
 
 class BlockLoad(_message.Message):
     __slots__ = ("block_hash", "block_id")

@@ -142,7 +142,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "max_prompt_tokens", "max_new_tokens", "kv_cache_dtype")
+    __slots__ = ("model_name", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "max_prompt_tokens", "max_new_tokens", "kv_cache_dtype", "quantization")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class ModelInfo(_message.Message):
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     dtype: str
@@ -163,7 +164,8 @@ class ModelInfo(_message.Message):
     max_prompt_tokens: int
     max_new_tokens: int
     kv_cache_dtype: str
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    quantization: str
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "chat", "add_special_tokens")
@@ -200,7 +202,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorStatus(_message.Message):
-    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype")
+    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype", "quantization")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +224,7 @@ class ExecutorStatus(_message.Message):
     KV_OFFLOAD_FIELD_NUMBER: _ClassVar[int]
     NUM_TIER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     address: str
     incarnation_id: str
     state: str
@@ -236,7 +239,8 @@ class ExecutorStatus(_message.Message):
     kv_offload: str
     num_tier_blocks: int
     kv_cache_dtype: str
-    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    quantization: str
+    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
 
 class ServerStatus(_message.Message):
     __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers", "spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total", "offload_hit_tokens_total", "num_swaps_total")

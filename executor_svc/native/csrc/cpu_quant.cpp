@@ -1,0 +1,464 @@
+// Linear layers with int8 weights (one scale per output channel) times int8
+// activations (one scale per row and per 64 input features, quantized here
+// on every call): y = sum_g xs[r, g] * (xq[r, g] . wq[c, g]) * ws[c] (+ bias).
+//
+// Weights are packed once as 16-output panels of k-quads ([ceil(N / 16),
+// Kp / 4, 16, 4] int8, K padded to 64): 64 k of a panel are one 1 KB AMX B
+// tile, and one 64-byte row of it is 16 outputs x 4 k, what an AVX512-VNNI
+// dot product takes. Each 64-k group's dot product is an exact int32 (one AMX
+// tile product), scaled by the row's group scale into fp32 accumulators that
+// stay in registers for a 16 x 16 block of y; the channel scales multiply
+// once at the end, and y is rounded to x's dtype once.
+//
+// AMX-INT8 (tdpbssd) where the CPU has it; otherwise AVX512-VNNI (vpdpbusd:
+// unsigned x signed, so x is shifted by 128 and 128 * the weights' column
+// sums taken off again). Threads split the panels; a group of panels stays in
+// L2 while every row tile of x passes over it, so decode batches read each
+// weight once per step.
+#include "cpu_quant.h"
+
+#include <cmath>
+#include <vector>
+
+namespace pagoda::quant {
+
+namespace {
+
+constexpr int64_t kPanelGroup = 8;  // panels a thread keeps in L2 while every row tile passes
+constexpr int64_t kTileBytes = kDepth * kCols;  // one 64-k group of a panel: 1 KB
+
+template <typename T>
+void quantize_row(const T* x, int64_t k, int64_t kp, int64_t group, int8_t* q, float* scale, int32_t* sum) {
+  for (int64_t g = 0; g * group < kp; ++g) {
+    const int64_t k0 = g * group, n = std::min(group, k - k0);
+#if defined(__AVX512F__)
+    __m512 v[4];
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t j = 0; j < group / 16; ++j) {
+      v[j] = n > 16 * j ? load16(x + k0 + 16 * j, tail_mask(n - 16 * j)) : _mm512_setzero_ps();
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(v[j]));
+    }
+    const float m = _mm512_reduce_max_ps(amax);
+    const __m512 inv = _mm512_set1_ps(m > 0.f ? 127.f / m : 0.f);
+    int32_t total = 0;
+    for (int64_t j = 0; j < group / 16; ++j) {
+      const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[j], inv));  // nearest even
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k0 + 16 * j), _mm512_cvtsepi32_epi8(qi));
+      total += _mm512_reduce_add_epi32(qi);
+    }
+#else
+    float m = 0.f;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(to_float(x[k0 + i])));
+    const float inv = m > 0.f ? 127.f / m : 0.f;
+    int32_t total = 0;
+    for (int64_t i = 0; i < group; ++i) {
+      const float value = i < n ? to_float(x[k0 + i]) * inv : 0.f;
+      const int32_t qi = static_cast<int32_t>(std::max(-127.f, std::min(127.f, std::nearbyint(value))));
+      q[k0 + i] = static_cast<int8_t>(qi);
+      total += qi;
+    }
+#endif
+    scale[g] = m / 127.f;
+    if (sum) sum[g] = total;
+  }
+}
+
+void check_packed(const at::Tensor& packed, const char* what) {
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 4 &&
+                  packed.scalar_type() == at::kChar && packed.is_contiguous(),
+              what, " must come from pack_int8");
+  TORCH_CHECK(packed.size(1) * 4 % kDepth == 0, what, " has ", packed.size(1) * 4, " features, not a multiple of 64");
+}
+
+#if defined(PAGODA_AMX_INT8)
+// Tiles 0-1: C, 2-3: A (ROWS rows of x, 64 bytes), 4-5: B (16 k-quads of a panel).
+inline void configure_int8_tiles(int rows) {
+  pagoda::TileConfig config;
+  for (int t = 0; t < 6; ++t) {
+    config.rows[t] = t < 4 ? rows : 16;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// acc[r] = sum_g xs[r * groups + g] * (row r of the x tile . the panel), r < ROWS, 64 k per tile product.
+template <int ROWS>
+PAGODA_INLINE void amx_tile_rows(const int8_t* xq, int64_t kp, const float* xs, int64_t groups, const int8_t* panel,
+                                 __m512* acc) {
+  alignas(64) int32_t c[2][kRows * kCols];
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  auto scale_into = [&](const int32_t* tile, int64_t g) {
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(tile + 16 * r));
+      acc[r] = _mm512_fmadd_ps(dot, _mm512_set1_ps(xs[r * groups + g]), acc[r]);
+    }
+  };
+  int64_t g = 0;
+  for (; g + 1 < groups; g += 2) {  // two tiles in flight: one's product overlaps the other's scaling
+    const char* ahead = reinterpret_cast<const char*>(panel + (g + 4) * kTileBytes);  // 4 groups ahead
+#pragma GCC unroll 32
+    for (int line = 0; line < 32; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, xq + g * kDepth, kp);
+    _tile_loadd(4, panel + g * kTileBytes, 64);
+    _tile_loadd(3, xq + (g + 1) * kDepth, kp);
+    _tile_loadd(5, panel + (g + 1) * kTileBytes, 64);
+    _tile_dpbssd(0, 2, 4);
+    _tile_dpbssd(1, 3, 5);
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    scale_into(c[0], g);
+    scale_into(c[1], g + 1);
+  }
+  if (g < groups) {
+    _tile_zero(0);
+    _tile_loadd(2, xq + g * kDepth, kp);
+    _tile_loadd(4, panel + g * kTileBytes, 64);
+    _tile_dpbssd(0, 2, 4);
+    _tile_stored(0, c[0], 64);
+    scale_into(c[0], g);
+  }
+}
+#endif
+
+#if defined(__AVX512VNNI__)
+// acc[r] for ROWS rows of x: VNNI dot products per 64-k group (x + 128 as unsigned bytes, then
+// 128 * column sums taken off), scaled into fp32.
+template <int ROWS>
+PAGODA_INLINE void vnni_rows(const int8_t* xq, int64_t kp, const float* xs, int64_t groups, const int8_t* panel,
+                             const int32_t* column_sums, __m512* acc) {
+  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i dot[ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
+    const int8_t* w = panel + g * kTileBytes;
+    const int8_t* xg = xq + g * kDepth;
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < kDepth / 4; ++j) {
+      const __m512i wj = _mm512_load_si512(w + 64 * j);
+#pragma GCC unroll 8
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, xg + r * kp + 4 * j, 4);
+        dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_xor_si512(_mm512_set1_epi32(quad), flip), wj);
+      }
+    }
+    const __m512i shift = _mm512_slli_epi32(_mm512_load_si512(column_sums + g * kCols), 7);
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], shift));
+      acc[r] = _mm512_fmadd_ps(exact, _mm512_set1_ps(xs[r * groups + g]), acc[r]);
+    }
+  }
+}
+#endif
+
+#if defined(__AVX512F__)
+// y[row0 + r, 16p : 16p + 16] = acc[r] * ws (+ bias), rows < `rows`, columns < n.
+template <typename T>
+PAGODA_INLINE void store_rows(const __m512* acc, int64_t rows, const float* ws, const T* bias, T* y, int64_t n,
+                              int64_t row0, int64_t p) {
+  const int64_t col0 = p * kCols;
+  const __mmask16 mask = tail_mask(n - col0);
+  const __m512 w_scale = _mm512_maskz_loadu_ps(mask, ws + col0);
+  const __m512 add = bias ? load16(bias + col0, mask) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) store16(y + (row0 + r) * n + col0, _mm512_fmadd_ps(acc[r], w_scale, add), mask);
+}
+#endif
+
+struct Int8Problem {
+  const int8_t* xq;
+  const float* xs;
+  int64_t m, mp, kp, groups, n, panels;
+  const int8_t* w;
+  const float* ws;
+  const int32_t* column_sums;  // VNNI only
+};
+
+#if defined(PAGODA_AMX_INT8)
+// Rows [row0, row0 + ROWS) of y for panels [p0, p1).
+template <int ROWS, typename T>
+PAGODA_INLINE void amx_rows(const Int8Problem& pr, int64_t row0, int64_t p0, int64_t p1, const T* bias, T* y) {
+  __m512 acc[ROWS];
+  for (int64_t p = p0; p < p1; ++p) {
+    amx_tile_rows<ROWS>(pr.xq + row0 * pr.kp, pr.kp, pr.xs + row0 * pr.groups, pr.groups, pr.w + p * pr.kp * kCols,
+                        acc);
+    store_rows(acc, std::min<int64_t>(ROWS, pr.m - row0), pr.ws, bias, y, pr.n, row0, p);
+  }
+}
+#endif
+
+template <typename T>
+void run_amx(const Int8Problem& pr, const T* bias, T* y) {
+#if defined(PAGODA_AMX_INT8)
+  // One row tile (decode batches of up to 16): tiles as tall as the rows, rounded up to 4.
+  const int rows = pr.mp > kRows ? int(kRows) : int(round_up(pr.m, 4));
+  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+    configure_int8_tiles(rows);
+    for (int64_t p0 = begin; p0 < end; p0 += kPanelGroup) {
+      const int64_t p1 = std::min(end, p0 + kPanelGroup);
+      for (int64_t row0 = 0; row0 < pr.mp; row0 += kRows) {
+        switch (rows) {
+          case 4: amx_rows<4>(pr, row0, p0, p1, bias, y); break;
+          case 8: amx_rows<8>(pr, row0, p0, p1, bias, y); break;
+          case 12: amx_rows<12>(pr, row0, p0, p1, bias, y); break;
+          default: amx_rows<16>(pr, row0, p0, p1, bias, y); break;
+        }
+      }
+    }
+    _tile_release();
+  });
+#else
+  TORCH_CHECK(false, "this build has no AMX-INT8 kernel");
+#endif
+}
+
+#if defined(PAGODA_AMX_INT8) && defined(PAGODA_AMX)
+// One int8 panel ([Kp / 4, 16, 4]) as the bf16 AMX kernel's ([Kp / 2, 16, 2]): the integers, exactly.
+void widen_panel(const int8_t* panel, int64_t kp, BF16* out) {
+  const __m512i order = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24,
+                                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  for (int64_t j = 0; j < kp / 4; ++j) {
+    // 16-bit unit 2c + h of a quad row holds k (2h, 2h + 1) of column c: evens are the first pair row.
+    const __m512i split = _mm512_permutexvar_epi16(order, _mm512_loadu_si512(panel + 64 * j));
+    for (int half = 0; half < 2; ++half) {
+      const __m256i bytes = half ? _mm512_extracti64x4_epi64(split, 1) : _mm512_castsi512_si256(split);
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+      BF16* row = out + (2 * j + half) * kCols * 2;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), (__m256i)_mm512_cvtneps_pbh(lo));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 16), (__m256i)_mm512_cvtneps_pbh(hi));
+    }
+  }
+}
+
+// Large batches (prefill): x rounded to bf16 times the weights widened to bf16 a group of panels at a time
+// (never the whole weight), on the bf16 AMX blocks; the channel scales multiply the fp32 sums.
+template <typename T>
+void run_widened(const at::Tensor& x, const Int8Problem& pr, const T* bias, T* y) {
+  constexpr int64_t kGroup = 16;
+  const int64_t mp = round_up(pr.m, kRows), k = x.size(1), chunks = pr.kp / 32;
+  at::Tensor xb = x;  // bf16 rows of kp elements, mp of them (zeros past m)
+  if (x.scalar_type() != at::kBFloat16 || mp != pr.m || k != pr.kp || !x.is_contiguous()) {
+    xb = at::zeros({mp, pr.kp}, x.options().dtype(at::kBFloat16));
+    xb.slice(0, 0, pr.m).slice(1, 0, k).copy_(x);
+  }
+  const BF16* xd = xb.data_ptr<BF16>();
+  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+    pagoda::configure_square_tiles();
+    thread_local std::vector<BF16> wide;  // reused across calls: a fresh one would be mapped and faulted in each time
+    wide.resize(std::max<size_t>(wide.size(), kGroup * pr.kp * kCols));
+    alignas(64) float out[32 * 32];
+    auto store = [&](const float* tile, int64_t row0, int64_t rows, int64_t p) {
+      const int64_t col0 = p * kCols;
+      const __mmask16 mask = tail_mask(pr.n - col0);
+      const __m512 w_scale = _mm512_maskz_loadu_ps(mask, pr.ws + col0);
+      const __m512 add = bias ? load16(bias + col0, mask) : _mm512_setzero_ps();
+      for (int64_t r = 0; r < std::min(rows, pr.m - row0); ++r)
+        store16(y + (row0 + r) * pr.n + col0, _mm512_fmadd_ps(_mm512_load_ps(tile + 32 * r), w_scale, add), mask);
+    };
+    for (int64_t g0 = begin; g0 < end; g0 += kGroup) {
+      const int64_t g1 = std::min(end, g0 + kGroup);
+      for (int64_t p = g0; p < g1; ++p) widen_panel(pr.w + p * pr.kp * kCols, pr.kp, wide.data() + (p - g0) * pr.kp * kCols);
+      for (int64_t row0 = 0; row0 < mp; row0 += 2 * kRows) {
+        const bool two_rows = row0 + 2 * kRows <= mp;
+        for (int64_t p = g0; p < g1; p += 2) {
+          const BF16* a = wide.data() + (p - g0) * pr.kp * kCols;
+          const BF16* b = a + pr.kp * kCols;
+          const bool two_panels = p + 1 < g1;
+          const BF16* xr = xd + row0 * pr.kp;
+          if (two_rows && two_panels) pagoda::amx_block<2, 2>(xr, pr.kp, a, b, chunks, out);
+          else if (two_rows) pagoda::amx_block<2, 1>(xr, pr.kp, a, b, chunks, out);
+          else if (two_panels) pagoda::amx_block<1, 2>(xr, pr.kp, a, b, chunks, out);
+          else pagoda::amx_block<1, 1>(xr, pr.kp, a, b, chunks, out);
+          const int64_t rows = two_rows ? 2 * kRows : kRows;
+          store(out, row0, rows, p);
+          if (two_panels) store(out + 16, row0, rows, p + 1);
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
+
+template <typename T>
+void run_vnni(const Int8Problem& pr, const T* bias, T* y) {
+#if defined(__AVX512VNNI__)
+  constexpr int64_t kMr = 4;  // rows per pass: 4 int32 + 4 fp32 accumulators
+  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+    __m512 acc[kMr];
+    for (int64_t p0 = begin; p0 < end; p0 += kPanelGroup) {
+      const int64_t p1 = std::min(end, p0 + kPanelGroup);
+      for (int64_t row0 = 0; row0 < pr.m; row0 += kMr)
+        for (int64_t p = p0; p < p1; ++p) {
+          const int8_t* xq = pr.xq + row0 * pr.kp;
+          const float* xs = pr.xs + row0 * pr.groups;
+          const int8_t* panel = pr.w + p * pr.kp * kCols;
+          const int32_t* sums = pr.column_sums + p * pr.groups * kCols;
+          const int64_t rows = std::min(kMr, pr.m - row0);
+          switch (rows) {
+            case 4: vnni_rows<4>(xq, pr.kp, xs, pr.groups, panel, sums, acc); break;
+            case 3: vnni_rows<3>(xq, pr.kp, xs, pr.groups, panel, sums, acc); break;
+            case 2: vnni_rows<2>(xq, pr.kp, xs, pr.groups, panel, sums, acc); break;
+            default: vnni_rows<1>(xq, pr.kp, xs, pr.groups, panel, sums, acc); break;
+          }
+          store_rows(acc, rows, pr.ws, bias, y, pr.n, row0, p);
+        }
+    }
+  });
+#else
+  TORCH_CHECK(false, "this build has no AVX512-VNNI kernel");
+#endif
+}
+
+constexpr bool pagoda_amx_bf16() {
+#if defined(PAGODA_AMX)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool amx_int8_ready() {
+#if defined(PAGODA_AMX_INT8)
+  return pagoda::request_amx();
+#else
+  return false;
+#endif
+}
+
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t group, bool with_sums) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x must be a 2-D float32 or bfloat16 CPU tensor");
+  TORCH_CHECK(group == 32 || group == 64, "the quantization group must be 32 or 64, got ", group);
+  const auto xc = x.stride(1) == 1 ? x : x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1), mp = round_up(std::max<int64_t>(m, 1), kRows);
+  const int64_t kp = round_up(k, kDepth), groups = kp / group;
+  QuantizedRows out{at::zeros({mp, kp}, x.options().dtype(at::kChar)),
+                    at::zeros({mp, groups}, x.options().dtype(at::kFloat)),
+                    with_sums ? at::zeros({mp, groups}, x.options().dtype(at::kInt)) : at::Tensor(),
+                    m, mp, kp, groups};
+  int8_t* q = out.q.data_ptr<int8_t>();
+  float* scale = out.scale.data_ptr<float>();
+  int32_t* sum = with_sums ? out.sum.data_ptr<int32_t>() : nullptr;
+  const int64_t ldx = xc.stride(0);
+  AT_DISPATCH_V2(xc.scalar_type(), "quantize_rows", AT_WRAP([&] {
+    const scalar_t* xd = xc.data_ptr<scalar_t>();
+    pagoda::parallel_for(m, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        quantize_row(xd + r * ldx, k, kp, group, q + r * kp, scale + r * groups, sum ? sum + r * groups : nullptr);
+    });
+  }), at::kFloat, at::kBFloat16);
+  return out;
+}
+
+// x [M, K] -> (q [Mp, Kp] int8, scales [Mp, Kp / group] fp32, sums [Mp, Kp / group] int32): what the
+// quantized GEMMs compute with (exposed for tests and references).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x, int64_t group) {
+  auto rows = quantize_rows(x, group, true);
+  return {rows.q, rows.scale, rows.sum};
+}
+
+// q [N, K] int8 -> [ceil(N / 16), Kp / 4, 16, 4] (zero-padded past N and K).
+at::Tensor pack_int8(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar && weight.device().is_cpu(),
+              "weight must be a 2-D int8 CPU tensor");
+  const auto w = weight.contiguous();
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kCols - 1) / kCols, kp = round_up(k, kDepth);
+  auto packed = at::zeros({panels, kp / 4, kCols, 4}, w.options());
+  const int8_t* src = w.data_ptr<int8_t>();
+  int8_t* dst = packed.data_ptr<int8_t>();
+  pagoda::parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t c = 0; c < std::min(kCols, n - p * kCols); ++c) {
+        const int8_t* row = src + (p * kCols + c) * k;
+        int8_t* out = dst + p * kp * kCols + c * 4;
+        for (int64_t i = 0; i < k; ++i) out[(i / 4) * kCols * 4 + i % 4] = row[i];
+      }
+  });
+  return packed;
+}
+
+// Per panel, 64-k group and column: the sum of the packed weights ([P, Kp / 64, 16] int32), which the VNNI
+// path takes off its shifted dot products.
+at::Tensor int8_column_sums(const at::Tensor& packed) {
+  check_packed(packed, "packed");
+  const int64_t panels = packed.size(0), groups = packed.size(1) * 4 / kDepth;
+  auto sums = at::zeros({panels, groups, kCols}, packed.options().dtype(at::kInt));
+  const int8_t* w = packed.data_ptr<int8_t>();
+  int32_t* out = sums.data_ptr<int32_t>();
+  for (int64_t tile = 0; tile < panels * groups; ++tile)  // a tile: 16 k-quads x 16 columns x 4
+    for (int64_t i = 0; i < kTileBytes; ++i) out[tile * kCols + (i / 4) % kCols] += w[tile * kTileBytes + i];
+  return sums;
+}
+
+// x [M, K] fp32 / bf16 @ (packed * scales)^T (+ bias [N], x's dtype) -> [M, N] in x's dtype. With
+// column_sums (int8_column_sums of packed) the VNNI kernel runs (int8 activations at any M), else AMX-INT8
+// up to widen_above rows and the widened bf16 path past them.
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
+                       const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& column_sums,
+                       int64_t widen_above) {
+  check_packed(packed, "packed weight");
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x must be a 2-D float32 or bfloat16 CPU tensor");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), kp = packed.size(1) * 4;
+  TORCH_CHECK(kp == round_up(k, kDepth), "x has ", k, " features, the weight expects ", kp, " (padded)");
+  TORCH_CHECK(n > (panels - 1) * kCols && n <= panels * kCols, "out_features ", n, " does not match the packed weight");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == n && scales.is_contiguous(),
+              "scales must be float32 [", n, "]");
+  at::Tensor b;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.scalar_type() == x.scalar_type() && b.numel() == n, "bias must be ", x.scalar_type(), " [", n, "]");
+  }
+  if (column_sums.has_value()) {
+    TORCH_CHECK(column_sums->scalar_type() == at::kInt && column_sums->is_contiguous() &&
+                    column_sums->numel() == panels * (kp / kDepth) * kCols,
+                "column_sums must come from int8_column_sums of this weight");
+  } else {
+    TORCH_CHECK(amx_int8_ready(), "the AMX-INT8 path needs AMX-INT8 (pass column_sums for the VNNI path)");
+  }
+  auto y = at::empty({m, n}, x.options());
+  if (m == 0) return y;
+  const bool widen = !column_sums.has_value() && m > widen_above;
+  TORCH_CHECK(!widen || pagoda_amx_bf16(), "this build cannot widen int8 weights to bf16 (no AMX-BF16)");
+  const QuantizedRows rows = widen ? QuantizedRows{} : quantize_rows(x, kDepth, false);
+  const Int8Problem problem{widen ? nullptr : rows.q.data_ptr<int8_t>(), widen ? nullptr : rows.scale.data_ptr<float>(),
+                            m, widen ? 0 : rows.mp, kp, kp / kDepth, n, panels, packed.data_ptr<int8_t>(),
+                            scales.data_ptr<float>(),
+                            column_sums.has_value() ? column_sums->data_ptr<int32_t>() : nullptr};
+#if defined(__AVX512F__)
+  AT_DISPATCH_V2(x.scalar_type(), "linear_int8", AT_WRAP([&] {
+    const scalar_t* bd = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
+    scalar_t* yd = y.data_ptr<scalar_t>();
+    if (column_sums.has_value()) run_vnni<scalar_t>(problem, bd, yd);
+#if defined(PAGODA_AMX_INT8) && defined(PAGODA_AMX)
+    else if (widen) run_widened<scalar_t>(x, problem, bd, yd);
+#endif
+    else run_amx<scalar_t>(problem, bd, yd);
+  }), at::kFloat, at::kBFloat16);
+#else
+  TORCH_CHECK(false, "this build has no int8 kernel (needs AVX-512)");
+#endif
+  return y;
+}
+
+}  // namespace pagoda::quant
+
+// linear_int8 needs amx_int8_ready() (AMX path) or "avx512_vnni" in cpu_features() (VNNI path).
+TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
+  m.impl("quantize_rows_int8", &pagoda::quant::quantize_rows_int8);
+  m.impl("pack_int8", &pagoda::quant::pack_int8);
+  m.impl("int8_column_sums", &pagoda::quant::int8_column_sums);
+  m.impl("linear_int8", &pagoda::quant::linear_int8);
+}

@@ -1,0 +1,140 @@
+"""The ``--quantization`` modes by name, and what the chosen one does to a model's linear weights.
+
+A mode is one ``QuantMode`` entry in ``MODES``: how it quantizes a dense
+weight at load (or keeps it dense) and which GGUF tensor types the loader
+keeps as stored. ``resolve_quantization`` turns the flags into the effective
+``Quantization`` of an executor before any weight is read, so a bad flag
+fails at start with the choices named. ``--quantized-activations`` picks the
+activations of the int8 paths: ``int8`` (dynamic, per row and 64 features),
+``bf16`` (weight-only) or ``auto`` (int8 up to ``WIDEN_ABOVE_ROWS`` rows
+where the C++ kernels run, bf16 past them and on CUDA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor_svc.models.layer_ops import LayerOps
+from executor_svc.native import loader
+from executor_svc.quant import int8
+from executor_svc.quant.layer_ops import QuantizedLayerOps, QuantizedLinear
+
+ACTIVATIONS = ("auto", "int8", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where the quantized layers run: the device, the model dtype and the kernels (None: torch code)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    kernels: Any  # executor_svc.native.loader.Kernels, when the layer ops are the C++ ones
+    activations: str  # one of ACTIVATIONS
+
+    @property
+    def kernel_ops(self) -> Any:
+        return None if self.kernels is None else self.kernels.ops
+
+    def int8_path(self) -> tuple[str, int]:
+        """(what runs int8 layers, widen_above): the kernels where they take this dtype, else torch."""
+        path = int8.int8_path(self.kernels, self.device)
+        if self.dtype not in (torch.float32, torch.bfloat16) or (path == "vnni-int8" and self.activations == "bf16"):
+            path = "torch-int8"  # the kernels take fp32 / bf16 rows; VNNI has no bf16 widening
+        if self.activations == "int8" or path == "vnni-int8":
+            return path, int8.ALWAYS
+        if self.activations == "bf16" or self.device.type == "cuda":
+            return path, 0
+        return path, int8.WIDEN_ABOVE_ROWS
+
+
+def _keep_no_gguf(qtype: Any) -> bool:
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantMode:
+    """One ``--quantization`` mode."""
+
+    name: str
+    help: str
+    # (dense weight [N, K] in the model dtype, target) -> its quantized layer, or None: it stays dense.
+    quantize: Callable[[torch.Tensor, Target], QuantizedLinear | None]
+    # Whether the GGUF loader keeps tensors of a GGMLQuantizationType as stored (else it dequantizes them).
+    keeps_gguf: Callable[[Any], bool] = _keep_no_gguf
+    # The mode keeps a GGUF file's blocks: refused for a checkpoint folder.
+    gguf_only: bool = False
+
+
+def _dense(weight: torch.Tensor, target: Target) -> None:
+    return None
+
+
+def _int8(weight: torch.Tensor, target: Target) -> QuantizedLinear:
+    path, widen_above = target.int8_path()
+    return int8.int8_linear(weight, path, target.kernel_ops, widen_above)
+
+
+MODES: dict[str, QuantMode] = {}
+
+
+def register(mode: QuantMode) -> None:
+    """Adds a mode (its name must be new)."""
+    if mode.name in MODES or mode.name == "auto":
+        raise ValueError(f"quantization mode {mode.name!r} is registered already")
+    MODES[mode.name] = mode
+
+
+register(QuantMode("none", "weights in --dtype (a GGUF file is dequantized at load)", _dense))
+register(QuantMode("int8", "int8 weights, one scale per output channel, quantized at load", _int8))
+
+
+def mode_names() -> tuple[str, ...]:
+    """Every name --quantization takes."""
+    return ("auto", *MODES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """An executor's effective quantization: its mode and where the layers run."""
+
+    mode: QuantMode
+    target: Target
+
+    @property
+    def name(self) -> str:
+        return self.mode.name
+
+    def quantize(self, weight: Any) -> QuantizedLinear | None:
+        """A linear weight's quantized layer, or None when it stays dense."""
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+            return None
+        return self.mode.quantize(weight, self.target)
+
+    def wrap(self, ops: LayerOps) -> LayerOps:
+        """The layer ops the model is built with (``ops`` itself when nothing is quantized)."""
+        return ops if self.mode.name == "none" else QuantizedLayerOps(ops, self.quantize)  # type: ignore[return-value]
+
+
+def resolve_quantization(
+    name: str, activations: str, model_path: str | Path, device: torch.device, dtype: torch.dtype, ops: LayerOps
+) -> Quantization:
+    """The effective quantization for these flags, model and layer ops (``auto``: none).
+
+    Raises:
+        ValueError: an unknown mode or activations choice, or a mode this model cannot take (named).
+    """
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"unknown --quantized-activations {activations!r}; use one of {', '.join(ACTIVATIONS)}")
+    resolved = "none" if name == "auto" else name
+    mode = MODES.get(resolved)
+    if mode is None:
+        raise ValueError(f"unknown --quantization {name!r}; use one of {', '.join(mode_names())}")
+    if mode.gguf_only and Path(model_path).suffix != ".gguf":
+        raise ValueError(f"--quantization {name} keeps a GGUF file's blocks; {model_path} is not a .gguf file")
+    kernels = loader.kernels() if ops.name == "cpp" else None
+    return Quantization(mode, Target(device, dtype, kernels, activations))

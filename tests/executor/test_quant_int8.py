@@ -1,0 +1,184 @@
+"""int8 weights (``--quantization int8``): the kernels' GEMMs against a dequantize-then-matmul reference.
+
+Each int8 path (AMX-INT8, AVX512-VNNI, the widened bf16 path of large steps,
+the torch code) is held to a float64 product of the dequantized operands:
+the kernel's own quantized activations (an int8 dot product per 64-feature
+group is exact, so only the final scaling and rounding differ), or x rounded
+to bf16 for the widened path. Rounding as in the bf16 GEMM tests: fp32 within
+fp32 sum error, bf16 within one bf16 step of the exact value.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor_svc.quant import int8
+from tests.executor.conftest import native_ops
+
+ROWS = [1, 5, 8, 17, 48, 64, 128, 129, 2048]
+SHAPES = [(16, 64), (100, 40), (960, 576), (576, 1536)]  # (out, in): panel and depth tails, SmolLM2's matmuls
+
+
+@pytest.fixture(scope="module")
+def kernels(cpp_kernel):
+    ops = native_ops("avx512", "the int8 GEMMs need AVX-512")
+    if "avx512_vnni" not in ops.cpu_features():
+        pytest.skip("the int8 GEMMs need AVX512-VNNI or AMX-INT8 in the kernel build")
+    return ops
+
+
+def _weights(out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    wq, ws = int8.quantize_per_channel(weight)
+    return weight, wq, ws
+
+
+def _reference(x, wq, ws, bias, xq=None, xs=None) -> torch.Tensor:
+    """float64 x_dequantized @ (wq * ws).T + bias; x_dequantized from (xq, xs) when given, else x itself."""
+    m, k = x.shape
+    if xq is None:
+        dequantized = x.double()
+    else:
+        groups = xs.shape[1]
+        dequantized = (xq[:m].double().view(m, groups, int8.GROUP) * xs[:m, :, None].double()).flatten(1)[:, :k]
+    out = (dequantized @ wq.double().T) * ws.double()
+    return out if bias is None else out + bias.double()
+
+
+def _assert_rounded_once(out: torch.Tensor, exact: torch.Tensor, in_features: int) -> None:
+    """fp32: within fp32 sum error; bf16: within one bf16 step of the exact value (plus sum error)."""
+    if out.dtype == torch.float32:
+        assert (out.double() - exact).abs().max().item() <= 2e-6 * max(1.0, exact.abs().max().item())
+    else:
+        step = exact.abs().float().clamp_min(1e-3).double() * 2**-7
+        assert ((out.double() - exact).abs() <= step + 1e-5 * in_features**0.5).all()
+
+
+def test_weights_round_to_the_nearest_step_of_their_channel():
+    weight = torch.randn(7, 50, generator=torch.Generator().manual_seed(1))
+    weight[3] = 0.0
+    wq, ws = int8.quantize_per_channel(weight)
+    assert wq.dtype == torch.int8 and ws.shape == (7,) and wq.abs().max().item() == 127
+    assert ws[3].item() == 1.0 and not wq[3].any()  # an all-zero channel: scale 1, zeros
+    assert ((wq.float() * ws[:, None] - weight).abs() <= ws[:, None] / 2 + 1e-7).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [32, 64])
+def test_kernel_quantizes_activations_as_the_reference(kernels, dtype, group):
+    gen = torch.Generator().manual_seed(group)
+    x = (torch.randn(37, 200, generator=gen) * torch.rand(37, 1, generator=gen) * 10).to(dtype)
+    x[4] = 0.0
+    xq, xs, sums = kernels.quantize_rows_int8(x, group)
+    ref_q, ref_s = int8.quantize_activations(x, group)
+    assert xq.shape == (48, 256) and xs.shape == (48, 256 // group)  # rows to 16, features to 64
+    assert not xq[37:].any() and not xs[37:].any() and not xq[:, 200:].any()
+    torch.testing.assert_close(xs[:37], ref_s, rtol=1e-6, atol=0)
+    diff = (xq[:37].int() - ref_q.int()).abs()
+    assert diff.max().item() <= 1 and (diff > 0).float().mean().item() < 1e-3  # a reciprocal's ulp at a tie
+    assert torch.equal(sums, xq.int().view(48, -1, group).sum(dim=2))
+    assert not xq[4].any() and xs[4].abs().sum().item() == 0
+
+
+def _paths(kernels) -> list[str]:
+    paths = ["vnni-int8"]
+    if "amx_int8" in kernels.cpu_features() and kernels.amx_int8_ready():
+        paths.insert(0, "amx-int8")
+    return paths
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_gemm_matches_dequantize_then_matmul(kernels, rows, shape, dtype):
+    """Every row tile height (4, 8, 12, 16 and several tiles), panel / depth tails, both dtypes, bias or not;
+    int8 activations up to 128 rows, the widened bf16 path past them on AMX (VNNI keeps int8)."""
+    out_features, in_features = shape
+    _, wq, ws = _weights(out_features, in_features, rows * 7 + out_features)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=gen).to(dtype)
+    bias = torch.randn(out_features, generator=gen).to(dtype)
+    xq, xs, _ = kernels.quantize_rows_int8(x, int8.GROUP)
+    for path in _paths(kernels):
+        layer = int8.int8_linear(wq.float() * ws[:, None], path, kernels, int8.WIDEN_ABOVE_ROWS)
+        assert torch.equal(layer._wq(), wq)  # quantizing the dequantized weights gives them back
+        widened = path == "amx-int8" and rows > int8.WIDEN_ABOVE_ROWS
+        for b in (None, bias):
+            out = layer(x, b)
+            assert out.dtype == dtype and out.shape == (rows, out_features)
+            # The widened path multiplies x rounded to bf16; the others the kernel's own int8 activations.
+            exact = _reference(x.to(torch.bfloat16), wq, ws, b) if widened else _reference(x, wq, ws, b, xq, xs)
+            _assert_rounded_once(out, exact, in_features)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 48, 2048])
+def test_torch_path_computes_the_same_math(kernels, rows):
+    """The torch code (no kernels, CUDA, fp16) is the kernels' math in fp32: close to both references."""
+    _, wq, ws = _weights(576, 1536, rows)
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    for widen_above in (int8.ALWAYS, 0):
+        out = int8.int8_matmul(x, wq, ws, None, widen_above)
+        if widen_above:
+            xq, xs = int8.quantize_activations(x)
+            exact = _reference(x, wq, ws, None, xq, xs)
+        else:
+            exact = _reference(x, wq, ws, None)
+        _assert_rounded_once(out, exact, 1536)
+
+
+def test_activation_modes_pick_the_math(kernels):
+    """int8: int8 activations at any size; bf16: weight-only at any size (both paths agree with their reference)."""
+    _, wq, ws = _weights(96, 128, 3)
+    for rows in (4, 300):
+        x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        xq, xs, _ = kernels.quantize_rows_int8(x, int8.GROUP)
+        for path in _paths(kernels):
+            always_int8 = int8.int8_linear(wq.float() * ws[:, None], path, kernels, int8.ALWAYS)
+            _assert_rounded_once(always_int8(x), _reference(x, wq, ws, None, xq, xs), 128)
+        if "amx-int8" in _paths(kernels):
+            weight_only = int8.int8_linear(wq.float() * ws[:, None], "amx-int8", kernels, 0)
+            _assert_rounded_once(weight_only(x), _reference(x, wq, ws, None), 128)
+
+
+def test_int8_layer_takes_strided_batched_empty_and_fp16_inputs(kernels):
+    _, wq, ws = _weights(130, 40, 5)
+    for path in [*_paths(kernels), "torch-int8"]:
+        layer = int8.int8_linear(wq.float() * ws[:, None], path, kernels, int8.WIDEN_ABOVE_ROWS)
+        wide = torch.randn(9, 100, generator=torch.Generator().manual_seed(2))
+        x = wide[:, 10:50]  # rows 100 apart
+        reference = int8.int8_matmul(x.contiguous(), wq, ws, None, int8.WIDEN_ABOVE_ROWS)
+        torch.testing.assert_close(layer(x), reference, rtol=1e-5, atol=1e-5)
+        assert layer(torch.randn(2, 3, 40)).shape == (2, 3, 130)
+        assert layer(torch.zeros(0, 40)).shape == (0, 130)
+        half = torch.randn(3, 40).half()  # no kernel takes fp16: the torch code runs
+        torch.testing.assert_close(
+            layer(half), int8.int8_matmul(half, wq, ws, None, int8.WIDEN_ABOVE_ROWS), rtol=0, atol=0
+        )
+
+
+def test_int8_gemm_rejects_mismatched_inputs(kernels):
+    _, wq, ws = _weights(40, 64, 6)
+    packed = kernels.pack_int8(wq)
+    assert tuple(packed.shape) == (3, 16, 16, 4)
+    assert not packed[2, :, 8:].any()  # outputs past N are zero
+    sums = kernels.int8_column_sums(packed)
+    assert torch.equal(sums.sum(dim=1).flatten()[:40], wq.int().sum(dim=1))
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="features"):
+        kernels.linear_int8(torch.randn(2, 96), packed, ws, 40, None, sums, int8.ALWAYS)
+    with pytest.raises(RuntimeError, match="out_features"):
+        kernels.linear_int8(x, packed, ws, 60, None, sums, int8.ALWAYS)
+    with pytest.raises(RuntimeError, match="scales"):
+        kernels.linear_int8(x, packed, ws[:39], 40, None, sums, int8.ALWAYS)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.linear_int8(x, packed, ws, 40, torch.randn(40).bfloat16(), sums, int8.ALWAYS)
+    with pytest.raises(RuntimeError, match="column_sums"):
+        kernels.linear_int8(x, packed, ws, 40, None, sums[:1], int8.ALWAYS)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        kernels.linear_int8(x.half(), packed, ws, 40, None, sums, int8.ALWAYS)
+    with pytest.raises(RuntimeError, match="pack_int8"):
+        kernels.linear_int8(x, packed.float(), ws, 40, None, sums, int8.ALWAYS)
+    with pytest.raises(RuntimeError, match="int8"):
+        kernels.pack_int8(wq.float())

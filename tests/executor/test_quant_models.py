@@ -1,0 +1,110 @@
+"""Quantized models end to end on the tiny checkpoints: every family's linear layers through the int8 paths.
+
+The C++ int8 kernels and the torch code compute the same math, so a model
+served on either gives the same logits (within fp32 sum order) and the same
+greedy tokens; against the dense model, int8 moves the logits by the
+quantization error only. MoE routers stay dense. Bad flags fail at start,
+before any weight is read.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor_svc.model_runner import ModelRunner
+from executor_svc.models.moe import MoeBlock
+from executor_svc.native.active import active_kernels
+from executor_svc.quant import int8
+from executor_svc.quant.layer_ops import QuantizedLinear
+from tests.executor.conftest import install_recorder
+from tests.executor.test_model_hf_parity import _generate, greedy_prompts
+
+BLOCK_SIZE = 4
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "phi3", "mixtral", "olmoe"]
+
+
+def _runner(folder, **kwargs) -> ModelRunner:
+    options = dict(dtype="float32", device="cpu", block_size=BLOCK_SIZE, kv_cache_memory_bytes=2**21)
+    return ModelRunner(str(folder), **{**options, **kwargs})
+
+
+def _logits(runner: ModelRunner, num_new: int = 6) -> dict[tuple[int, ...], torch.Tensor]:
+    """The logits of every sampled position of the greedy prompts, by the tokens before it."""
+    recorder = install_recorder(runner)
+    _generate(runner, greedy_prompts(), num_new, chunk=5)
+    return {tuple(token_ids): logits for token_ids, logits in recorder.records}
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_int8_kernels_compute_every_layer_as_the_torch_code(arch, checkpoints, cpp_kernel):
+    """Every int8 matmul of a real run (prefill chunks, decodes, each family's shapes) against the torch code on
+    the same input. (Whole runs are not compared: a last-bit difference upstream may move one activation across
+    a rounding boundary, which is within the quantization's error but then spreads.)"""
+    runner = _runner(checkpoints[arch], quantization="int8")
+    assert "int8" in active_kernels(runner)["gemm"]
+    calls = []
+    linear = runner.model.ops.linear
+
+    def recording(x, weight, bias=None):
+        y = linear(x, weight, bias)
+        if isinstance(weight, QuantizedLinear):
+            calls.append((x.clone(), weight, bias, y.clone()))  # y is rotated in place later
+        return y
+
+    runner.model.ops.linear = recording
+    for layer in runner.model.layers:  # blocks that bound ops.linear at load
+        if hasattr(layer.mlp, "linear"):
+            layer.mlp.linear = recording
+    _generate(runner, greedy_prompts(), 4, chunk=5)
+    assert len(calls) > 4 * runner.config.num_layers
+    for x, weight, bias, y in calls:
+        flat = x.reshape(-1, x.shape[-1])
+        expected = int8.int8_matmul(flat, weight._wq(), weight.scales, bias, weight.widen_above)
+        torch.testing.assert_close(y.reshape(expected.shape), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "mixtral"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_stays_close_to_the_dense_model(arch, dtype, checkpoints, cpp_kernel):
+    dense = _logits(_runner(checkpoints[arch], dtype=dtype))
+    quantized = _logits(_runner(checkpoints[arch], dtype=dtype, quantization="int8"))
+    shared = dense.keys() & quantized.keys()  # greedy tokens may part after a near tie
+    assert len(shared) >= len(greedy_prompts()) * 2
+    for tokens in shared:
+        cosine = torch.nn.functional.cosine_similarity(quantized[tokens].float(), dense[tokens].float(), dim=0)
+        assert cosine.item() > 0.995
+
+
+def test_every_linear_weight_is_quantized_but_the_routers(checkpoints, cpp_kernel):
+    runner = _runner(checkpoints["mixtral"], quantization="int8")
+    model = runner.model
+    assert isinstance(model.lm_head, QuantizedLinear)
+    for layer in model.layers:
+        assert isinstance(layer.attn.qkv, QuantizedLinear) and isinstance(layer.attn.o_proj, QuantizedLinear)
+        assert isinstance(layer.mlp, MoeBlock) and not isinstance(layer.mlp.router, QuantizedLinear)
+        assert all(isinstance(w, QuantizedLinear) for expert in layer.mlp.experts for w in expert)
+    assert model.embed.dtype == torch.float32  # the embedding table stays in the model dtype
+    assert runner.info.quantization == "int8"
+    assert _runner(checkpoints["mixtral"]).info.quantization == "none"
+
+
+def test_int8_layers_take_a_quarter_of_the_fp32_bytes(checkpoints, cpp_kernel):
+    runner = _runner(checkpoints["llama"], quantization="int8")
+    layers = [runner.model.lm_head, *(w for layer in runner.model.layers for w in (layer.attn.qkv, layer.attn.o_proj))]
+    for layer in layers:
+        in_features = -(-layer.in_features // 64) * 64
+        dense = layer.out_features * in_features * 4
+        assert layer.nbytes <= dense / 4 * 1.2  # the scales (and VNNI's column sums) on top
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (dict(quantization="int4"), r"unknown --quantization 'int4'; use one of auto, none, int8"),
+        (dict(quantization="int8", quantized_activations="fp8"), r"unknown --quantized-activations 'fp8'"),
+    ],
+)
+def test_bad_flags_fail_before_the_weights_are_read(tmp_path, flags, message):
+    with pytest.raises(ValueError, match=message):
+        ModelRunner(str(tmp_path / "no-such-model"), device="cpu", **flags)
