@@ -2,12 +2,14 @@
 
 Usage:
     python bench/bench_executor.py [--model DIR_OR_GGUF] [--batches 1,8,32,64,128]
-        [--context 512] [--dtypes float32,bfloat16] [--kv-dtypes auto,int8] [--backends torch,cpp]
+        [--context 512] [--dtypes float32,bfloat16] [--kv-dtypes auto,int8] [--quantizations none,int8]
+        [--backends torch,cpp]
         [--block-size 16] [--kv-cache-memory 3GiB] [--steps 5] [--rounds 1] [--threads N]
 
-With several --kv-dtypes, one runner per KV dtype is built and they take
-turns batch by batch, so their decode steps are measured side by side; a
-last table gives each one's step and attention time against the first's.
+With several --kv-dtypes or --quantizations, one runner per variant (each KV
+dtype with each quantization) is built and they take turns batch by batch, so
+their decode steps are measured side by side; a last table gives each one's
+step and attention time against the first's.
 
 Without --model it prepares the default model (SmolLM2) with
 ``executor_svc.model_cache``. Decode sequences are registered with
@@ -151,6 +153,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--kv-dtypes", default="auto", help="KV cache dtypes to compare, e.g. auto,int8")
+    parser.add_argument("--quantizations", default="auto", help="weight quantizations to compare, e.g. none,int8")
     parser.add_argument("--backends", default="torch,cpp", help="attention backends (those that run here)")
     parser.add_argument("--block-size", type=int, default=16, help="0: the executor's default for the KV dtype")
     parser.add_argument("--kv-cache-memory", default=None, help="KV budget per runner (default 1GiB), e.g. 3GiB")
@@ -172,14 +175,15 @@ def main() -> None:
         _bench_dtype(model, dtype, batches, args)
 
 
-def _runner(model: str, dtype: str, kv_dtype: str, batches: list[int], args) -> ModelRunner:
+def _runner(model: str, dtype: str, variant: tuple[str, str], batches: list[int], args) -> ModelRunner:
+    kv_dtype, quantization = variant
     runner = ModelRunner(
         model,
         dtype=dtype,
         kv_cache_dtype=kv_dtype,
+        quantization=quantization,
         device=args.device,
         block_size=args.block_size or None,
-        attention_backend="torch",
         kv_cache_memory_bytes=parse_size(args.kv_cache_memory) if args.kv_cache_memory else None,
         max_model_len=max(args.context + args.steps + 8, 1024),
     )
@@ -192,10 +196,17 @@ def _runner(model: str, dtype: str, kv_dtype: str, batches: list[int], args) -> 
     return runner
 
 
+def _variant_name(runner: ModelRunner) -> str:
+    """``KV bfloat16, weights none``: what a variant runs, read off its runner."""
+    return f"KV {runner.info.kv_cache_dtype}, weights {runner.info.quantization}"
+
+
 def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
-    """Every KV dtype's runner, taking turns batch by batch (side by side in one run), for each backend."""
-    kv_dtypes = args.kv_dtypes.split(",")
-    runners = {kv: _runner(model, dtype, kv, batches, args) for kv in kv_dtypes}
+    """Every variant's runner (KV dtype x quantization), taking turns batch by batch (side by side in one run),
+    for each backend."""
+    variants = list(dict.fromkeys((kv, q) for q in args.quantizations.split(",") for kv in args.kv_dtypes.split(",")))
+    runners = {variant: _runner(model, dtype, variant, batches, args) for variant in variants}
+    _share_weights(runners)
     device = next(iter(runners.values())).device
     peaks = measure_peaks(device)
     print(
@@ -206,26 +217,36 @@ def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
         for runner in runners.values():
             runner.backend = AttentionTimer(get_backend(backend_name, device, runner.dtype), device)
             runner.warmup()
-        times: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        times: dict[tuple[tuple[str, str], int], list[tuple[float, float]]] = {}
         for batch in batches:
             for _ in range(args.rounds):
-                for kv, runner in runners.items():
-                    times.setdefault((kv, batch), []).append(decode_step(runner, batch, args.context, args.steps))
-        for kv, runner in runners.items():
-            print(
-                f"-- attention backend {backend_name}, KV cache {runner.info.kv_cache_dtype}, block {runner.block_size}"
-            )
+                for variant, runner in runners.items():
+                    times.setdefault((variant, batch), []).append(decode_step(runner, batch, args.context, args.steps))
+        for variant, runner in runners.items():
+            print(f"-- attention backend {backend_name}, {_variant_name(runner)}, block {runner.block_size}")
             print(f"{'batch':>6} {'step ms':>9} {'tok/s':>8} {'attn %':>7} {'roofline ms':>12} {'% roofline':>11}")
             for batch in batches:
-                step_s, share = _median_step(times[(kv, batch)])
+                step_s, share = _median_step(times[(variant, batch)])
                 bound = decode_roofline_s(runner, batch, args.context, peaks, dtype)
                 print(
                     f"{batch:>6} {step_s * 1e3:>9.1f} {batch / step_s:>8.1f} {share * 100:>6.1f}% "
                     f"{bound * 1e3:>12.2f} {bound / step_s * 100:>10.1f}%"
                 )
             print(f"prefill {args.context} tokens: {prefill_tokens_per_s(runner, args.context):.0f} tokens/s")
-        if len(kv_dtypes) > 1:
-            _print_ratios(runners, times, batches, kv_dtypes)
+        if len(variants) > 1:
+            _print_ratios(runners, times, batches, variants)
+
+
+def _share_weights(runners: dict[tuple[str, str], ModelRunner]) -> None:
+    """Runners of one quantization run the first one's model (the same weight tensors): two copies of the same
+    weights can stream at different speeds (measured: ~4 ms of a ~20 ms SmolLM2 step, stable for a copy's
+    lifetime, whichever was loaded first), which would hide what the KV dtype changes."""
+    first: dict[str, ModelRunner] = {}
+    for (_, quantization), runner in runners.items():
+        if quantization in first:
+            runner.model = first[quantization].model
+        else:
+            first[quantization] = runner
 
 
 def _backends(device: torch.device, asked: str) -> list[str]:
@@ -240,15 +261,15 @@ def _median_step(samples: list[tuple[float, float]]) -> tuple[float, float]:
     return sorted(samples)[len(samples) // 2]
 
 
-def _print_ratios(runners, times, batches: list[int], kv_dtypes: list[str]) -> None:
-    """Each KV dtype's decode step against the first one's, batch by batch (same run, turns interleaved)."""
-    base = kv_dtypes[0]
-    print(f"-- decode step vs KV cache {runners[base].info.kv_cache_dtype} (x = its time / this one's)")
-    for kv in kv_dtypes[1:]:
+def _print_ratios(runners, times, batches: list[int], variants: list[tuple[str, str]]) -> None:
+    """Each variant's decode step and attention time against the first variant's, batch by batch."""
+    base = variants[0]
+    print(f"-- decode step vs {_variant_name(runners[base])} (x = its time / this one's)")
+    for variant in variants[1:]:
         for batch in batches:
-            mine, theirs = _median_step(times[(kv, batch)]), _median_step(times[(base, batch)])
+            mine, theirs = _median_step(times[(variant, batch)]), _median_step(times[(base, batch)])
             print(
-                f"   {runners[kv].info.kv_cache_dtype} batch {batch:>4}: {mine[0] * 1e3:.1f} ms vs "
+                f"   {_variant_name(runners[variant])}, batch {batch:>4}: {mine[0] * 1e3:.1f} ms vs "
                 f"{theirs[0] * 1e3:.1f} ms ({theirs[0] / mine[0]:.2f}x); attention {mine[0] * mine[1] * 1e3:.1f} "
                 f"vs {theirs[0] * theirs[1] * 1e3:.1f} ms ({theirs[0] * theirs[1] / (mine[0] * mine[1]):.2f}x)"
             )
