@@ -1,50 +1,111 @@
-"""Speculative decoding served, side by side in one run: n-gram drafts off vs on.
+"""Speculative decoding served, side by side in one run: off, n-gram drafts, and draft models.
 
 Usage:
-    python bench/bench_speculative.py [--rounds 2] [--num-requests 8] [--k 4] \\
+    python bench/bench_speculative.py [--variants off,ngram] [--rounds 2] [--num-requests 8] [--k 4] \\
         [--serve-args "--dtype bfloat16 --kv-cache-memory 1GiB"] \\
         [--bench-args "--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"]
 
-Each round starts a fresh ``pagoda serve`` per variant (the order rotates each
-round, so drift on a shared machine hits both alike): ``off``, and ``ngram``
-(``--speculative ngram --num-speculative-tokens K``, passed through by ``pagoda
-serve`` to the scheduler). On each:
+Variants (each a fresh ``pagoda serve``; ``--speculative`` and
+``--num-speculative-tokens K`` are passed through to the scheduler, ``--draft-model``
+to the executor):
+- ``off``: no speculation;
+- ``ngram``: prompt-lookup drafts;
+- ``draft-small``: a random-weight draft model of SmolLM2's vocabulary, 2 layers
+  of width 256 (bench/random_draft.py; for the mechanics: its drafts are random);
+- ``draft-early``: the model's own first ``--early-layers`` layers (with its
+  embeddings, final norm and head) as the draft model: smaller, and often right;
+- ``draft-self``: the model drafting for itself (``--draft-model default``): the
+  upper bound of acceptance, at the price of a second full model per draft;
+- ``ngram+draft``: n-gram drafts, the random draft model where none matches.
+Each round runs every variant (the order rotates per round, so drift on a
+shared machine hits all alike). On each:
 1. the input-grounded requests of ``spec_workload.py`` (quote a report, edit a
    module; greedy, up to 256 tokens) one at a time, then 8 at a time: output
-   tokens/s, and from the scheduler's status the draft tokens accepted;
+   tokens/s, the decode rate after each request's first token, and the drafts
+   accepted (from the scheduler's status);
 2. W-mixed (``pagoda bench``: 64 requests at once, prompts 16-512, outputs 16-256).
-Prints every run, the medians and the ratios, and whether both variants gave the
-same tokens to the grounded requests.
+Prints every run, the medians and the ratios to ``off``, and how many grounded
+requests gave the same tokens as ``off``. SIGTERM or Ctrl-C stops the server
+it started (its whole process group) before exiting.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
 import shlex
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
 
-from bench_structured_serve import serve, stop, throughput
+from ab_serve import _free_port, _wait_ready
+from bench_structured_serve import throughput
+from draft_models import build_random_draft, build_truncated_draft
 from spec_workload import grounded_requests
 
 from pagoda_client import Client, GenerationResult
 
-VARIANTS = ("off", "ngram")
+# Status counters of speculation (totals, and of the draft model's drafts).
+COUNTERS = (
+    "spec_num_drafts_total",
+    "spec_draft_tokens_total",
+    "spec_accepted_tokens_total",
+    "spec_model_num_drafts_total",
+    "spec_model_draft_tokens_total",
+    "spec_model_accepted_tokens_total",
+)
+VARIANTS = ("off", "ngram", "draft-small", "draft-early", "draft-self", "ngram+draft")
+_servers: list[subprocess.Popen[bytes]] = []
 
 
-def grounded(target: str, requests: list, concurrency: int) -> tuple[float, float, list[list[int]], dict[str, float]]:
+def variant_args(variant: str, k: int, drafts: dict[str, Path]) -> list[str]:
+    """The ``pagoda serve`` flags of a variant (``drafts``: the draft model folders built for the run)."""
+    if variant == "off":
+        return []
+    method = "ngram" if variant == "ngram" else "ngram+draft" if variant == "ngram+draft" else "draft"
+    args = ["--speculative", method, "--num-speculative-tokens", str(k)]
+    if variant == "draft-self":
+        return ["--draft-model", "default", *args]
+    if variant in ("draft-small", "ngram+draft"):
+        return ["--draft-model", str(drafts["random"]), *args]
+    if variant == "draft-early":
+        return ["--draft-model", str(drafts["early"]), *args]
+    return args
+
+
+def build_drafts(variants: list[str], early_layers: int, root: Path) -> dict[str, Path]:
+    """The draft model folders the variants need, built from the default model."""
+    from executor_svc.model_cache import resolve_model
+
+    target = Path(resolve_model("default"))
+    drafts = {}
+    if {"draft-small", "ngram+draft"} & set(variants):
+        drafts["random"] = build_random_draft(target, root / "random-draft")
+    if "draft-early" in variants:
+        drafts["early"] = build_truncated_draft(target, root / "early-draft", early_layers)
+    return drafts
+
+
+def counters(client: Client) -> dict[str, int]:
+    status = client.status()
+    return {name: getattr(status, name) for name in COUNTERS}
+
+
+def grounded(target: str, requests: list, concurrency: int) -> tuple[float, float, list[list[int]], dict[str, int]]:
     """(output tokens/s, decode tokens/s, each request's tokens, speculation counters) at ``concurrency``.
 
     Decode tokens/s: the tokens after the first over the time after the first (server timings),
     summed over the requests: the prefill left out.
     """
     with Client(target, timeout=600) as client:
-        before = client.status()
+        before = counters(client)
 
         def one(messages: list) -> GenerationResult:
             return client.chat(messages, max_tokens=256, temperature=0)
@@ -53,66 +114,93 @@ def grounded(target: str, requests: list, concurrency: int) -> tuple[float, floa
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
             results = list(pool.map(one, requests))
         elapsed = time.perf_counter() - start
-        after = client.status()
-    counters = {
-        name: getattr(after, name) - getattr(before, name)
-        for name in ("spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
-    }
+        after = counters(client)
     outputs = [r.token_ids for r in results]
     decode_s = sum(r.timings.total_s - r.timings.time_to_first_token_s for r in results)
     decode_tok_s = sum(len(o) - 1 for o in outputs) / decode_s
-    return sum(len(o) for o in outputs) / elapsed, decode_tok_s, outputs, counters
+    return sum(len(o) for o in outputs) / elapsed, decode_tok_s, outputs, _diff(after, before)
 
 
-def describe(counters: dict[str, float]) -> str:
-    drafts, drafted, accepted = counters.values()
-    if not drafts:
-        return "no drafts"
-    return f"acceptance {accepted / drafted:.2f}, {1 + accepted / drafts:.2f} tokens per verify step"
+def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before[name] for name in COUNTERS}
 
 
-def run_variant(variant: str, args: argparse.Namespace, requests: list, tmp: Path) -> dict[str, object]:
-    serve_args = shlex.split(args.serve_args)
-    if variant == "ngram":
-        serve_args += ["--speculative", "ngram", "--num-speculative-tokens", str(args.k)]
-    server, target = serve(serve_args, dict(os.environ), args.log)
+def describe(c: dict[str, int]) -> str:
+    """Acceptance (accepted / drafted) and tokens per verify step, by source."""
+    parts = []
+    ngram = [
+        c[f"spec_{n}"] - c[f"spec_model_{n}"]
+        for n in ("num_drafts_total", "draft_tokens_total", "accepted_tokens_total")
+    ]
+    model = [c[f"spec_model_{n}"] for n in ("num_drafts_total", "draft_tokens_total", "accepted_tokens_total")]
+    for source, (drafts, drafted, accepted) in (("n-gram", ngram), ("draft model", model)):
+        if drafts:
+            parts.append(
+                f"{source}: acceptance {accepted / drafted:.2f}, {1 + accepted / drafts:.2f} tokens/verify step"
+            )
+    return "; ".join(parts) or "no drafts"
+
+
+def serve(serve_args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``pagoda serve`` on a free 127.0.0.1 port, in its own process group (tracked for SIGTERM), once ready."""
+    port = _free_port()
+    command = [sys.executable, "-m", "pagoda_client.cli", "serve", "--port", str(port), *serve_args]
+    with open(log, "ab") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    _servers.append(server)
+    target = f"127.0.0.1:{port}"
+    print(f"  waiting for {target} to be ready (log: {log})", flush=True)
+    _wait_ready(Path(sys.executable).parent / "pagoda", target, server)
+    return server, target
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's process group (it drains), SIGKILL after 60 s."""
+    if server in _servers:
+        _servers.remove(server)
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    except ProcessLookupError:  # the group is gone already
+        server.wait()
+
+
+def run_variant(variant: str, args: argparse.Namespace, requests: list, tmp: Path, drafts: dict[str, Path]) -> dict:
+    serve_args = shlex.split(args.serve_args) + variant_args(variant, args.k, drafts)
+    server, target = serve(serve_args, args.log)
     try:
         figures: dict[str, object] = {}
         for concurrency in (1, 8):
-            tok_s, decode_tok_s, outputs, counters = grounded(target, requests, concurrency)
+            tok_s, decode_tok_s, outputs, spec = grounded(target, requests, concurrency)
             figures[f"b{concurrency}"], figures[f"tokens_b{concurrency}"] = tok_s, outputs
             figures[f"decode_b{concurrency}"] = decode_tok_s
             print(
                 f"  {variant} grounded batch {concurrency}: {tok_s:.1f} output tok/s "
-                f"({decode_tok_s:.1f} per request after its first token), {describe(counters)}",
+                f"({decode_tok_s:.1f} per request after its first token), {describe(spec)}",
                 flush=True,
             )
-        figures["w_mixed"] = throughput(target, shlex.split(args.bench_args), tmp)
-        print(f"  {variant} W-mixed: {figures['w_mixed']:.1f} output tok/s", flush=True)
+        with Client(target, timeout=60) as client:
+            before = counters(client)
+            figures["w_mixed"] = throughput(target, shlex.split(args.bench_args), tmp)
+            spec = _diff(counters(client), before)
+        print(f"  {variant} W-mixed: {figures['w_mixed']:.1f} output tok/s, {describe(spec)}", flush=True)
         return figures
     finally:
         stop(server)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--num-requests", type=int, default=8)
-    parser.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
-    parser.add_argument("--serve-args", default="--dtype bfloat16 --kv-cache-memory 1GiB")
-    parser.add_argument(
-        "--bench-args", default="--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"
-    )
-    parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench_speculative.log")
-    args = parser.parse_args()
-    requests = grounded_requests(args.num_requests)
-    runs: dict[str, list[dict[str, object]]] = {variant: [] for variant in VARIANTS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for round_index in range(args.rounds):
-            shift = round_index % len(VARIANTS)
-            for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-                print(f"round {round_index + 1} {variant}:", flush=True)
-                runs[variant].append(run_variant(variant, args, requests, Path(tmp)))
+def _stop_servers(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM: kill the server this run started (its whole process group), then exit."""
+    for server in list(_servers):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+    sys.exit(128 + signum)
+
+
+def report(runs: dict[str, list[dict]], variants: list[str]) -> None:
     labels = {
         "b1": "grounded batch 1",
         "decode_b1": "grounded batch 1, after the first token",
@@ -120,21 +208,53 @@ def main() -> int:
         "w_mixed": "W-mixed 64",
     }
     for key, label in labels.items():
-        medians = {v: statistics.median(float(r[key]) for r in runs[v]) for v in VARIANTS}  # type: ignore[arg-type]
-        print(
-            f"{label}: off {medians['off']:.1f}, ngram {medians['ngram']:.1f} output tok/s "
-            f"-> {medians['ngram'] / medians['off']:.2f}x"
-        )
+        medians = {v: statistics.median(float(r[key]) for r in runs[v]) for v in variants}
+        base = medians.get("off")
+        cells = [f"{v} {m:.1f}" + (f" ({m / base:.2f}x)" if base and v != "off" else "") for v, m in medians.items()]
+        print(f"{label}, output tok/s: " + ", ".join(cells))
     # Greedy bf16 tokens can change with the rows a step computes (near-ties of the GEMMs' rounding);
     # plain decoding at batch 1 vs batch 8 shows that variance without any draft.
-    pairs = {
-        "off vs ngram, batch 1": (runs["off"][0]["tokens_b1"], runs["ngram"][0]["tokens_b1"]),
-        "off vs ngram, batch 8": (runs["off"][0]["tokens_b8"], runs["ngram"][0]["tokens_b8"]),
-        "off batch 1 vs off batch 8": (runs["off"][0]["tokens_b1"], runs["off"][0]["tokens_b8"]),
-    }
-    for label, (first, second) in pairs.items():
-        same = sum(a == b for a, b in zip(first, second))  # type: ignore[call-overload]
-        print(f"{label}: {same} of {len(first)} requests gave the same tokens")  # type: ignore[arg-type]
+    if "off" in runs:
+        off = runs["off"][0]
+        pairs = {
+            f"off vs {v}, batch {b}": (off[f"tokens_b{b}"], runs[v][0][f"tokens_b{b}"])
+            for v in variants
+            if v != "off"
+            for b in (1, 8)
+        }
+        pairs["off batch 1 vs off batch 8"] = (off["tokens_b1"], off["tokens_b8"])
+        for label, (first, second) in pairs.items():
+            same = sum(a == b for a, b in zip(first, second))
+            print(f"{label}: {same} of {len(first)} requests gave the same tokens")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default="off,ngram", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--num-requests", type=int, default=8)
+    parser.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
+    parser.add_argument("--early-layers", type=int, default=8, help="draft-early: the model's first layers kept")
+    parser.add_argument("--serve-args", default="--dtype bfloat16 --kv-cache-memory 1GiB")
+    parser.add_argument(
+        "--bench-args", default="--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"
+    )
+    parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench_speculative.log")
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        parser.error(f"unknown variants {sorted(unknown)}")
+    signal.signal(signal.SIGTERM, _stop_servers)
+    requests = grounded_requests(args.num_requests)
+    runs: dict[str, list[dict]] = {variant: [] for variant in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        drafts = build_drafts(variants, args.early_layers, Path(tmp))
+        for round_index in range(args.rounds):
+            shift = round_index % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
+                print(f"round {round_index + 1} {variant}:", flush=True)
+                runs[variant].append(run_variant(variant, args, requests, Path(tmp), drafts))
+    report(runs, variants)
     return 0
 
 

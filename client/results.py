@@ -170,6 +170,8 @@ class ExecutorStatus:
     """Its KV cache dtype (empty until the scheduler has described it)."""
     quantization: str = ""
     """Its weights' quantization (empty until the scheduler has described it)."""
+    draft_model: str = ""
+    """The draft model proposing speculative tokens on it (empty: none)."""
 
 
 @dataclass(frozen=True)
@@ -198,3 +200,9 @@ class ServerStatus:
     """Prompt tokens loaded from the executors' KV offload tiers instead of computed."""
     num_swaps_total: int = 0
     """Preempted sequences resumed by loading their blocks from an offload tier."""
+    spec_model_num_drafts_total: int = 0
+    """Of the sequence-steps with drafts, those whose drafts the executors' draft models proposed."""
+    spec_model_draft_tokens_total: int = 0
+    """Draft tokens the draft models proposed."""
+    spec_model_accepted_tokens_total: int = 0
+    """Draft-model tokens accepted."""

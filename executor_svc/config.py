@@ -26,7 +26,8 @@ class ExecutorConfig:
         default="auto", metadata=_help("auto (= dtype), float32, bfloat16, float16, or int8 (rows + scales)")
     )
     quantization: str = dataclasses.field(
-        default="auto", metadata=_help("linear weights: auto (none), none or int8 (docs/quantization.md)")
+        default="auto",
+        metadata=_help("linear weights: auto (a .gguf file: gguf, else none), none, int8, gguf, q8_0, q4_0"),
     )
     quantized_activations: str = dataclasses.field(
         default="auto", metadata=_help("int8 layers' activations: auto, int8 or bf16 (weight-only)")
@@ -56,6 +57,13 @@ class ExecutorConfig:
         default=False, metadata=_help("--kv-offload-dir held by another process: use the first free DIR.N instead")
     )
     max_model_len: int | None = dataclasses.field(default=None, metadata=_help("cap on context length"))
+    draft_model: str = dataclasses.field(
+        default="",
+        metadata=_help(
+            "draft model proposing speculative tokens (--speculative draft on the scheduler): a checkpoint "
+            "folder or .gguf with the model's tokenizer, or 'default'; empty: none"
+        ),
+    )
     device: str = dataclasses.field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
     attention_backend: str = dataclasses.field(default="auto", metadata=_help("auto, cpp, torch or triton"))
     layer_ops: str = dataclasses.field(default="auto", metadata=_help("auto, cpp or torch"))
@@ -93,6 +101,8 @@ class ExecutorConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
         if self.simulate_time_scale < 0:
             raise ValueError("--simulate-time-scale must not be negative")
+        if self.simulate and self.draft_model:
+            raise ValueError("--draft-model needs a model: a simulated executor (--simulate) has no draft model")
         if self.simulate:
             from executor_svc.simulate_tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
 

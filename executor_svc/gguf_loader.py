@@ -1,7 +1,9 @@
 """Load a GGUF file as a Hugging Face style model: config dict, named tensors, tokenizer.
 
 Quantized tensors are dequantized at load (``gguf.quants.dequantize``), so the
-rest of the executor sees ordinary dense weights under Hugging Face names. The
+rest of the executor sees ordinary dense weights under Hugging Face names,
+except those of the block types the quantization keeps (``keep``): they come
+as ``GgufWeight`` (the file's rows of blocks, see ``quant.gguf_blocks``). The
 tokenizer is rebuilt from the GGUF metadata (see ``gguf_tokenizer``).
 
 Which model family a file holds, how llama.cpp names its tensors and whether
@@ -20,15 +22,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import gguf
 import numpy as np
+import structlog
 import torch
 
 from executor_svc import gguf_tokenizer
 from executor_svc.gguf_reader import GgufError, GgufTensorInfo, read_gguf, read_metadata
 from executor_svc.models.registry import GgufSpec, ModelFamily, family_for_gguf, gguf_architectures
+from executor_svc.quant.gguf_blocks import KEPT_TYPES, GgufWeight
 from executor_svc.tokenizer_files import from_gguf_metadata
 from pagoda.by_name import copy_by_name
 
@@ -51,6 +56,8 @@ _SUPPORTED_TYPES = frozenset(
 )
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+_DENSE_TYPES = frozenset({gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16})
+log = structlog.get_logger("executor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +66,8 @@ class GgufModel:
 
     # A config.json dict (architectures, hidden_size, ..., torch_dtype).
     config: dict[str, Any]
-    # Hugging Face tensor names -> dense tensors in the requested dtype.
-    tensors: dict[str, torch.Tensor]
+    # Hugging Face tensor names -> dense tensors in the requested dtype (or blocks as stored, see ``keep``).
+    tensors: dict[str, torch.Tensor | GgufWeight]
     # A complete Hugging Face `tokenizers` JSON document.
     tokenizer_json: str
     chat_template: str | None
@@ -70,12 +77,16 @@ class GgufModel:
     eos_token_ids: tuple[int, ...]
 
 
-def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> GgufModel:
+def load_gguf(
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, keep: Callable[[Any], bool] | None = None
+) -> GgufModel:
     """Reads a GGUF file: config, dequantized tensors and tokenizer.
 
     Args:
         path: the .gguf file.
         dtype: dtype of the returned tensors.
+        keep: which GGMLQuantizationTypes of 2-D tensors stay as stored (of those the kernels take:
+            ``KEPT_TYPES``); None: every tensor is dequantized.
 
     Raises:
         GgufError: unsupported architecture or tensor type, or not a GGUF file.
@@ -100,7 +111,7 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) 
         head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
         factors = dequantize_tensor(rope_freqs[0])
         config["rope_scaling"] = llama3_rope_scaling(factors, config["rope_theta"], head_dim)
-    tensors = _load_tensors(infos, family.gguf, config, dtype)
+    tensors = _load_tensors(infos, family.gguf, config, dtype, keep or _keep_none)
     return copy_by_name(GgufModel, from_gguf_metadata(metadata, tok), config=config, tensors=tensors)
 
 
@@ -214,15 +225,26 @@ def llama3_rope_scaling(factors: np.ndarray, rope_theta: float, head_dim: int) -
     return scaling
 
 
+def _keep_none(qtype: Any) -> bool:
+    return False
+
+
 def _load_tensors(
-    infos: list[GgufTensorInfo], spec: GgufSpec, config: dict[str, Any], dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """Dequantizes every tensor and renames it to its Hugging Face name (experts: one tensor each)."""
+    infos: list[GgufTensorInfo], spec: GgufSpec, config: dict[str, Any], dtype: torch.dtype, keep: Callable
+) -> dict[str, Any]:
+    """Dequantizes every tensor (but those kept as stored) and renames it to its Hugging Face name (experts:
+    one tensor each)."""
     permuted = spec.permuted_qk
     num_heads = config["num_attention_heads"]
     num_kv_heads = config["num_key_value_heads"]
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, Any] = {}
+    dequantized: dict[str, int] = {}  # quantized types dequantized although blocks were asked for, and how many
     for info in infos:
+        if info.tensor_type in KEPT_TYPES and len(info.shape) >= 2 and keep(info.tensor_type):
+            tensors.update(_kept_tensors(info, spec, num_heads if permuted else 0, num_kv_heads if permuted else 0))
+            continue
+        if keep is not _keep_none and info.tensor_type not in _DENSE_TYPES:
+            dequantized[info.tensor_type.name] = dequantized.get(info.tensor_type.name, 0) + 1
         array = dequantize_tensor(info)
         for name, part in _hf_tensors(info.name, array, spec):
             if permuted and name.endswith("self_attn.q_proj.weight"):
@@ -233,7 +255,30 @@ def _load_tensors(
                 part = spec.tensor_hook(name, part)
             # np.array copies: F32 tensors are read-only views of the memory-mapped file.
             tensors[name] = torch.from_numpy(np.array(part, dtype=np.float32, order="C")).to(dtype)
+    if dequantized:
+        log.warning("gguf_tensors_dequantized", types=dequantized, kept=[t.name for t in KEPT_TYPES])
     return tensors
+
+
+def _kept_tensors(info: GgufTensorInfo, spec: GgufSpec, num_heads: int, num_kv_heads: int) -> dict[str, GgufWeight]:
+    """A tensor's rows of blocks as ``GgufWeight``s under their Hugging Face names (q/k rows unpermuted, when
+    ``num_heads``; experts split), copied out of the memory-mapped file."""
+    rows = torch.from_numpy(np.array(info.data, order="C"))  # [out (x experts), row bytes]
+    cols = info.shape[-1]
+    kept = {}
+    for name, part in _hf_tensors(info.name, rows.view(*info.shape[:-1], rows.shape[-1]).numpy(), spec):
+        data = torch.from_numpy(np.ascontiguousarray(part))
+        if num_heads and name.endswith("self_attn.q_proj.weight"):
+            data = data[_unpermuted_order(data.shape[0], num_heads)]
+        elif num_heads and name.endswith("self_attn.k_proj.weight"):
+            data = data[_unpermuted_order(data.shape[0], num_kv_heads)]
+        kept[name] = GgufWeight(info.tensor_type, data.contiguous(), (data.shape[0], cols))
+    return kept
+
+
+def _unpermuted_order(num_rows: int, num_heads: int) -> torch.Tensor:
+    """The row order ``_unpermute_rows`` gives, as indices (for rows of blocks)."""
+    return torch.from_numpy(_unpermute_rows(np.arange(num_rows)[:, None], num_heads)[:, 0].copy())
 
 
 def _hf_tensors(gguf_name: str, array: np.ndarray, spec: GgufSpec) -> list[tuple[str, np.ndarray]]:

@@ -16,6 +16,7 @@ kernels read the int8 rows and apply the scales themselves.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
@@ -108,6 +109,11 @@ class KVCache:
         # [L, 2, KVH, NB, BS]: the scale of each stored row (quantized caches only).
         self.scales = torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device) if spec.quantized else None
 
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the whole cache."""
+        return self.num_blocks * self.spec.bytes_per_block
+
     def layer(self, index: int) -> LayerKV:
         """K and V of one layer, each [KVH, NB, BS, Dh], with their scales [KVH, NB, BS] when quantized."""
         if self.scales is None:
@@ -199,9 +205,14 @@ def num_blocks_for_budget(
     device: torch.device,
     memory_bytes: int | None,
     memory_fraction: float,
+    shared_with: Sequence[KVCacheSpec] = (),
 ) -> int:
     """Blocks that fit a byte budget; without one, CPU_DEFAULT_KV_BYTES on the CPU, or a
-    fraction of the free memory of a CUDA device (after the weights are loaded)."""
+    fraction of the free memory of a CUDA device (after the weights are loaded).
+
+    ``shared_with``: the other caches indexed by the same block ids (a draft model's): a block takes their
+    bytes too.
+    """
     if memory_bytes is None and device.type == "cpu":
         memory_bytes = CPU_DEFAULT_KV_BYTES
     elif memory_bytes is None and device.type == "cuda":
@@ -209,4 +220,4 @@ def num_blocks_for_budget(
         memory_bytes = int(free * memory_fraction)
     elif memory_bytes is None:
         raise ValueError(f"no default KV cache budget on {device}; give one (--kv-cache-memory)")
-    return int(memory_bytes // spec.bytes_per_block)
+    return int(memory_bytes // (spec.bytes_per_block + sum(other.bytes_per_block for other in shared_with)))

@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from executor_svc.config import ExecutorConfig, load_config
+from executor_svc.memory import rss_bytes
 from executor_svc.metrics import ExecutorMetrics
 from executor_svc.runner import Runner
 from executor_svc.server import ExecutorServicer
@@ -64,16 +65,22 @@ async def load_model(
 ) -> Loaded:
     """Load weights, allocate the KV cache, open the offload tier and warm up, on the model thread (torch is
     imported here only)."""
+    from executor_svc.memory import release_freed_memory
     from executor_svc.model_cache import resolve_model
     from executor_svc.native import loader
     from executor_svc.native.active import active_kernels
     from executor_svc.tokenizer_files import load_tokenizer_files
 
-    model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None)
+    gguf = config.quantization == "gguf"  # the default model as its Q4_1 file, served as stored
+    model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None, gguf)
     tokenizer = await asyncio.to_thread(load_tokenizer_files, model_path)
-    runner = await servicer.run_model(build_runner, config, model_path)
+    draft_path = None
+    if config.draft_model:
+        draft_path = await asyncio.to_thread(resolve_draft_model, config, tokenizer)
+    runner = await servicer.run_model(build_runner, config, model_path, draft_path)
     tier = await servicer.run_model(open_runner_tier, config, runner, model_path, tier_lock, servicer.metrics)
     await servicer.run_model(runner.warmup)
+    await servicer.run_model(release_freed_memory)  # the load's freed copies go back to the OS
     eos_token_ids = tuple(tokenizer.eos_token_ids or runner.info.eos_token_ids)
     await asyncio.to_thread(runner.enable_constraints, tokenizer.tokenizer_json, eos_token_ids)
     kernels = await servicer.run_model(active_kernels, runner)  # probes the kernels: torch work
@@ -96,7 +103,10 @@ def open_runner_tier(
     from executor_svc.kv_tier.open_tier import open_tier
     from executor_svc.kv_tier.step_io import TierStepIO
 
-    identity = model_identity(model_path, dtype_name(runner.dtype))
+    # Quantized weights give other KV: their blocks are another model's (unquantized ones keep their identity).
+    quant = runner.quantization
+    extra = {} if quant.name == "none" else {"quantization": quant.name, "activations": quant.target.activations}
+    identity = model_identity(model_path, dtype_name(runner.dtype), **extra)
     on_store_s = metrics.tier_store_s.observe if metrics is not None else (lambda s: None)
     tier = open_tier(config, runner.kv_cache, identity, lock, on_store_s)
     if tier is not None:
@@ -125,7 +135,30 @@ def load_simulated(config: ExecutorConfig) -> Loaded:
     return Loaded(runner, tokenizer, runner.info.model_name, {"variant": "simulated"}, "")
 
 
-def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
+def resolve_draft_model(config: ExecutorConfig, tokenizer: TokenizerFiles) -> str:
+    """The path of ``--draft-model``, once its tokenizer is known to have the model's vocabulary.
+
+    Raises:
+        ValueError: no such model, no tokenizer beside it, or another vocabulary.
+    """
+    from executor_svc.model_cache import resolve_model
+    from executor_svc.tokenizer_files import TokenizerFilesError, load_tokenizer_files, vocabulary_difference
+
+    flag = f"--draft-model {config.draft_model!r}"
+    try:
+        path = resolve_model(config.draft_model, config.model_cache_dir or None)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+    try:
+        difference = vocabulary_difference(tokenizer.tokenizer_json, load_tokenizer_files(path).tokenizer_json)
+    except TokenizerFilesError as exc:
+        raise ValueError(f"{flag}: {exc}; a draft model needs the model's tokenizer") from None
+    if difference is not None:
+        raise ValueError(f"{flag}: its tokenizer is not the model's ({difference}); drafts would be other tokens")
+    return path
+
+
+def build_runner(config: ExecutorConfig, model_path: str, draft_path: str | None = None) -> ModelRunner:
     """Load weights and allocate the KV cache once (its default budget depends on the device the runner resolves)."""
     from executor_svc.model_runner import ModelRunner
 
@@ -142,6 +175,7 @@ def build_runner(config: ExecutorConfig, model_path: str) -> ModelRunner:
         layer_ops=config.layer_ops,
         quantization=config.quantization,
         quantized_activations=config.quantized_activations,
+        draft_model_path=draft_path,
     )
 
 
@@ -183,6 +217,7 @@ async def serve(config: ExecutorConfig) -> None:
         kernel_library=loaded.kernel_library,
         kv_offload=kv_offload,
         num_tier_blocks=len(tier.store.hashes()) if tier is not None else 0,
+        rss_bytes=rss_bytes(),
     )
 
     stop = asyncio.Event()

@@ -30,6 +30,12 @@ class ExecutorMetrics:
         self.sample_s = Histogram(
             "pagoda_executor_sample_seconds", "Sampling time per step", buckets=_MS_BUCKETS, registry=r
         )
+        self.draft_s = Histogram(
+            "pagoda_executor_draft_seconds",
+            "Draft model time per step that drafted with it",
+            buckets=_MS_BUCKETS,
+            registry=r,
+        )
         self.step_s = Histogram(
             "pagoda_executor_step_seconds", "Whole step time inside the executor", buckets=_MS_BUCKETS, registry=r
         )
@@ -65,6 +71,8 @@ class ExecutorMetrics:
         """Record one step."""
         self.forward_s.observe(out.timings.forward_ns / 1e9)
         self.sample_s.observe(out.timings.sample_ns / 1e9)
+        if out.timings.draft_ns:
+            self.draft_s.observe(out.timings.draft_ns / 1e9)
         self.step_s.observe(step_ns / 1e9)
         self.idle_s.observe(idle_ns / 1e9)
         self.tokens_per_step.observe(out.num_scheduled_tokens)

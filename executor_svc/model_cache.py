@@ -179,19 +179,21 @@ def _write_json(path: pathlib.Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def resolve_model(model: str, cache_dir: str | os.PathLike[str] | None = None) -> str:
+def resolve_model(model: str, cache_dir: str | os.PathLike[str] | None = None, gguf: bool = False) -> str:
     """Maps a `--model` value to a checkpoint path.
 
     Args:
         model: "default" or "" for the default model; otherwise a checkpoint
             folder or a .gguf file.
         cache_dir: cache for the default model (default: `default_cache_dir()`).
+        gguf: the default model as its GGUF file (`--quantization gguf` serves its
+            blocks as stored), not the folder converted from it.
 
     Raises:
         FileNotFoundError: the given path does not exist.
     """
     if model in ("", "default"):
-        return str(prepare_default_model(cache_dir))
+        return str(default_gguf_path() if gguf else prepare_default_model(cache_dir))
     path = pathlib.Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model {model!r} not found: give a checkpoint folder, a .gguf file, or 'default'")

@@ -17,8 +17,10 @@ import structlog
 import torch
 
 from executor_svc.attention import get_backend
+from executor_svc.attention.layer_states import LayerStates
 from executor_svc.constraints import ConstraintEngine, StepMasks
 from executor_svc.device import dtype_name, resolve_device, resolve_dtype, resolve_kv_dtype
+from executor_svc.draft_model import DraftCheckpoint, DraftModel, load_draft_checkpoint
 from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
@@ -57,6 +59,7 @@ class ModelRunner:
         layer_ops: str = "auto",
         quantization: str = "auto",
         quantized_activations: str = "auto",
+        draft_model_path: str | None = None,
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -69,25 +72,35 @@ class ModelRunner:
                 detail="the torch attention backend dequantizes the int8 KV cache as it gathers it: correct, and the "
                 "same capacity, but no faster than a bf16 cache (the C++ kernels read int8; make install builds them)",
             )
-        ops = get_layer_ops(layer_ops, self.device, self.dtype)
+        base_ops = get_layer_ops(layer_ops, self.device, self.dtype)
         self.quantization = resolve_quantization(
-            quantization, quantized_activations, model_path, self.device, self.dtype, ops
+            quantization, quantized_activations, model_path, self.device, self.dtype, base_ops
         )
-        ops = self.quantization.wrap(ops)
-        checkpoint = load_checkpoint(model_path)
+        ops = self.quantization.wrap(base_ops)
+        checkpoint = load_checkpoint(model_path, self.quantization.mode.keeps_gguf)
         self.config = ModelConfig.from_dict(checkpoint.config)
         self.max_model_len = max_model_len or self.config.max_position_embeddings
         self.model = self._build_model(validate_tensors(self.config, checkpoint.tensors), ops)
         del checkpoint.tensors
+        # Built before the KV cache is sized (on CUDA the budget is a fraction of the memory left); unquantized:
+        # the model's quantization may be a GGUF file's own blocks, and a small draft gains little from it.
+        draft = None
+        if draft_model_path:
+            draft = load_draft_checkpoint(draft_model_path, self.dtype, self.device, self.max_model_len, base_ops)
         self.block_size = block_size or default_block_size(self.device, self.config.head_dim, self.kv_dtype)
-        self.kv_cache = self._allocate_kv_cache(kv_cache_memory_bytes, kv_cache_memory_fraction)
-        # Layers sharing a sliding window and a soft-cap share one attention state per step.
-        kinds = [(layer.sliding_window, layer.logit_softcap) for layer in self.config.layers]
-        self._attn_kinds = tuple(dict.fromkeys(kinds))  # the distinct ones, in layer order
-        self._layer_kind_index = [self._attn_kinds.index(kind) for kind in kinds]
+        self.kv_cache, draft_kv_cache = self._allocate_kv_cache(kv_cache_memory_bytes, kv_cache_memory_fraction, draft)
+        # The draft model proposing speculative tokens (docs/speculative-decoding.md); None: none.
+        self.draft: DraftModel | None = None
+        if draft is not None and draft_kv_cache is not None:
+            self.draft = DraftModel(draft, draft_kv_cache, self.backend, self.config.vocab_size)
+        self._layer_states = LayerStates(self.config.layers)
         self.info = self._describe(checkpoint.name, checkpoint.extra_eos_token_ids)
         self._table = SequenceTable(
-            self.kv_cache.num_blocks, self.block_size, self.config.vocab_size, self.max_model_len
+            self.kv_cache.num_blocks,
+            self.block_size,
+            self.config.vocab_size,
+            self.max_model_len,
+            has_draft_model=self.draft is not None,
         )
         self._seqs = self._table.seqs  # seq_id -> SequenceState
         # (sample function, request class); tests wrap it to record logits.
@@ -104,7 +117,7 @@ class ModelRunner:
             model_name=model_name,
             architecture=self.config.architecture,
             dtype=dtype_name(self.dtype),
-            quantization=self.quantization.name,
+            quantization=self.quantization.effective(self.model.ops),
             kv_cache_dtype=dtype_name(self.kv_dtype),
             device=str(self.device),
             block_size=self.block_size,
@@ -116,6 +129,9 @@ class ModelRunner:
             chat_template="",
             bos_token="",
             eos_token="",
+            draft_model=self.draft.name if self.draft is not None else "",
+            kv_cache_bytes=self.kv_cache.num_bytes,
+            draft_kv_cache_bytes=self.draft.kv_cache.num_bytes if self.draft is not None else 0,
         )
 
     def _build_model(self, tensors: dict[str, torch.Tensor], ops: LayerOps) -> DecoderModel:
@@ -123,11 +139,19 @@ class ModelRunner:
         family = get_model_family(self.config.architecture)
         return family.build(self.config, tensors, self.dtype, self.device, self.max_model_len, ops)
 
-    def _allocate_kv_cache(self, memory_bytes: int | None, memory_fraction: float) -> KVCache:
-        """The paged KV cache, as many blocks as the budget holds."""
-        config = self.config
-        spec = KVCacheSpec(config.num_layers, config.num_kv_heads, config.head_dim, self.block_size, self.kv_dtype)
-        return KVCache(spec, num_blocks_for_budget(spec, self.device, memory_bytes, memory_fraction), self.device)
+    def _allocate_kv_cache(
+        self, memory_bytes: int | None, memory_fraction: float, draft: DraftCheckpoint | None
+    ) -> tuple[KVCache, KVCache | None]:
+        """The paged KV cache, as many blocks as the budget holds, and the draft model's for the same blocks."""
+        spec = self._kv_spec(self.config)
+        draft_spec = self._kv_spec(draft.config) if draft is not None else None
+        shared_with = (draft_spec,) if draft_spec is not None else ()
+        num_blocks = num_blocks_for_budget(spec, self.device, memory_bytes, memory_fraction, shared_with)
+        kv_cache = KVCache(spec, num_blocks, self.device)
+        return kv_cache, KVCache(draft_spec, num_blocks, self.device) if draft_spec is not None else None
+
+    def _kv_spec(self, config: ModelConfig) -> KVCacheSpec:
+        return KVCacheSpec(config.num_layers, config.num_kv_heads, config.head_dim, self.block_size, self.kv_dtype)
 
     # -- public API ---------------------------------------------------------
 
@@ -150,6 +174,8 @@ class ModelRunner:
     def reset(self) -> None:
         """Drops every sequence (a new scheduler stream starts from scratch)."""
         self._seqs.clear()
+        if self.draft is not None:
+            self.draft.reset()
 
     def execute(self, step: StepPlan) -> StepResult:
         """Runs one step plan: its saves copied out, its loads filled, one forward over all scheduled tokens,
@@ -158,6 +184,8 @@ class ModelRunner:
         tier_io = self.tier_io
         save_ns = tier_io.save(step.saves) if tier_io is not None and step.saves else 0
         scheduled, errors = self._table.apply(step, can_load=tier_io is not None)
+        if self.draft is not None:
+            self.draft.follow(step, self._seqs)
         requests = self._table.loads_of(step)
         load_ns = 0
         if requests:
@@ -190,6 +218,8 @@ class ModelRunner:
                 return self._run(step.step_id, scheduled, errors, start_ns)
         except Exception as exc:  # one bad step must not kill the executor
             log.exception("step_failed", step_id=step.step_id)
+            if self.draft is not None:
+                self.draft.abandon()
             for state, _ in scheduled:
                 self._seqs.pop(state.seq_id, None)
                 errors.append(SeqError(state.seq_id, f"step failed: {type(exc).__name__}: {exc}"))
@@ -215,10 +245,13 @@ class ModelRunner:
                 state.token_ids.append(0)
             for (tensor, dim), contents in zip(self.kv_cache.block_tensors(), saved):
                 tensor.narrow(dim, 0, num_blocks).copy_(contents)
+        if self.draft is not None:
+            self.draft.warmup()
 
     # -- the step -----------------------------------------------------------
 
     def _run(self, step_id, scheduled, errors, start_ns) -> StepResult:
+        draft_ns = self._propose_drafts(scheduled)
         batch = build_step_batch(scheduled, self.block_size, self.device)
         # The masks of the constrained rows are computed while the forward runs (None: no row is constrained).
         masks = self.constraints.start(batch.sample_states) if self.constraints is not None else None
@@ -231,8 +264,15 @@ class ModelRunner:
         for state, num_scheduled in scheduled:
             state.num_computed_tokens += num_scheduled
         outputs = self._sample(batch.sample_states, logits, masks, errors)
+        if self.draft is not None:
+            self.draft.confirm()
         end_ns = time.perf_counter_ns()
-        timings = StepTimings(prepared_ns - start_ns, forward_done_ns - prepared_ns, end_ns - forward_done_ns)
+        timings = StepTimings(
+            prepare_ns=prepared_ns - start_ns - draft_ns,
+            forward_ns=forward_done_ns - prepared_ns,
+            sample_ns=end_ns - forward_done_ns,
+            draft_ns=draft_ns,
+        )
         return StepResult(
             step_id=step_id,
             outputs=tuple(outputs),
@@ -241,10 +281,17 @@ class ModelRunner:
             num_scheduled_tokens=batch.num_tokens,
         )
 
+    def _propose_drafts(self, scheduled: list[tuple[SequenceState, int]]) -> int:
+        """The draft model's proposals for the sequences the plan asks it for; returns its passes' time (ns)."""
+        drafting = [state for state, _ in scheduled if state.num_model_draft_tokens]
+        if not drafting or self.draft is None:
+            return 0
+        start_ns = time.perf_counter_ns()
+        self.draft.propose(drafting)
+        return time.perf_counter_ns() - start_ns
+
     def _forward(self, batch: StepBatch) -> torch.Tensor:
-        meta = batch.attn_meta  # built without a window or cap: each distinct pair gets its own copy
-        states = [self.backend.prepare(meta.for_layers(*kind)) for kind in self._attn_kinds]
-        layer_states = [states[i] for i in self._layer_kind_index]  # [num_layers]
+        layer_states = self._layer_states.prepare(self.backend, batch.attn_meta)  # [num_layers]
         return self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, layer_states)
 
     def _sample(

@@ -16,7 +16,16 @@ from typing import Any, Protocol
 
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, out_of_range
-from pagoda.step import BlockLoad, ExecutorInfo, NewSequence, ScheduledSequence, SeqError, StepPlan, StepResult
+from pagoda.step import (
+    MAX_DRAFT_TOKENS,
+    BlockLoad,
+    ExecutorInfo,
+    NewSequence,
+    ScheduledSequence,
+    SeqError,
+    StepPlan,
+    StepResult,
+)
 
 
 class Runner(Protocol):
@@ -63,8 +72,14 @@ class SequenceState:
     # The output constraint, and the matcher derived from token_ids (built on first use: executor_svc.constraints).
     structured: Constraint | None = None
     matcher: Any = None
-    # This step's speculative tokens, verified after the scheduled ones (docs/speculative-decoding.md).
+    # This step's speculative tokens, verified after the scheduled ones (docs/speculative-decoding.md): the
+    # plan's, or the draft model's once it has proposed them.
     draft_token_ids: tuple[int, ...] = ()
+    # Tokens the draft model proposes this step (the plan's num_model_draft_tokens; 0: none).
+    num_model_draft_tokens: int = 0
+    # Leading tokens whose draft-model KV is in block_table (executor_svc.draft_model); at most num_computed_tokens
+    # between steps.
+    num_draft_computed: int = 0
 
     @property
     def num_sample_rows(self) -> int:
@@ -106,11 +121,15 @@ LoadRequest = tuple[SequenceState, tuple[BlockLoad, ...]]
 class SequenceTable:
     """The sequences a runner holds, updated by each plan and checked against its limits."""
 
-    def __init__(self, num_blocks: int, block_size: int, vocab_size: int, max_model_len: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, vocab_size: int, max_model_len: int, has_draft_model: bool = False
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        # Plans may ask for the draft model's proposals (num_model_draft_tokens).
+        self.has_draft_model = has_draft_model
         self.seqs: dict[int, SequenceState] = {}
         self._can_load = False
 
@@ -167,10 +186,10 @@ class SequenceTable:
             known.block_table.extend(entry.new_block_ids)
             state = known
         state.draft_token_ids = ()
+        state.num_model_draft_tokens = 0
         self._check_schedule(state, entry.num_scheduled_tokens)
-        if isinstance(entry, ScheduledSequence) and entry.draft_token_ids:
-            self._check_drafts(state, entry.num_scheduled_tokens, entry.draft_token_ids)
-            state.draft_token_ids = entry.draft_token_ids
+        if isinstance(entry, ScheduledSequence) and (entry.draft_token_ids or entry.num_model_draft_tokens):
+            self._set_drafts(state, entry)
         return state, entry.num_scheduled_tokens
 
     def _new_state(self, entry: NewSequence) -> SequenceState:
@@ -218,14 +237,28 @@ class SequenceTable:
             bad = next(i for i in token_ids if not 0 <= i < vocab_size)
             raise PlanError(f"token id {bad} outside the vocabulary [0, {vocab_size})")
 
-    def _check_drafts(self, state: SequenceState, num_scheduled: int, drafts: tuple[int, ...]) -> None:
+    def _set_drafts(self, state: SequenceState, entry: ScheduledSequence) -> None:
+        """The step's drafts: given by the plan, or a number of them for the draft model to propose."""
+        drafts, num_model = entry.draft_token_ids, entry.num_model_draft_tokens
+        if drafts and num_model:
+            raise PlanError("both draft_token_ids and num_model_draft_tokens (a step has one kind of drafts)")
+        if num_model and not self.has_draft_model:
+            raise PlanError("num_model_draft_tokens, but this executor has no draft model (--draft-model)")
+        num_drafts = len(drafts) or num_model
+        if not 0 < num_drafts <= MAX_DRAFT_TOKENS:
+            raise PlanError(f"{num_drafts} draft tokens, outside [1, {MAX_DRAFT_TOKENS}]")
+        self._check_drafts(state, entry.num_scheduled_tokens, num_drafts)
+        self._check_token_ids(drafts)
+        state.draft_token_ids = drafts
+        state.num_model_draft_tokens = num_model
+
+    def _check_drafts(self, state: SequenceState, num_scheduled: int, num_drafts: int) -> None:
         """Drafts follow a sequence's last known token, fit its blocks and the context, and are unconstrained."""
         if state.num_computed_tokens + num_scheduled != len(state.token_ids):
             raise PlanError("draft tokens for a step that does not reach the sequence's last token")
         if state.structured is not None:
             raise PlanError("draft tokens for a constrained sequence (its drafts are not checked against masks)")
-        self._check_token_ids(drafts)
-        end = len(state.token_ids) + len(drafts)
+        end = len(state.token_ids) + num_drafts
         if end > self.max_model_len:
             raise PlanError(f"drafts reach token {end}, beyond max_model_len {self.max_model_len}")
         if end > len(state.block_table) * self.block_size:

@@ -98,6 +98,7 @@ class StepTracer:
             "pagoda.prepare_ns": timings.prepare_ns,
             "pagoda.forward_ns": timings.forward_ns,
             "pagoda.sample_ns": timings.sample_ns,
+            "pagoda.draft_ns": timings.draft_ns,
             "pagoda.incarnation_id": self._incarnation_id,
         }
         # A root span (an empty context): a step belongs to no one request.

@@ -97,6 +97,36 @@ def load_tokenizer_files(model_path: str | os.PathLike[str]) -> TokenizerFiles:
     return from_gguf_file(path)
 
 
+def vocabulary(tokenizer_json: str) -> dict[int, str]:
+    """Token id -> token of a `tokenizers` document: its model's vocabulary and its added tokens.
+
+    Raises:
+        TokenizerFilesError: not a tokenizer document.
+    """
+    try:
+        document = json.loads(tokenizer_json)
+        vocab = document["model"]["vocab"]
+        # BPE and WordPiece map tokens to ids; Unigram lists [piece, score] in id order.
+        tokens = (
+            {int(i): t for t, i in vocab.items()} if isinstance(vocab, dict) else dict(enumerate(p for p, _ in vocab))
+        )
+        tokens.update({int(added["id"]): added["content"] for added in document.get("added_tokens") or ()})
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TokenizerFilesError(f"not a tokenizer document ({type(exc).__name__}: {exc})") from exc
+    return tokens
+
+
+def vocabulary_difference(tokenizer_json: str, other_json: str) -> str | None:
+    """How two tokenizers' vocabularies differ (None: the same id means the same token in both)."""
+    ours, theirs = vocabulary(tokenizer_json), vocabulary(other_json)
+    if ours == theirs:
+        return None
+    if len(ours) != len(theirs):
+        return f"{len(theirs)} tokens instead of {len(ours)}"
+    token_id = min(i for i in ours.keys() | theirs.keys() if ours.get(i) != theirs.get(i))
+    return f"token {token_id} is {theirs.get(token_id)!r} instead of {ours.get(token_id)!r}"
+
+
 def _read_json(path: pathlib.Path) -> dict[str, Any]:
     """A JSON object from `path`, or {} when the file does not exist."""
     if not path.is_file():

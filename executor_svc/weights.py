@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,10 @@ class Checkpoint:
     extra_eos_token_ids: tuple[int, ...] = ()
 
 
-def load_checkpoint(model_path: str | Path) -> Checkpoint:
+def load_checkpoint(model_path: str | Path, keep_gguf: Callable[[Any], bool] | None = None) -> Checkpoint:
     """Reads config and tensors from a HF folder or a ``.gguf`` file.
+
+    ``keep_gguf``: the GGUF block types to keep as stored (the quantization's; None: dequantize all).
 
     Raises:
         FileNotFoundError: no config.json / safetensors where expected.
@@ -39,7 +42,7 @@ def load_checkpoint(model_path: str | Path) -> Checkpoint:
     if path.suffix == ".gguf":
         from executor_svc.gguf_loader import load_gguf  # only GGUF users need it
 
-        loaded = load_gguf(path)
+        loaded = load_gguf(path, keep=keep_gguf)
         return Checkpoint(dict(loaded.config), dict(loaded.tensors), path.stem, tuple(loaded.eos_token_ids))
     config_file = path / "config.json"
     if not config_file.is_file():

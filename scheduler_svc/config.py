@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from pagoda.runtime.flags import parse_config, parse_size
+from pagoda.step import MAX_DRAFT_TOKENS
+from scheduler_svc.scheduler_types import SPECULATIVE_METHODS
 
 # Drafts per sequence and step: beyond this the chance that all are accepted is negligible.
-MAX_SPECULATIVE_TOKENS = 16
+MAX_SPECULATIVE_TOKENS = MAX_DRAFT_TOKENS
 
 
 def _f(default: Any, text: str, **extra: Any) -> Any:
@@ -42,7 +44,11 @@ class SchedulerServiceConfig:
     request_timeout_s: float = _f(600.0, "deadline of a request without one")
     enable_prefix_caching: bool = _f(True, "automatic prefix caching")
     kv_offload: bool = _f(True, "use the KV offload tiers executors report: save blocks, load prefixes (false: never)")
-    speculative: str = _f("off", "speculative decoding: off or ngram (prompt-lookup drafts; draft: not implemented)")
+    speculative: str = _f(
+        "off",
+        "speculative decoding: off, ngram (prompt lookup), draft (the executors' --draft-model), "
+        "or ngram+draft (n-gram drafts, the draft model where none matches)",
+    )
     num_speculative_tokens: int = _f(4, "most draft tokens per sequence and step")
     speculative_max_batch: int = _f(8, "no drafts while more sequences than this run on an executor")
     step_timeout_s: float = _f(60.0, "watchdog: longest step before the executor is unhealthy")
@@ -72,10 +78,8 @@ class SchedulerServiceConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if self.speculative == "draft":
-            raise ValueError("--speculative draft: a draft model is not implemented yet (use ngram)")
-        if self.speculative not in ("off", "ngram"):
-            raise ValueError(f"--speculative must be off or ngram, got {self.speculative!r}")
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"--speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}]")
         if self.speculative_max_batch < 1:

@@ -108,11 +108,26 @@ class Engine:
             max_model_len=self._max_model_len(info),
             enable_prefix_caching=self.config.enable_prefix_caching,
             eos_token_ids=tuple(info.eos_token_ids),
-            speculative=self.config.speculative,
+            speculative=self._speculative(info),
             num_speculative_tokens=self.config.num_speculative_tokens,
             speculative_max_batch=self.config.speculative_max_batch,
             kv_offload=self.config.kv_offload and bool(info.kv_offload),
         )
+
+    def _speculative(self, info: ExecutorInfo) -> str:
+        """The speculation method for an executor: without a draft model, what of --speculative is left."""
+        method = self.config.speculative
+        if method not in ("draft", "ngram+draft") or info.draft_model:
+            return method
+        fallback = "ngram" if method == "ngram+draft" else "off"
+        log.warning(
+            "executor_without_draft_model",
+            incarnation_id=info.incarnation_id,
+            speculative=method,
+            using=fallback,
+            hint="start the executor with --draft-model",
+        )
+        return fallback
 
     def _max_model_len(self, info: ExecutorInfo) -> int:
         cap = self.config.max_model_len

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from pagoda.step import FinishReason, StepPlan, StepResult
 from scheduler_svc.executor_handle import ExecutorState
+from scheduler_svc.scheduler_types import DraftSource
 
 if TYPE_CHECKING:
     from scheduler_svc.engine import Engine
@@ -85,17 +86,27 @@ class SchedulerMetrics:
         self.batch_seqs = Histogram(
             P + "step_batch_sequences", "Sequences per step", buckets=_BATCH_BUCKETS, registry=r
         )
+        # Speculative decoding, by draft source: ngram (the scheduler's lookups) or model (the draft model).
+        source = ["source"]
         self.spec_drafts = Counter(
-            P + "spec_decode_num_drafts", "Sequence-steps that verified draft tokens", registry=r
+            P + "spec_decode_num_drafts", "Sequence-steps that verified draft tokens", source, registry=r
         )
-        self.spec_draft_tokens = Counter(P + "spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
-        self.spec_accepted_tokens = Counter(P + "spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.spec_draft_tokens = Counter(
+            P + "spec_decode_num_draft_tokens", "Draft tokens proposed", source, registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            P + "spec_decode_num_accepted_tokens", "Draft tokens accepted", source, registry=r
+        )
         self.spec_acceptance_rate = Gauge(
-            P + "spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens (0 before any)", registry=r
+            P + "spec_decode_draft_acceptance_rate",
+            "Accepted / proposed draft tokens (0 before any)",
+            source,
+            registry=r,
         )
         self.spec_tokens_per_step = Gauge(
             P + "spec_decode_mean_tokens_per_step",
             "Tokens a sequence gained per step that verified drafts (1 + accepted)",
+            source,
             registry=r,
         )
         self.executor_restarts = Counter(
@@ -106,10 +117,11 @@ class SchedulerMetrics:
         self._last_token_ns: dict[int, int] = {}
         # Scheduler-owned counters already exported, per scheduler core.
         self._exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, ...]] = weakref.WeakKeyDictionary()
-        self._spec_exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, int, int]] = weakref.WeakKeyDictionary()
-        self.spec_num_drafts_total = 0
-        self.spec_draft_tokens_total = 0
-        self.spec_accepted_tokens_total = 0
+        self._spec_exported: weakref.WeakKeyDictionary[Scheduler, dict[DraftSource, tuple[int, int, int]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        # Source -> (sequence-steps with drafts, draft tokens, accepted ones), for GetStatus.
+        self.spec_totals = {source: (0, 0, 0) for source in DraftSource}
         # Plain totals for the GetStatus RPC.
         self.num_requests_total = 0
         self.num_preemptions_total = 0
@@ -151,23 +163,29 @@ class SchedulerMetrics:
         self.batch_seqs.observe(len(plan.new_seqs) + len(plan.scheduled_seqs))
 
     def _export_speculation(self, scheduler: Scheduler) -> None:
-        """The drafter's counters since the last step, and the running totals' ratios."""
+        """The drafter's counters since the last step, and the running totals' ratios, by source."""
         assert scheduler.drafter is not None
-        stats = scheduler.drafter.stats
-        counts = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
-        last = self._spec_exported.get(scheduler, (0, 0, 0))
-        self._spec_exported[scheduler] = counts
-        drafts, drafted, accepted = (now - before for now, before in zip(counts, last))
-        if not drafts:
-            return
-        self.spec_drafts.inc(drafts)
-        self.spec_draft_tokens.inc(drafted)
-        self.spec_accepted_tokens.inc(accepted)
-        self.spec_num_drafts_total += drafts
-        self.spec_draft_tokens_total += drafted
-        self.spec_accepted_tokens_total += accepted
-        self.spec_acceptance_rate.set(self.spec_accepted_tokens_total / max(self.spec_draft_tokens_total, 1))
-        self.spec_tokens_per_step.set(1 + self.spec_accepted_tokens_total / self.spec_num_drafts_total)
+        exported = self._spec_exported.setdefault(scheduler, {})
+        for source, stats in scheduler.drafter.stats.items():
+            counts = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+            last = exported.get(source, (0, 0, 0))
+            if counts == last:
+                continue
+            exported[source] = counts
+            new = tuple(now - before for now, before in zip(counts, last))
+            label = source.value
+            self.spec_drafts.labels(label).inc(new[0])
+            self.spec_draft_tokens.labels(label).inc(new[1])
+            self.spec_accepted_tokens.labels(label).inc(new[2])
+            drafts, drafted, accepted = (a + b for a, b in zip(self.spec_totals[source], new))
+            self.spec_totals[source] = (drafts, drafted, accepted)
+            self.spec_acceptance_rate.labels(label).set(accepted / max(drafted, 1))
+            self.spec_tokens_per_step.labels(label).set(1 + accepted / max(drafts, 1))
+
+    def spec_total(self, index: int, source: DraftSource | None = None) -> int:
+        """A speculation total for GetStatus (index 0: drafts, 1: draft tokens, 2: accepted), of all sources."""
+        sources = list(DraftSource) if source is None else [source]
+        return sum(self.spec_totals[s][index] for s in sources)
 
     def on_tokens(self, state: RequestState, num_tokens: int) -> None:
         """Count generated tokens and the gap since the request's previous ones."""

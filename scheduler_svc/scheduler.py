@@ -83,10 +83,10 @@ class Scheduler:
         self._num_swaps = 0
         self._plan_loads: dict[int, int] = {}
         self._drafter: Drafter | None = None
-        if config.speculative == "ngram":
+        if config.speculative != "off":
             self._drafter = Drafter(config, self._kv)
-        # Steps in flight that verify drafts.
-        self._draft_steps: set[int] = set()
+        # Steps in flight that verify drafts -> whether the draft model proposes some of them.
+        self._draft_steps: dict[int, bool] = {}
 
     # -- state ----------------------------------------------------------------
 
@@ -239,6 +239,7 @@ class Scheduler:
         self._seqs = {}
         self._dropped = []
         self._inflight = {}
+        self._plan_loads = {}
         self._draft_steps.clear()
         return seqs
 
@@ -266,7 +267,7 @@ class Scheduler:
         if plan.has_work:
             self._inflight[plan.step_id] = step.entries
             if step.num_drafts:
-                self._draft_steps.add(plan.step_id)
+                self._draft_steps[plan.step_id] = step.num_model_drafts > 0
             if step.num_loads:
                 self._plan_loads[plan.step_id] = step.num_loads
         if plan.has_work or plan.dropped_seq_ids or plan.saves:
@@ -280,7 +281,8 @@ class Scheduler:
         executor reports as failed finishes with ERROR (it dropped it already).
         """
         entries = self._inflight.pop(result.step_id, None)
-        self._draft_steps.discard(result.step_id)
+        if self._draft_steps.pop(result.step_id, False) and self._drafter is not None:
+            self._drafter.on_model_draft_step(result.timings)
         if self._tier is not None:
             self._tier.apply(result)
             self._tier.cost.observe(self._plan_loads.pop(result.step_id, 0), result)
@@ -513,7 +515,6 @@ class Scheduler:
 
     def _recompute_after_miss(self, seq: SchedulerSequence, block_hashes: tuple[int, ...]) -> None:
         """The executor could not load blocks of seq and dropped it: forget them, admit it again at the head."""
-        assert self._tier is not None or not self.config.kv_offload
         if self._tier is not None:
             self._tier.forget(block_hashes)
         self._kv.free(seq)

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import NamedTuple
 
 from pagoda.step import LogprobEntry
 from scheduler_svc.sequence import SchedulerSequence
+
+# --speculative (docs/speculative-decoding.md): n-gram drafts, the executor's draft model, or n-gram drafts
+# first and the draft model where no n-gram matches.
+SPECULATIVE_METHODS = ("off", "ngram", "draft", "ngram+draft")
+
+
+class DraftSource(enum.Enum):
+    """Where a sequence's speculative tokens come from."""
+
+    # Prompt lookup by the scheduler (scheduler_svc.ngram): the plan carries the tokens.
+    NGRAM = "ngram"
+    # The executor's draft model (--draft-model): the plan carries how many.
+    MODEL = "model"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +37,9 @@ class SchedulerConfig:
     eos_token_ids: tuple[int, ...] = ()
     # A request waiting longer than this is served first, whatever its priority.
     max_priority_wait_s: float = 30.0
-    # Speculative decoding (docs/speculative-decoding.md): "off" or "ngram"; drafts per sequence and step;
-    # no drafts while more sequences than speculative_max_batch run.
+    # Speculative decoding (docs/speculative-decoding.md): one of SPECULATIVE_METHODS (a method with the
+    # draft model only where the executor has one); drafts per sequence and step; no drafts while more
+    # sequences than speculative_max_batch run.
     speculative: str = "off"
     num_speculative_tokens: int = 4
     speculative_max_batch: int = 8
@@ -35,8 +50,8 @@ class SchedulerConfig:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.speculative not in ("off", "ngram"):
-            raise ValueError(f"speculative must be off or ngram, got {self.speculative!r}")
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
 
 
 class SeqUpdate(NamedTuple):

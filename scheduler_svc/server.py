@@ -29,6 +29,7 @@ from scheduler_svc.errors import (
     RequestError,
     Unavailable,
 )
+from scheduler_svc.scheduler_types import DraftSource
 from scheduler_svc.tokenizer import Tokenizer
 
 log = structlog.get_logger("scheduler")
@@ -158,6 +159,7 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
                 kernels=dict(info.kernels) if info else {},
                 kv_cache_dtype=info.kv_cache_dtype if info else "",
                 quantization=info.quantization if info else "",
+                draft_model=info.draft_model if info else "",
                 lease_holder=holder,
                 lease_epoch=epoch,
                 kv_offload=info.kv_offload if info else "",
@@ -176,9 +178,12 @@ def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
         num_preemptions_total=m.num_preemptions_total,
         prefix_cache_queries_total=m.prefix_cache_queries_total,
         prefix_cache_hits_total=m.prefix_cache_hits_total,
-        spec_num_drafts_total=m.spec_num_drafts_total,
-        spec_draft_tokens_total=m.spec_draft_tokens_total,
-        spec_accepted_tokens_total=m.spec_accepted_tokens_total,
+        spec_num_drafts_total=m.spec_total(0),
+        spec_draft_tokens_total=m.spec_total(1),
+        spec_accepted_tokens_total=m.spec_total(2),
+        spec_model_num_drafts_total=m.spec_total(0, DraftSource.MODEL),
+        spec_model_draft_tokens_total=m.spec_total(1, DraftSource.MODEL),
+        spec_model_accepted_tokens_total=m.spec_total(2, DraftSource.MODEL),
         offload_hit_tokens_total=m.offload_hit_tokens_total,
         num_swaps_total=m.num_swaps_total,
         scheduler_id=engine.scheduler_id,

@@ -1,8 +1,9 @@
 """When to speculate, per sequence and per step, and what came of it.
 
-The scheduler proposes n-gram drafts (scheduler_svc.ngram) for decoding
-sequences; the executor verifies them as extra query tokens of the same
-forward pass (docs/speculative-decoding.md). Speculation pays only where a
+Drafts come from two sources (docs/speculative-decoding.md): n-gram lookups
+the scheduler makes (scheduler_svc.ngram), and the executor's draft model,
+which the plan asks for a number of tokens. The executor verifies both as
+extra query tokens of the same forward pass. Speculation pays only where a
 step costs about the same for 1 token as for 1 + K, and where drafts are
 accepted:
 
@@ -11,20 +12,27 @@ accepted:
   with the tokens beyond that (SmolLM2 bf16 on CPU, bench/data/
   step_cost_smollm2_bf16.json: batch 8 costs 1.18x batch 1, batch 32 1.9x);
   drafts would then cost what they save.
-- Per sequence: an exponentially weighted mean of the tokens accepted per
-  attempt (a step where it could draft; finding no n-gram counts as 0). Below
-  ``MIN_ACCEPTED_PER_ATTEMPT`` the sequence stops drafting for a cooldown of
-  generated tokens that doubles each time, then tries again.
+- Per sequence and source: an exponentially weighted mean of the tokens
+  accepted per attempt (a step where it drafted; with n-gram drafts alone,
+  finding no n-gram counts as 0). Below the source's break-even the sequence
+  stops drafting from it for a cooldown of generated tokens that doubles each
+  time, then tries again. N-gram drafts cost little but the overlap of plans
+  (``MIN_ACCEPTED_PER_ATTEMPT``); the draft model's passes cost time of their
+  own, measured in each step that ran them: its break-even is that time over
+  the rest of the step's (accepting more than that many tokens per attempt
+  wins, as the verifying step costs about what a plain one does).
 
 Pure Python.
 """
 
 from __future__ import annotations
 
-from pagoda.step import ScheduledSequence
+from typing import NamedTuple
+
+from pagoda.step import ScheduledSequence, StepTimings
 from scheduler_svc.kv_cache_manager import KVCacheManager, cdiv
 from scheduler_svc.ngram import NgramProposer
-from scheduler_svc.scheduler_types import SchedulerConfig
+from scheduler_svc.scheduler_types import DraftSource, SchedulerConfig
 from scheduler_svc.sequence import SchedulerSequence
 from scheduler_svc.step_builder import StepBuilder, StepEntry
 
@@ -36,16 +44,16 @@ MIN_ACCEPTED_PER_ATTEMPT = 0.3
 # Generated tokens a sequence waits before drafting again, first and at most.
 FIRST_COOLDOWN_TOKENS = 16
 MAX_COOLDOWN_TOKENS = 512
-SPECULATIVE_METHODS = ("off", "ngram", "draft")
+# Weight of the newest step in the measured cost of the draft model's passes.
+COST_EWMA_WEIGHT = 0.1
 
 
-class SeqSpeculation:
-    """One sequence's n-gram index and its record of accepted drafts."""
+class AcceptanceRecord:
+    """A sequence's record of one source's drafts: tokens accepted per attempt, and its cooldown."""
 
-    __slots__ = ("proposer", "mean_accepted", "resume_at", "cooldown")
+    __slots__ = ("mean_accepted", "resume_at", "cooldown")
 
-    def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
-        self.proposer = NgramProposer(min_n, max_n)
+    def __init__(self) -> None:
         # Optimistic start: a few fruitless attempts are needed before it stops.
         self.mean_accepted = 1.0
         # Drafting resumes once the sequence has this many output tokens.
@@ -53,22 +61,36 @@ class SeqSpeculation:
         self.cooldown = FIRST_COOLDOWN_TOKENS
 
     def active(self, num_output_tokens: int) -> bool:
-        """Whether the sequence drafts now (not cooling down)."""
+        """Whether the sequence drafts from this source now (not cooling down)."""
         return num_output_tokens >= self.resume_at
 
-    def record(self, num_accepted: int, num_output_tokens: int) -> None:
-        """One attempt's accepted drafts (0 when no n-gram matched); may start a cooldown."""
+    def record(self, num_accepted: int, num_output_tokens: int, break_even: float = MIN_ACCEPTED_PER_ATTEMPT) -> None:
+        """One attempt's accepted drafts (0 when no n-gram matched); below break_even starts a cooldown."""
         self.mean_accepted += EWMA_WEIGHT * (num_accepted - self.mean_accepted)
-        if self.mean_accepted >= MIN_ACCEPTED_PER_ATTEMPT:
+        if self.mean_accepted >= break_even:
             return
         self.resume_at = num_output_tokens + self.cooldown
         self.cooldown = min(2 * self.cooldown, MAX_COOLDOWN_TOKENS)
-        # After the cooldown, one fruitless attempt stops it again; one accepted token keeps it going.
-        self.mean_accepted = MIN_ACCEPTED_PER_ATTEMPT
+        # After the cooldown, one fruitless attempt stops it again; one good one keeps it going.
+        self.mean_accepted = break_even
+
+
+class SeqSpeculation:
+    """One sequence's n-gram index and its record of each source's drafts."""
+
+    __slots__ = ("proposer", "ngram", "model")
+
+    def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
+        self.proposer = NgramProposer(min_n, max_n)
+        self.ngram = AcceptanceRecord()
+        self.model = AcceptanceRecord()
+
+    def record_of(self, source: DraftSource) -> AcceptanceRecord:
+        return self.ngram if source is DraftSource.NGRAM else self.model
 
 
 class SpeculationStats:
-    """Counters of one scheduler core (exported as metrics)."""
+    """Counters of one scheduler core and one draft source (exported as metrics)."""
 
     __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
@@ -84,13 +106,27 @@ class SpeculationStats:
         self.num_accepted_tokens += num_accepted
 
 
+class Proposal(NamedTuple):
+    """What a sequence drafts in one step."""
+
+    source: DraftSource
+    # The n-gram drafts (empty for the draft model's, which the executor proposes).
+    token_ids: tuple[int, ...]
+    num_tokens: int
+
+
 class Drafter:
     """The speculation of one scheduler core: which sequences draft, their drafts in a plan, the rollback."""
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         self.config = config
         self.kv = kv
-        self.stats = SpeculationStats()
+        self.uses_ngram = config.speculative in ("ngram", "ngram+draft")
+        self.uses_model = config.speculative in ("draft", "ngram+draft")
+        self.stats = {source: SpeculationStats() for source in DraftSource}
+        # The draft model's passes over the rest of the step (prepare, forward, sampling), in the steps that
+        # ran them: the accepted tokens per attempt the draft model must beat (None: not measured yet).
+        self.model_cost: float | None = None
 
     def allows(self, num_running: int) -> bool:
         """The global rule: drafts only while the step is bound by the weights, not by the tokens."""
@@ -98,49 +134,66 @@ class Drafter:
 
     def wants(self, seq: SchedulerSequence) -> bool:
         """Whether seq would draft in the next step (it may still find no n-gram)."""
+        if seq.structured is not None:
+            return False
         spec = seq.speculation
-        return seq.structured is None and (spec is None or spec.active(len(seq.output_token_ids)))
+        if spec is None:
+            return True
+        num_outputs = len(seq.output_token_ids)
+        return (self.uses_ngram and spec.ngram.active(num_outputs)) or (
+            self.uses_model and spec.model.active(num_outputs)
+        )
 
     def schedule(self, seq: SchedulerSequence, step: StepBuilder) -> bool:
-        """Plans seq's next token with drafts after it, if it has drafts and their blocks are free.
+        """Plans seq's next token with drafts after it, if it drafts and their blocks are free.
 
         Drafts never preempt: without free blocks the sequence decodes one token.
         """
         config = self.config
         max_tokens = min(step.budget - step.num_decodes_left - 1, config.max_model_len - len(seq.token_ids) - 1)
-        drafts = self.propose(seq, max_tokens)
-        if not drafts:
+        proposal = self.propose(seq, max_tokens)
+        if proposal is None:
             return False
-        num_tokens = 1 + len(drafts)
+        num_tokens = 1 + proposal.num_tokens
         new_block_ids: list[int] | None = []
         if seq.num_computed_tokens + num_tokens > len(seq.block_ids) * config.block_size:
             new_block_ids = self.kv.allocate_slots(seq, num_tokens)
         if new_block_ids is None:
             return False
-        step.scheduled_seqs.append(ScheduledSequence(seq.seq_id, 1, tuple(new_block_ids), drafts))
-        step.commit(seq, 1, len(drafts))
+        num_model = proposal.num_tokens if proposal.source is DraftSource.MODEL else 0
+        entry = ScheduledSequence(seq.seq_id, 1, tuple(new_block_ids), proposal.token_ids, num_model)
+        step.scheduled_seqs.append(entry)
+        step.commit(seq, 1, proposal.num_tokens, proposal.source)
         return True
 
-    def propose(self, seq: SchedulerSequence, max_tokens: int) -> tuple[int, ...]:
-        """Drafts for seq's next tokens, at most max_tokens of them.
+    def propose(self, seq: SchedulerSequence, max_tokens: int) -> Proposal | None:
+        """What seq drafts next, at most max_tokens tokens: an n-gram's, else the draft model's.
 
         Only for a sequence whose tokens are all known (no pending one), that is
-        not constrained (its drafts would need the constraint's masks) and not
-        cooling down. Finding nothing counts as a fruitless attempt.
+        not constrained (its drafts would need the constraint's masks), from a
+        source it is not cooling down from. Finding no n-gram counts as a
+        fruitless attempt unless the draft model drafts instead.
         """
-        if seq.num_pending_tokens or not self.wants(seq):
-            return ()
+        if seq.num_pending_tokens or seq.structured is not None:
+            return None
         # Every accepted draft plus the executor's own token must fit max_tokens.
         max_outputs = seq.stopping.max_tokens - len(seq.output_token_ids) - 1
         max_tokens = min(max_tokens, self.config.num_speculative_tokens, max_outputs)
         if max_tokens <= 0:
-            return ()
+            return None
         if seq.speculation is None:
             seq.speculation = SeqSpeculation()
-        drafts = seq.speculation.proposer.propose(seq.token_ids, max_tokens)
-        if not drafts:
-            seq.speculation.record(0, len(seq.output_token_ids))
-        return drafts
+        spec, num_outputs = seq.speculation, len(seq.output_token_ids)
+        model_active = self.uses_model and spec.model.active(num_outputs)
+        if self.uses_ngram and spec.ngram.active(num_outputs):
+            drafts = spec.proposer.propose(seq.token_ids, max_tokens)
+            if drafts:
+                return Proposal(DraftSource.NGRAM, drafts, len(drafts))
+            if not model_active:  # nothing drafts this step: a fruitless attempt (it cost the overlap)
+                spec.ngram.record(0, num_outputs)
+        if model_active:
+            return Proposal(DraftSource.MODEL, (), max_tokens)
+        return None
 
     def on_verified(self, seq: SchedulerSequence, entry: StepEntry, num_accepted: int, current: bool) -> None:
         """Rolls back the KV of rejected drafts: fewer computed tokens, blocks past the computed ones freed.
@@ -154,6 +207,23 @@ class Drafter:
         if current:
             seq.num_computed_tokens -= num_rejected
             self.kv.truncate(seq, cdiv(seq.num_computed_tokens, self.config.block_size))
-        self.stats.record(entry.num_drafts, num_accepted)
+        source = entry.draft_source
+        self.stats[source].record(entry.num_drafts, num_accepted)
         if seq.speculation is not None:
-            seq.speculation.record(num_accepted, len(seq.output_token_ids))
+            seq.speculation.record_of(source).record(num_accepted, len(seq.output_token_ids), self.break_even(source))
+
+    def break_even(self, source: DraftSource) -> float:
+        """Accepted tokens per attempt below which drafting from ``source`` loses time."""
+        if source is DraftSource.MODEL and self.model_cost is not None:
+            return max(MIN_ACCEPTED_PER_ATTEMPT, self.model_cost)
+        return MIN_ACCEPTED_PER_ATTEMPT
+
+    def on_model_draft_step(self, timings: StepTimings) -> None:
+        """Measures the draft model's cost in a step that ran it: its passes over the rest of the step."""
+        rest_ns = timings.prepare_ns + timings.forward_ns + timings.sample_ns
+        if timings.draft_ns <= 0 or rest_ns <= 0:
+            return
+        cost = timings.draft_ns / rest_ns
+        self.model_cost = (
+            cost if self.model_cost is None else self.model_cost + COST_EWMA_WEIGHT * (cost - self.model_cost)
+        )

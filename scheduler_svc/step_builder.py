@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from pagoda.step import NewSequence, ScheduledSequence
+from scheduler_svc.scheduler_types import DraftSource
 from scheduler_svc.sequence import SchedulerSequence
 
 
 class StepEntry:
     """One sequence in a planned step, kept until the step's result arrives."""
 
-    __slots__ = ("seq", "num_admissions", "num_computed_after", "samples", "num_drafts")
+    __slots__ = ("seq", "num_admissions", "num_computed_after", "samples", "num_drafts", "draft_source")
 
-    def __init__(self, seq: SchedulerSequence, samples: bool, num_drafts: int = 0) -> None:
+    def __init__(
+        self, seq: SchedulerSequence, samples: bool, num_drafts: int = 0, draft_source: DraftSource = DraftSource.NGRAM
+    ) -> None:
         self.seq = seq
         # Tells apart a later admission of the same sequence (after preemption).
         self.num_admissions = seq.num_admissions
@@ -21,6 +24,7 @@ class StepEntry:
         self.samples = samples
         # Draft tokens it verifies after that token (their KV counts in num_computed_after until the result).
         self.num_drafts = num_drafts
+        self.draft_source = draft_source
 
 
 class StepBuilder:
@@ -37,12 +41,15 @@ class StepBuilder:
         self.num_preempted = 0
         # Decoding sequences may draft in this step (the global rule allows it).
         self.speculate = False
-        # Sequences that draft in this step.
+        # Sequences that draft in this step, and those of them that draft with the executor's draft model.
         self.num_drafts = 0
         # Blocks new sequences of this step load from the offload tier.
         self.num_loads = 0
+        self.num_model_drafts = 0
 
-    def commit(self, seq: SchedulerSequence, num_tokens: int, num_drafts: int = 0) -> None:
+    def commit(
+        self, seq: SchedulerSequence, num_tokens: int, num_drafts: int = 0, source: DraftSource = DraftSource.NGRAM
+    ) -> None:
         """Advances a planned sequence; reaching its length samples a pending token.
 
         num_computed_tokens moves now, not when the result arrives: the next
@@ -57,5 +64,6 @@ class StepBuilder:
             seq.num_computed_tokens += num_drafts
             seq.drafts_in_flight = True
             self.num_drafts += 1
-        self.entries[seq.seq_id] = StepEntry(seq, samples, num_drafts)
+            self.num_model_drafts += source is DraftSource.MODEL
+        self.entries[seq.seq_id] = StepEntry(seq, samples, num_drafts, source)
         self.budget -= num_tokens + num_drafts

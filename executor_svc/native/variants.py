@@ -105,7 +105,15 @@ PREFERENCE = (NATIVE, *PORTABLE_NAMES)
 COMMON_CFLAGS = ("-O3", "-ffast-math")
 # The C++ of every variant (csrc/), and the headers its sources include.
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("library.cpp", "cpu_ops.cpp", "cpu_gemm.cpp", "cpu_kernel.cpp", "cpu_prefill.cpp", "cpu_quant.cpp")
+SOURCES = (
+    "library.cpp",
+    "cpu_ops.cpp",
+    "cpu_gemm.cpp",
+    "cpu_kernel.cpp",
+    "cpu_prefill.cpp",
+    "cpu_quant.cpp",
+    "cpu_qblocks.cpp",
+)
 HEADERS = (
     "cpu_common.h",
     "amx.h",

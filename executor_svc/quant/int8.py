@@ -24,7 +24,7 @@ import dataclasses
 
 import torch
 
-from executor_svc.quant.layer_ops import QuantizedLinear
+from executor_svc.quant.base import QuantizedLinear
 
 # Input features per activation scale: one AMX-INT8 tile product (K is padded to it).
 GROUP = 64
@@ -92,6 +92,10 @@ class Int8Linear(QuantizedLinear):
     widen_above: int
     column_sums: torch.Tensor | None = None
     kernels: object = None  # the ops of the loaded kernel library (C++ paths)
+
+    @property
+    def format(self) -> str:  # type: ignore[override]
+        return "int8"
 
     @property
     def nbytes(self) -> int:

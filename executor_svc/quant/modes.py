@@ -4,10 +4,12 @@ A mode is one ``QuantMode`` entry in ``MODES``: how it quantizes a dense
 weight at load (or keeps it dense) and which GGUF tensor types the loader
 keeps as stored. ``resolve_quantization`` turns the flags into the effective
 ``Quantization`` of an executor before any weight is read, so a bad flag
-fails at start with the choices named. ``--quantized-activations`` picks the
-activations of the int8 paths: ``int8`` (dynamic, per row and 64 features),
-``bf16`` (weight-only) or ``auto`` (int8 up to ``WIDEN_ABOVE_ROWS`` rows
-where the C++ kernels run, bf16 past them and on CUDA).
+fails at start with the choices named. ``auto`` is ``gguf`` for a .gguf file
+(its blocks as stored), else ``none``. ``--quantized-activations`` picks the
+activations of the quantized kernels: ``int8`` (dynamic, per row and 64
+features for int8 weights, per 32 for GGUF blocks), ``bf16`` (weight-only) or
+``auto`` (int8 in steps of up to ``WIDEN_ABOVE_ROWS`` rows where the C++
+kernels run, bf16 past them and on CUDA).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import torch
 
 from executor_svc.models.layer_ops import LayerOps
 from executor_svc.native import loader
-from executor_svc.quant import int8
-from executor_svc.quant.layer_ops import QuantizedLayerOps, QuantizedLinear
+from executor_svc.quant import gguf_blocks, int8
+from executor_svc.quant.base import QuantizedLinear
+from executor_svc.quant.layer_ops import QuantizedLayerOps
 
 ACTIVATIONS = ("auto", "int8", "bf16")
 
@@ -51,9 +54,17 @@ class Target:
             return path, 0
         return path, int8.WIDEN_ABOVE_ROWS
 
-
-def _keep_no_gguf(qtype: Any) -> bool:
-    return False
+    def block_kernels(self) -> tuple[Any, int]:
+        """(the kernels' ops for GGUF blocks, or None for the torch code; widen_above)."""
+        kernels = self.kernels
+        if kernels is None or self.device.type != "cpu" or "avx512_vnni" not in kernels.features:
+            return None, int8.ALWAYS  # the torch code is weight-only whatever widen_above says
+        amx = "amx" in kernels.features and kernels.ops.amx_ready()
+        if self.activations == "bf16":
+            return (kernels.ops, 0) if amx else (None, int8.ALWAYS)
+        if self.activations == "int8" or not amx:
+            return kernels.ops, int8.ALWAYS
+        return kernels.ops, gguf_blocks.WIDEN_ABOVE_ROWS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +75,9 @@ class QuantMode:
     help: str
     # (dense weight [N, K] in the model dtype, target) -> its quantized layer, or None: it stays dense.
     quantize: Callable[[torch.Tensor, Target], QuantizedLinear | None]
-    # Whether the GGUF loader keeps tensors of a GGMLQuantizationType as stored (else it dequantizes them).
-    keeps_gguf: Callable[[Any], bool] = _keep_no_gguf
+    # Whether the GGUF loader keeps tensors of a GGMLQuantizationType as stored (else it dequantizes them);
+    # None: it dequantizes every one.
+    keeps_gguf: Callable[[Any], bool] | None = None
     # The mode keeps a GGUF file's blocks: refused for a checkpoint folder.
     gguf_only: bool = False
 
@@ -77,6 +89,17 @@ def _dense(weight: torch.Tensor, target: Target) -> None:
 def _int8(weight: torch.Tensor, target: Target) -> QuantizedLinear:
     path, widen_above = target.int8_path()
     return int8.int8_linear(weight, path, target.kernel_ops, widen_above)
+
+
+def _blocks_of(qtype: gguf_blocks.Q) -> Callable[[torch.Tensor, Target], QuantizedLinear]:
+    def quantize(weight: torch.Tensor, target: Target) -> QuantizedLinear:
+        return gguf_blocks.block_linear(gguf_blocks.quantize_blocks(weight, qtype), *target.block_kernels())
+
+    return quantize
+
+
+def _kept(*qtypes: gguf_blocks.Q) -> Callable[[Any], bool]:
+    return lambda qtype: qtype in qtypes
 
 
 MODES: dict[str, QuantMode] = {}
@@ -91,6 +114,18 @@ def register(mode: QuantMode) -> None:
 
 register(QuantMode("none", "weights in --dtype (a GGUF file is dequantized at load)", _dense))
 register(QuantMode("int8", "int8 weights, one scale per output channel, quantized at load", _int8))
+register(
+    QuantMode("gguf", "a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks as stored", _dense, _kept(*gguf_blocks.KEPT_TYPES), True)
+)
+for _qtype in (gguf_blocks.Q.Q8_0, gguf_blocks.Q.Q4_0):
+    register(
+        QuantMode(
+            _qtype.name.lower(),
+            f"GGUF {_qtype.name} blocks: kept as stored, or quantized at load",
+            _blocks_of(_qtype),
+            _kept(_qtype),
+        )
+    )
 
 
 def mode_names() -> tuple[str, ...]:
@@ -110,10 +145,19 @@ class Quantization:
         return self.mode.name
 
     def quantize(self, weight: Any) -> QuantizedLinear | None:
-        """A linear weight's quantized layer, or None when it stays dense."""
+        """A linear weight's quantized layer (GGUF blocks: always), or None when it stays dense."""
+        if isinstance(weight, gguf_blocks.GgufWeight):
+            return gguf_blocks.block_linear(weight, *self.target.block_kernels())
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
             return None
         return self.mode.quantize(weight, self.target)
+
+    def effective(self, ops: Any) -> str:
+        """What Describe reports once the model is built: the mode, and for ``gguf`` the block types it kept."""
+        if self.mode.name == "gguf":
+            formats = ops.formats if isinstance(ops, QuantizedLayerOps) else {}
+            return "gguf:" + "+".join(formats) if formats else "gguf"
+        return self.mode.name
 
     def wrap(self, ops: LayerOps) -> LayerOps:
         """The layer ops the model is built with (``ops`` itself when nothing is quantized)."""
@@ -123,14 +167,14 @@ class Quantization:
 def resolve_quantization(
     name: str, activations: str, model_path: str | Path, device: torch.device, dtype: torch.dtype, ops: LayerOps
 ) -> Quantization:
-    """The effective quantization for these flags, model and layer ops (``auto``: none).
+    """The effective quantization for these flags, model and layer ops (``auto``: gguf for a .gguf file, else none).
 
     Raises:
         ValueError: an unknown mode or activations choice, or a mode this model cannot take (named).
     """
     if activations not in ACTIVATIONS:
         raise ValueError(f"unknown --quantized-activations {activations!r}; use one of {', '.join(ACTIVATIONS)}")
-    resolved = "none" if name == "auto" else name
+    resolved = name if name != "auto" else "gguf" if Path(model_path).suffix == ".gguf" else "none"
     mode = MODES.get(resolved)
     if mode is None:
         raise ValueError(f"unknown --quantization {name!r}; use one of {', '.join(mode_names())}")

@@ -17,6 +17,9 @@ import enum
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams
 
+# Most speculative tokens of one sequence in one step (n-gram drafts or the draft model's).
+MAX_DRAFT_TOKENS = 16
+
 
 class FinishReason(enum.Enum):
     """Why a sequence stopped."""
@@ -84,6 +87,9 @@ class ScheduledSequence:
     # tokens of this step. The executor returns the accepted ones plus one token of its own, keeps the KV of
     # the accepted ones only and cuts its block table to the blocks of its computed tokens, as the scheduler does.
     draft_token_ids: tuple[int, ...] = ()
+    # Speculative tokens the executor's draft model proposes after the scheduled ones, verified in this step
+    # like draft_token_ids (which must then be empty); the blocks cover them too.
+    num_model_draft_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +118,8 @@ class StepPlan:
 
     @property
     def num_draft_tokens(self) -> int:
-        """Speculative tokens this step verifies."""
-        return sum(len(s.draft_token_ids) for s in self.scheduled_seqs)
+        """Speculative tokens this step verifies (given by the plan or proposed by the draft model)."""
+        return sum(len(s.draft_token_ids) + s.num_model_draft_tokens for s in self.scheduled_seqs)
 
     @property
     def has_work(self) -> bool:
@@ -172,6 +178,8 @@ class StepTimings:
     # Filling the plan's loads from the offload tier, and copying out its saves.
     load_ns: int = 0
     save_ns: int = 0
+    # The draft model's passes (proposing speculative tokens), before prepare.
+    draft_ns: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,3 +235,8 @@ class ExecutorInfo:
     tier_hashes: tuple[int, ...] = ()
     # The linear weights' quantization in effect: none, int8, ... (docs/quantization.md).
     quantization: str = "none"
+    # The draft model proposing speculative tokens (empty: none), and how the KV budget is split: the
+    # num_kv_blocks blocks take kv_cache_bytes for the model and draft_kv_cache_bytes for the draft model.
+    draft_model: str = ""
+    kv_cache_bytes: int = 0
+    draft_kv_cache_bytes: int = 0

@@ -53,6 +53,7 @@ def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
                 num_scheduled_tokens=s.num_scheduled_tokens,
                 new_block_ids=s.new_block_ids,
                 draft_token_ids=s.draft_token_ids,
+                num_model_draft_tokens=s.num_model_draft_tokens,
             )
             for s in plan.scheduled_seqs
         ],
@@ -86,6 +87,7 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
                 s.num_scheduled_tokens,
                 tuple(s.new_block_ids) if s.new_block_ids else (),
                 tuple(s.draft_token_ids) if s.draft_token_ids else (),
+                s.num_model_draft_tokens,
             )
             for s in msg.scheduled_seqs
         ),
@@ -131,7 +133,9 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
             for o in msg.outputs
         ),
         errors=tuple(SeqError(e.seq_id, e.message, tuple(e.missing_block_hashes)) for e in msg.errors),
-        timings=StepTimings(t.prepare_ns, t.forward_ns, t.sample_ns, t.step_ns, t.idle_ns, t.load_ns, t.save_ns),
+        timings=StepTimings(
+            t.prepare_ns, t.forward_ns, t.sample_ns, t.step_ns, t.idle_ns, t.load_ns, t.save_ns, t.draft_ns
+        ),
         num_scheduled_tokens=msg.num_scheduled_tokens,
         draining=msg.draining,
         # Most results carry no tier change: skip the copies of empty lists.

@@ -195,6 +195,17 @@ def test_serve_passes_the_speculation_flags_to_the_scheduler():
     )
 
 
+def test_serve_gives_the_draft_model_to_every_executor_and_the_method_to_the_scheduler():
+    args, unknown = build_parser().parse_known_args(
+        ["serve", "--executors", "2", "--draft-model", "/models/draft", "--speculative", "ngram+draft"]
+    )
+    launcher = launcher_from_args(args, unknown)
+    for executor in launcher.executors:
+        assert executor.argv[-2:] == ["--draft-model", "/models/draft"]
+    assert launcher.scheduler.argv[-2:] == ["--speculative", "ngram+draft"]
+    assert "--draft-model" not in launcher.scheduler.argv
+
+
 def test_serve_model_defaults_to_default():
     args, _ = build_parser().parse_known_args(["serve"])
     launcher = launcher_from_args(args, [])

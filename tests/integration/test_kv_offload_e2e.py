@@ -141,3 +141,17 @@ def test_two_systems_side_by_side_never_share_a_tier_and_a_held_one_is_refused(t
         a.kill_executor(0, signal.SIGKILL)
         a.restart_executor(0)
         assert _tier_dir(a).startswith(str(tmp_path / "root" / "executor-0") + "/")
+
+
+def test_a_restarted_scheduler_finds_the_tier_the_executor_kept(tiny_model_dir, tmp_path):
+    prompt = _prompt(6, 400)
+    tier = _tier_args(tmp_path / "tier")
+    with fp32_launcher(tiny_model_dir, tmp_path / "logs", "4MiB", block_size=BS, extra_executor_args=tier) as system:
+        cold = _generate(system.target, prompt)
+        executor_pid = system.executor_pids[0]
+        system.kill(system.scheduler, signal.SIGTERM)
+        system.restart(system.scheduler)
+        warm = _generate(system.target, prompt)
+        assert system.executor_pids[0] == executor_pid  # the same executor process, its tier kept
+    # The new scheduler knows nothing of the executor's device cache: the prefix comes from the tier.
+    assert warm.token_ids == cold.token_ids and warm.usage.cached_tokens_offloaded == 384

@@ -7,6 +7,12 @@ prompt must come back with the same greedy tokens, its full blocks reported
 as offloaded cached tokens, and a time to first token at least 8x lower (the
 cold one computes 3,000 tokens; the warm one reads ~190 blocks and computes
 the last few tokens; docs/kv-offload.md has the figures of a quiet machine).
+
+The executor runs one intra-op thread: on a machine shared with other work, a
+step of many small parallel regions (the warm one) waits for descheduled
+OpenMP threads far more than a long prefill does, so with two threads the
+ratio measured how busy the machine was. One thread keeps it a measure of
+loading against computing.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROMPT_TOKENS = 3000
 MIN_SPEEDUP = 8.0
+EXECUTOR_ARGS = ["--num-threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -59,20 +66,25 @@ def _check_warm(cold, warm, block_size: int) -> None:
 
 def test_a_3000_token_prompt_after_an_executor_restart(smollm2_dir, tmp_path):
     plan = OffloadPlan(str(tmp_path / "tier"))
-    with fp32_launcher(smollm2_dir, tmp_path / "logs", "512MiB", startup_timeout_s=300, kv_offload=plan) as system:
+    with fp32_launcher(
+        smollm2_dir,
+        tmp_path / "logs",
+        "512MiB",
+        startup_timeout_s=300,
+        kv_offload=plan,
+        extra_executor_args=EXECUTOR_ARGS,
+    ) as system:
         cold = _ask(system.target)
         system.kill_executor(0, signal.SIGTERM)
         system.restart_executor(0)
         warm = _ask(system.target)
-        with Client(system.target) as client:
-            block_size = client.status().executors[0].num_kv_blocks and 16  # fp32 SmolLM2: 16 tokens a block
-    _check_warm(cold, warm, block_size)
+    _check_warm(cold, warm, 16)  # fp32 SmolLM2: 16 tokens a block
 
 
 def _serve(model, port: int, tmp_path) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "pagoda_client.cli", "serve", "--model", str(model), "--port", str(port)]
     argv += ["--dtype", "float32", "--kv-cache-memory", "512MiB", "--log-dir", str(tmp_path / "logs")]
-    argv += ["--kv-offload-dir", str(tmp_path / "tier")]
+    argv += ["--kv-offload-dir", str(tmp_path / "tier"), "--executor-args", " ".join(EXECUTOR_ARGS)]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

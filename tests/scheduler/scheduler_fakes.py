@@ -9,7 +9,9 @@ is deterministic: the next token is a function of the whole token prefix (or,
 for speculation tests, `copy_model`: of the last two tokens, so outputs repeat
 and n-gram drafts are accepted). Draft tokens are verified as the executor
 does: accepted while the model agrees, one token of its own after them, the
-block table cut to the blocks of the computed tokens.
+block table cut to the blocks of the computed tokens. Asked for the draft
+model's tokens (``num_model_draft_tokens``), it proposes them with its draft
+model (`noisy_draft_model`: the model's token, wrong at every third position).
 
 With a tier (`FakeTier`), it follows the offload protocol the same way:
 saves copy a block's slot values out before the step writes anything, loads
@@ -48,6 +50,16 @@ def copy_model(token_ids: list[int], digest: int) -> int:
     """A model whose output cycles (a recurrence over 7 values): n-gram drafts are mostly right."""
     previous = token_ids[-2] if len(token_ids) > 1 else 0
     return (3 * token_ids[-1] + previous + 1) % 7
+
+
+def noisy_draft_model(model: Model) -> Model:
+    """A draft model of ``model``: its token, but a wrong one at every third position."""
+
+    def draft(token_ids: list[int], digest: int) -> int:
+        token = model(token_ids, digest)
+        return token if len(token_ids) % 3 else (token + 1) % VOCAB_SIZE
+
+    return draft
 
 
 class ProtocolError(AssertionError):
@@ -102,6 +114,7 @@ class FakeExecutor:
         self.block_size = block_size
         self.model = model
         self.tier = tier
+        self.draft_model = noisy_draft_model(model)
         self.kv: dict[tuple[int, int], int] = {}
         self.seqs: dict[int, _ExecSeq] = {}
         self.num_steps = 0
@@ -130,8 +143,11 @@ class FakeExecutor:
                     errors.append(SeqError(sched.seq_id, f"unknown sequence {sched.seq_id}"))
                     continue
                 raise ProtocolError(f"scheduled seq {sched.seq_id} not held")
+            if sched.draft_token_ids and sched.num_model_draft_tokens:
+                raise ProtocolError(f"seq {sched.seq_id}: drafts of both kinds")
             self.seqs[sched.seq_id].block_ids.extend(sched.new_block_ids)
-            work.append((sched.seq_id, sched.num_scheduled_tokens, sched.draft_token_ids))
+            drafts = sched.draft_token_ids or self._propose(sched.seq_id, sched.num_model_draft_tokens)
+            work.append((sched.seq_id, sched.num_scheduled_tokens, drafts))
         self.failed_loads = failed
         outputs = [out for seq_id, n, drafts in work if (out := self._run(seq_id, n, drafts)) is not None]
         added, removed = self.tier.take_deltas() if self.tier is not None else ((), ())
@@ -183,6 +199,17 @@ class FakeExecutor:
                 self.kv[(load.block_id, off)] = value
             self.tier.num_loads += 1
         return ()
+
+    def _propose(self, seq_id: int, num_tokens: int) -> tuple[int, ...]:
+        """The draft model's num_tokens drafts after the sequence's known tokens."""
+        seq = self.seqs[seq_id]
+        tokens, digest = list(seq.token_ids), 0
+        for token in tokens:
+            digest = hash((digest, token))
+        for _ in range(num_tokens):
+            tokens.append(self.draft_model(tokens, digest))
+            digest = hash((digest, tokens[-1]))
+        return tuple(tokens[len(seq.token_ids) :])
 
     def _slot(self, seq: _ExecSeq, pos: int) -> tuple[int, int]:
         index = pos // self.block_size

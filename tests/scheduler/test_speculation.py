@@ -5,14 +5,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, copy_model, reference_output
 from scheduler.test_scheduler_properties import MAX_DRAIN_STEPS, OP_KINDS, Harness, configs, op_args
+from support.executor_info import executor_info
 
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, StoppingCriteria
-from pagoda.step import ScheduledSequence, SeqOutput, StepPlan, StepResult
-from scheduler_svc.config import load_config
+from pagoda.step import ScheduledSequence, SeqOutput, StepPlan, StepResult, StepTimings
+from scheduler_svc.config import SchedulerServiceConfig, load_config
+from scheduler_svc.engine import Engine as ServiceEngine
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.scheduler_types import DraftSource
 from scheduler_svc.sequence import SchedulerSequence
-from scheduler_svc.speculation import MIN_ACCEPTED_PER_ATTEMPT, SeqSpeculation
+from scheduler_svc.speculation import MIN_ACCEPTED_PER_ATTEMPT, AcceptanceRecord
 
 EOS = 3
 
@@ -27,9 +30,9 @@ def make_seq(seq_id, prompt, max_tokens=8, structured=None) -> SchedulerSequence
     return SchedulerSequence(seq_id, f"r{seq_id}", list(prompt), SamplingParams(), stopping, structured=structured)
 
 
-def result(plan: StepPlan, tokens: dict[int, tuple[int, ...]]) -> StepResult:
+def result(plan: StepPlan, tokens: dict[int, tuple[int, ...]], timings: StepTimings | None = None) -> StepResult:
     outputs = tuple(SeqOutput(seq_id, token_ids) for seq_id, token_ids in tokens.items())
-    return StepResult(step_id=plan.step_id, incarnation_id="inc", outputs=outputs)
+    return StepResult(step_id=plan.step_id, incarnation_id="inc", outputs=outputs, timings=timings or StepTimings())
 
 
 def started(scheduler: Scheduler, prompt, token: int, **kwargs) -> SchedulerSequence:
@@ -55,7 +58,7 @@ def test_drafts_are_planned_and_rejected_ones_rolled_back():
     assert seq.output_token_ids == [3, 1, 2, 7]
     # KV of positions 0..7 stays; the block made for the rejected draft alone goes back.
     assert seq.num_computed_tokens == 8 and seq.block_ids == [0, 1]
-    assert s.num_free_blocks == 8 and s.drafter.stats.num_accepted_tokens == 2
+    assert s.num_free_blocks == 8 and s.drafter.stats[DraftSource.NGRAM].num_accepted_tokens == 2
     assert [b.block_id for b in s.kv_cache_manager.pool.cached.values()] == [0, 1]
     # No n-gram ends in (2, 7): one token, into the block freed just now.
     assert s.schedule().scheduled_seqs == (ScheduledSequence(1, 1, (2,), ()),)
@@ -113,7 +116,7 @@ def test_too_many_tokens_for_the_drafts_fail_the_sequence():
 
 
 def test_fruitless_attempts_pause_a_sequence_then_it_tries_again():
-    spec = SeqSpeculation()
+    spec = AcceptanceRecord()
     for num_output_tokens in range(5):
         assert spec.active(num_output_tokens)
         spec.record(0, num_output_tokens)
@@ -130,6 +133,7 @@ def test_greedy_outputs_with_speculation_equal_those_without():
     prompts = [[1, 2, 3, 4] * 3, [5, 6, 0, 1, 5, 6], [2], [4, 4, 4, 4, 4, 4, 4]]
 
     def run(speculative: str) -> tuple[dict[int, list[int]], int]:
+        """(outputs, steps) of the prompts (the fake draft model's drafts are right at 2 positions of 3)."""
         config = SchedulerConfig(
             num_blocks=24, block_size=2, max_num_batched_tokens=16, max_model_len=48, speculative=speculative
         )
@@ -142,19 +146,25 @@ def test_greedy_outputs_with_speculation_equal_those_without():
         return dict(engine.outputs), num_steps
 
     plain, plain_steps = run("off")
-    drafted, drafted_steps = run("ngram")
-    assert drafted == plain == {i: reference_output(p, 30, model=copy_model) for i, p in enumerate(prompts)}
-    # Four sequences of up to 42 tokens in 48 slots: preempted and recomputed on the way.
-    assert drafted_steps < plain_steps
+    assert plain == {i: reference_output(p, 30, model=copy_model) for i, p in enumerate(prompts)}
+    for method in ("ngram", "draft", "ngram+draft"):
+        drafted, drafted_steps = run(method)
+        assert drafted == plain, method
+        # Four sequences of up to 42 tokens in 48 slots: preempted and recomputed on the way.
+        assert drafted_steps < plain_steps, method
 
 
 class SpeculationHarness(Harness):
     model = staticmethod(copy_model)
 
 
-spec_configs = configs.map(lambda c: {**c, "speculative": "ngram"}).flatmap(
+spec_configs = configs.flatmap(
     lambda c: st.fixed_dictionaries(
-        {"num_speculative_tokens": st.integers(1, 5), "speculative_max_batch": st.integers(1, 6)}
+        {
+            "speculative": st.sampled_from(["ngram", "draft", "ngram+draft"]),
+            "num_speculative_tokens": st.integers(1, 5),
+            "speculative_max_batch": st.integers(1, 6),
+        }
     ).map(lambda extra: {**c, **extra})
 )
 
@@ -185,11 +195,84 @@ def test_flags_configure_speculation_and_refuse_what_is_not_there(capsys):
     config = load_config(["--speculative", "ngram", "--num-speculative-tokens", "6", "--speculative-max-batch", "2"])
     assert (config.speculative, config.num_speculative_tokens, config.speculative_max_batch) == ("ngram", 6, 2)
     assert load_config([]).speculative == "off"
+    assert load_config(["--speculative", "ngram+draft"]).speculative == "ngram+draft"
     for argv, message in (
-        (["--speculative", "draft"], "a draft model is not implemented yet"),
-        (["--speculative", "eagle"], "--speculative must be off or ngram"),
+        (["--speculative", "eagle"], "--speculative must be one of off, ngram, draft, ngram+draft"),
         (["--num-speculative-tokens", "0"], "--num-speculative-tokens must be in [1, 16]"),
     ):
         with pytest.raises(SystemExit):
             load_config(argv)
         assert message in capsys.readouterr().err
+
+
+def test_model_drafts_are_planned_as_a_count_and_rolled_back():
+    s = make_sched(speculative="draft")
+    seq = started(s, [1, 2, 3, 4, 5], 6)
+    plan = s.schedule()
+    # Positions 5..9 (the last token and 4 drafts) need a third block; the executor's draft model proposes.
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (2,), (), 4),)
+    assert plan.num_scheduled_tokens == 5 and plan.num_draft_tokens == 4 and not s.may_plan_ahead
+    timings = StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1, draft_ns=5)
+    (update,) = s.update(result(plan, {1: (7, 8, 9)}, timings))  # 2 drafts accepted, then its own token
+    assert update.new_token_ids == (7, 8, 9) and seq.output_token_ids == [6, 7, 8, 9]
+    assert seq.num_computed_tokens == 8 and seq.block_ids == [0, 1] and s.num_free_blocks == 8
+    stats = s.drafter.stats
+    assert (stats[DraftSource.MODEL].num_draft_tokens, stats[DraftSource.MODEL].num_accepted_tokens) == (4, 2)
+    assert stats[DraftSource.NGRAM].num_drafts == 0
+    # Its passes took half the rest of the step: the draft model must gain more than 0.5 tokens per attempt.
+    assert s.drafter.model_cost == 0.5 and s.drafter.break_even(DraftSource.MODEL) == 0.5
+
+
+def test_ngram_drafts_first_then_the_draft_model_where_none_matches():
+    s = make_sched(speculative="ngram+draft")
+    repeating = make_seq(1, [1, 2, 3, 1, 2])
+    other = make_seq(2, [5, 6, 7, 8, 9])
+    for seq in (repeating, other):
+        s.add(seq)
+    s.update(result(s.schedule(), {1: (3,), 2: (4,)}))
+    plan = s.schedule()
+    assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (4,), (1, 2, 3)), ScheduledSequence(2, 1, (5,), (), 4))
+
+
+def test_the_draft_model_pauses_where_it_gains_less_than_it_costs():
+    s = make_sched(speculative="draft", num_blocks=40, block_size=16)
+    seq = started(s, [1, 2, 3, 4, 5], 6, max_tokens=200)
+    # Its passes cost twice the rest of the step: one accepted draft per step loses time.
+    timings = StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1, draft_ns=20)
+    num_attempts = 0
+    while (plan := s.schedule()).scheduled_seqs[0].num_model_draft_tokens:
+        token = seq.token_ids[-1] + 1
+        s.update(result(plan, {1: (token, token + 1)}, timings))
+        num_attempts += 1
+        assert num_attempts < 10
+    assert s.drafter.model_cost == 2.0 and seq.speculation.model.resume_at > len(seq.output_token_ids)
+    assert s.may_plan_ahead  # nothing drafts: plans overlap again
+
+
+def test_an_executor_without_a_draft_model_gets_what_is_left_of_the_method():
+    with_draft = executor_info(draft_model="tiny-draft")
+    without = executor_info(draft_model="")
+    for method, on_with, on_without in (
+        ("draft", "draft", "off"),
+        ("ngram+draft", "ngram+draft", "ngram"),
+        ("ngram", "ngram", "ngram"),
+    ):
+        engine = ServiceEngine(SchedulerServiceConfig(speculative=method))
+        assert engine._scheduler_config(with_draft).speculative == on_with
+        assert engine._scheduler_config(without).speculative == on_without
+
+
+def test_with_the_draft_model_paused_n_gram_misses_pause_drafting_and_plans_overlap_again():
+    s = make_sched(speculative="ngram+draft", num_blocks=40, block_size=16)
+    seq = started(s, [5, 6, 7, 8, 9], 10, max_tokens=300)
+    plan = s.schedule()
+    assert plan.scheduled_seqs[0].num_model_draft_tokens == 4  # no n-gram: the draft model drafts
+    # Nothing accepted, and its passes cost twice the rest of the step: the draft model pauses.
+    s.update(result(plan, {1: (11,)}, StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1, draft_ns=20)))
+    num_steps = 0
+    while not s.may_plan_ahead:
+        plan = s.schedule()
+        assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (), ()),)  # never repeating: no n-gram
+        s.update(result(plan, {1: (seq.token_ids[-1] + 1,)}))
+        num_steps += 1
+        assert num_steps < 10, "n-gram misses never paused drafting"

@@ -5,6 +5,7 @@ second, a chat template and generation config."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -40,9 +41,16 @@ def train_tokenizer(vocab_size: int, corpus: list[str] = CORPUS, special_tokens:
 
 
 def build_tiny_model(
-    folder: Path, *, vocab_size: int = 384, seed: int = 0, num_layers: int = 2, max_position_embeddings: int = 1024
+    folder: Path,
+    *,
+    vocab_size: int = 384,
+    seed: int = 0,
+    num_layers: int = 2,
+    max_position_embeddings: int = 1024,
+    tokenizer_from: Path | None = None,
 ) -> Path:
-    """Write the whole model folder; returns it."""
+    """Write the whole model folder; returns it. ``tokenizer_from``: copy that folder's tokenizer files
+    (a draft model of that model) instead of training one."""
     import torch
     import transformers
 
@@ -63,7 +71,11 @@ def build_tiny_model(
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(folder)
-    return write_tokenizer_files(folder, vocab_size)
+    if tokenizer_from is None:
+        return write_tokenizer_files(folder, vocab_size)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(tokenizer_from / name, folder / name)
+    return folder
 
 
 def write_tokenizer_files(folder: Path, vocab_size: int) -> Path:

@@ -265,7 +265,8 @@ void run_widened(const at::Tensor& x, const Int8Problem& pr, const T* bias, T* y
     };
     for (int64_t g0 = begin; g0 < end; g0 += kGroup) {
       const int64_t g1 = std::min(end, g0 + kGroup);
-      for (int64_t p = g0; p < g1; ++p) widen_panel(pr.w + p * pr.kp * kCols, pr.kp, wide.data() + (p - g0) * pr.kp * kCols);
+      for (int64_t p = g0; p < g1; ++p)
+        widen_panel(pr.w + p * pr.kp * kCols, pr.kp, wide.data() + (p - g0) * pr.kp * kCols);
       for (int64_t row0 = 0; row0 < mp; row0 += 2 * kRows) {
         const bool two_rows = row0 + 2 * kRows <= mp;
         for (int64_t p = g0; p < g1; p += 2) {

@@ -64,6 +64,12 @@ TORCH_LIBRARY(pagoda, m) {
   m.def(
       "linear_int8(Tensor x, Tensor packed, Tensor scales, int out_features, Tensor? bias, Tensor? column_sums, "
       "int widen_above) -> Tensor");
+  // GGUF blocks kept as stored (cpu_qblocks.cpp: Q8_0, Q4_0, Q4_1).
+  m.def("pack_qblocks(Tensor data, int qtype, int in_features) -> (Tensor, Tensor)");
+  m.def(
+      "linear_qblocks(Tensor x, Tensor quants, Tensor scales, int qtype, int out_features, Tensor? bias, "
+      "int widen_above) -> Tensor");
+  m.def("qblocks_rows(Tensor quants, Tensor scales, int qtype, int out_features, Tensor? rows) -> Tensor");
   // Paged attention (cpu_kernel.cpp: decode and the K/V store; cpu_prefill.cpp: AMX prefill). An int8
   // cache comes with k_scale and v_scale, one fp32 scale per (kv head, slot) ([KVH, NB, BS]).
   m.def(

@@ -50,7 +50,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache-dtype", default=None, help="auto (the model dtype), float32, bfloat16, float16 or int8"
     )
-    parser.add_argument("--quantization", default=None, help="linear weights: auto, none or int8 (per executor)")
+    parser.add_argument("--quantization", default=None, help="linear weights: auto, none, int8, gguf, q8_0, q4_0")
     parser.add_argument("--block-size", type=int, default=None)
     offload = parser.add_argument_group("KV offload tier (docs/kv-offload.md; on by default)")
     offload.add_argument(
@@ -63,6 +63,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     offload.add_argument("--kv-offload-memory", default=None, help="host-memory tier per executor (default none)")
     parser.add_argument("--metrics-port", type=int, default=None, help="scheduler Prometheus port")
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port")
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="every executor's draft model (speculative decoding with -- --speculative draft, "
+        "docs/speculative-decoding.md)",
+    )
     parser.add_argument("--executor-args", default="", help="extra executor flags, one quoted string")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
     parser.add_argument("--log-dir", default=None, help="write child logs here instead of the terminal")
@@ -99,7 +105,7 @@ def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence
         quantization=args.quantization,
         metrics_port=args.metrics_port,
         http_port=args.http_port,
-        extra_executor_args=shlex.split(args.executor_args),
+        extra_executor_args=_draft_model_args(args.draft_model) + shlex.split(args.executor_args),
         extra_scheduler_args=list(scheduler_passthrough),
         log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout_s,
@@ -127,6 +133,10 @@ def default_offload_root() -> Path:
     configured = os.environ.get("PAGODA_CACHE_DIR")
     cache = Path(configured).expanduser() if configured else Path.home() / ".cache" / "pagoda"
     return cache / "kv-offload"
+
+
+def _draft_model_args(draft_model: str | None) -> list[str]:
+    return ["--draft-model", draft_model] if draft_model else []
 
 
 def _pagoda_command() -> str:

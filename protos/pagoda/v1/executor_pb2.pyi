@@ -34,7 +34,7 @@ class Lease(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., epoch: _Optional[int] = ..., holder_id: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization")
+    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,9 @@ class ExecutorInfo(_message.Message):
     KV_OFFLOAD_FIELD_NUMBER: _ClassVar[int]
     TIER_HASHES_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     model_name: str
     architecture: str
@@ -90,7 +93,10 @@ class ExecutorInfo(_message.Message):
     kv_offload: str
     tier_hashes: _containers.RepeatedScalarFieldContainer[int]
     quantization: str
-    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ...) -> None: ...
+    draft_model: str
+    kv_cache_bytes: int
+    draft_kv_cache_bytes: int
+    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ...) -> None: ...
 
 class BlockLoad(_message.Message):
     __slots__ = ("block_hash", "block_id")
@@ -137,16 +143,18 @@ class NewSequence(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., structured: _Optional[_Union[_common_pb2.StructuredOutput, _Mapping]] = ..., traceparent: _Optional[str] = ..., loads: _Optional[_Iterable[_Union[BlockLoad, _Mapping]]] = ...) -> None: ...
 
 class ScheduledSequence(_message.Message):
-    __slots__ = ("seq_id", "num_scheduled_tokens", "new_block_ids", "draft_token_ids")
+    __slots__ = ("seq_id", "num_scheduled_tokens", "new_block_ids", "draft_token_ids", "num_model_draft_tokens")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_MODEL_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     num_scheduled_tokens: int
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_id: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    num_model_draft_tokens: int
+    def __init__(self, seq_id: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., num_model_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
     __slots__ = ("step_id", "new_seqs", "scheduled_seqs", "dropped_seq_ids", "epoch", "saves")
@@ -185,7 +193,7 @@ class SequenceError(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., message: _Optional[str] = ..., missing_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepTimings(_message.Message):
-    __slots__ = ("prepare_ns", "forward_ns", "sample_ns", "step_ns", "idle_ns", "load_ns", "save_ns")
+    __slots__ = ("prepare_ns", "forward_ns", "sample_ns", "step_ns", "idle_ns", "load_ns", "save_ns", "draft_ns")
     PREPARE_NS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_NS_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +201,7 @@ class StepTimings(_message.Message):
     IDLE_NS_FIELD_NUMBER: _ClassVar[int]
     LOAD_NS_FIELD_NUMBER: _ClassVar[int]
     SAVE_NS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_NS_FIELD_NUMBER: _ClassVar[int]
     prepare_ns: int
     forward_ns: int
     sample_ns: int
@@ -200,7 +209,8 @@ class StepTimings(_message.Message):
     idle_ns: int
     load_ns: int
     save_ns: int
-    def __init__(self, prepare_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sample_ns: _Optional[int] = ..., step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., load_ns: _Optional[int] = ..., save_ns: _Optional[int] = ...) -> None: ...
+    draft_ns: int
+    def __init__(self, prepare_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sample_ns: _Optional[int] = ..., step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., load_ns: _Optional[int] = ..., save_ns: _Optional[int] = ..., draft_ns: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "incarnation_id", "outputs", "errors", "timings", "num_scheduled_tokens", "draining", "tier_added", "tier_removed", "tier_reset")

@@ -202,7 +202,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorStatus(_message.Message):
-    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype", "quantization")
+    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype", "quantization", "draft_model")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,7 @@ class ExecutorStatus(_message.Message):
     NUM_TIER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     address: str
     incarnation_id: str
     state: str
@@ -240,10 +241,11 @@ class ExecutorStatus(_message.Message):
     num_tier_blocks: int
     kv_cache_dtype: str
     quantization: str
-    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
+    draft_model: str
+    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ...) -> None: ...
 
 class ServerStatus(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers", "spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total", "offload_hit_tokens_total", "num_swaps_total")
+    __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers", "spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total", "offload_hit_tokens_total", "num_swaps_total", "spec_model_num_drafts_total", "spec_model_draft_tokens_total", "spec_model_accepted_tokens_total")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +261,9 @@ class ServerStatus(_message.Message):
     SPEC_ACCEPTED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     OFFLOAD_HIT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NUM_SWAPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_MODEL_NUM_DRAFTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_MODEL_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_MODEL_ACCEPTED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_cache_usage: float
@@ -274,4 +279,7 @@ class ServerStatus(_message.Message):
     spec_accepted_tokens_total: int
     offload_hit_tokens_total: int
     num_swaps_total: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ..., num_requests_total: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ..., spec_num_drafts_total: _Optional[int] = ..., spec_draft_tokens_total: _Optional[int] = ..., spec_accepted_tokens_total: _Optional[int] = ..., offload_hit_tokens_total: _Optional[int] = ..., num_swaps_total: _Optional[int] = ...) -> None: ...
+    spec_model_num_drafts_total: int
+    spec_model_draft_tokens_total: int
+    spec_model_accepted_tokens_total: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ..., num_requests_total: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., scheduler_id: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ..., spec_num_drafts_total: _Optional[int] = ..., spec_draft_tokens_total: _Optional[int] = ..., spec_accepted_tokens_total: _Optional[int] = ..., offload_hit_tokens_total: _Optional[int] = ..., num_swaps_total: _Optional[int] = ..., spec_model_num_drafts_total: _Optional[int] = ..., spec_model_draft_tokens_total: _Optional[int] = ..., spec_model_accepted_tokens_total: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,411 @@
+// Linear layers on GGUF blocks kept as stored (Q8_0, Q4_0, Q4_1): every
+// 32-weight block is w = d * u + m with u unsigned (Q8_0: u = q + 128, m =
+// -128 d; Q4_0: u = q, m = -8 d; Q4_1: d and m as stored), d and m fp16 as in
+// the file, so the repack at load is lossless.
+//
+// Layout: 16-output panels; per panel and block, the quants (4-bit: 4 rows
+// of 16 columns x 4 bytes, byte i of row j holding element 4j + i in its low
+// nibble and 16 + 4j + i in its high one, which are the file's bytes
+// reordered; 8-bit: 8 rows of 16 columns x 4 elements) and then d and m of
+// the 16 columns ([P][B][quant bytes], [P][B][2][16] fp16). One 64-byte row
+// is what an AVX512-VNNI dot product takes: 16 outputs x 4 k.
+//
+// Activations: int8 per row and block of 32 (scale xs, sum of q xsum), so
+//   y = sum_b xs[r, b] * (d[c, b] * (xq . u)_b + m[c, b] * xsum[r, b]) (+ bias)
+// with the dot product exact in int32 (vpdpbusd: unsigned u x signed xq).
+// Steps of more than widen_above rows dequantize a group of panels at a time
+// into bf16 (never the whole weight) for the bf16 AMX blocks, x rounded to
+// bf16.
+#include "cpu_quant.h"
+
+#include <cmath>
+#include <vector>
+
+namespace pagoda::qblocks {
+
+namespace {
+
+using quant::BF16;
+using quant::kCols;
+using quant::round_up;
+#if defined(__AVX512F__)
+using quant::load16;
+using quant::store16;
+using quant::tail_mask;
+#endif
+constexpr int64_t kBlock = 32;
+constexpr int64_t kPanelGroup = 8;
+
+// GGMLQuantizationType values of the block types kept as stored.
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+
+struct Format {
+  int64_t bits;        // 4 or 8
+  int64_t file_bytes;  // one block in the file
+  int64_t quant_bytes() const { return bits * kBlock * kCols / 8; }  // one block of a panel
+};
+
+Format format_of(int64_t qtype) {
+  switch (qtype) {
+    case kQ4_0: return {4, 18};
+    case kQ4_1: return {4, 20};
+    case kQ8_0: return {8, 34};
+    default: TORCH_CHECK(false, "GGUF block type ", qtype, " is not kept as stored (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  }
+}
+
+inline uint16_t f16_bits(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+
+// -(fp16 d) * 2^e as fp16 bits (e = 3, 7: Q4_0's m = -8 d, Q8_0's -128 d): exact unless it overflows.
+uint16_t minus_f16_times_pow2(uint16_t bits, int e) {
+  c10::Half d;
+  d.x = bits;
+  const c10::Half m(-static_cast<float>(d) * static_cast<float>(1 << e));
+  TORCH_CHECK(std::isfinite(static_cast<float>(m)), "a GGUF block scale is too large to repack");
+  return m.x;
+}
+
+// One file block of one column into the panel layout (quants at q + column offset, d / m at scales).
+void repack_block(const uint8_t* block, int64_t qtype, int64_t column, uint8_t* q, uint16_t* d, uint16_t* m) {
+  const uint16_t scale = f16_bits(block);
+  d[column] = scale;
+  if (qtype == kQ8_0) {
+    m[column] = minus_f16_times_pow2(scale, 7);  // -128 d
+    for (int64_t e = 0; e < kBlock; ++e) q[(e / 4) * 64 + column * 4 + e % 4] = uint8_t(int8_t(block[2 + e]) + 128);
+    return;
+  }
+  const uint8_t* nibbles = block + (qtype == kQ4_1 ? 4 : 2);
+  m[column] = qtype == kQ4_1 ? f16_bits(block + 2) : minus_f16_times_pow2(scale, 3);  // Q4_0: -8 d
+  for (int64_t t = 0; t < 16; ++t) q[(t / 4) * 64 + column * 4 + t % 4] = nibbles[t];
+}
+
+#if defined(__AVX512VNNI__)
+// acc[r] for ROWS rows of x and one panel, over every block.
+template <int ROWS, int BITS>
+PAGODA_INLINE void vnni_rows(const int8_t* xq, int64_t kp, const float* xs, const int32_t* xsum, int64_t blocks,
+                             int64_t groups, const uint8_t* panel, const uint16_t* scales, __m512* acc) {
+  constexpr int64_t kQuantBytes = BITS * kBlock * kCols / 8;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* qb = panel + b * kQuantBytes;
+    const int8_t* xb = xq + b * kBlock;
+    __m512i dot[ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
+    auto add = [&](__m512i w, int64_t k) {  // 16 columns x 4 k at k
+#pragma GCC unroll 8
+      for (int r = 0; r < ROWS; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, xb + r * kp + k, 4);
+        dot[r] = _mm512_dpbusd_epi32(dot[r], w, _mm512_set1_epi32(quad));
+      }
+    };
+    if constexpr (BITS == 4) {
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < 4; ++j) {
+        const __m512i v = _mm512_loadu_si512(qb + 64 * j);
+        add(_mm512_and_si512(v, low), 4 * j);
+        add(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), 16 + 4 * j);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int64_t j = 0; j < 8; ++j) add(_mm512_loadu_si512(qb + 64 * j), 4 * j);
+    }
+    const uint16_t* sb = scales + b * 2 * kCols;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kCols)));
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      const float scale = xs[r * groups + b];
+      const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), d);
+      acc[r] = _mm512_fmadd_ps(scaled, _mm512_set1_ps(scale), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(scale * float(xsum[r * groups + b])), acc[r]);
+    }
+  }
+}
+#endif
+
+struct Problem {
+  const int8_t* xq;
+  const float* xs;
+  const int32_t* xsum;
+  int64_t m, kp, groups, blocks, n, panels;
+  const uint8_t* quants;
+  const uint16_t* scales;
+  Format format;
+};
+
+#if defined(__AVX512F__)
+template <typename T>
+PAGODA_INLINE void store_rows(const __m512* acc, int64_t rows, const T* bias, T* y, int64_t n, int64_t row0,
+                              int64_t p) {
+  const int64_t col0 = p * kCols;
+  const __mmask16 mask = tail_mask(n - col0);
+  const __m512 add = bias ? load16(bias + col0, mask) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) store16(y + (row0 + r) * n + col0, _mm512_add_ps(acc[r], add), mask);
+}
+#endif
+
+template <int ROWS, typename T>
+void vnni_pass(const Problem& pr, int64_t row0, int64_t p, const T* bias, T* y) {
+#if defined(__AVX512VNNI__)
+  __m512 acc[ROWS];
+  const int8_t* xq = pr.xq + row0 * pr.kp;
+  const float* xs = pr.xs + row0 * pr.groups;
+  const int32_t* xsum = pr.xsum + row0 * pr.groups;
+  const uint8_t* panel = pr.quants + p * pr.blocks * pr.format.quant_bytes();
+  const uint16_t* scales = pr.scales + p * pr.blocks * 2 * kCols;
+  if (pr.format.bits == 4) vnni_rows<ROWS, 4>(xq, pr.kp, xs, xsum, pr.blocks, pr.groups, panel, scales, acc);
+  else vnni_rows<ROWS, 8>(xq, pr.kp, xs, xsum, pr.blocks, pr.groups, panel, scales, acc);
+  store_rows(acc, std::min<int64_t>(ROWS, pr.m - row0), bias, y, pr.n, row0, p);
+#endif
+}
+
+template <typename T>
+void run_vnni(const Problem& pr, const T* bias, T* y) {
+  constexpr int64_t kMr = 8;  // rows per pass: 8 int32 + 8 fp32 accumulators, the unpacked quants shared
+  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p0 = begin; p0 < end; p0 += kPanelGroup) {
+      const int64_t p1 = std::min(end, p0 + kPanelGroup);
+      for (int64_t row0 = 0; row0 < pr.m; row0 += kMr)
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t rows = std::min(kMr, pr.m - row0);
+          if (rows > 4) vnni_pass<8>(pr, row0, p, bias, y);
+          else if (rows > 2) vnni_pass<4>(pr, row0, p, bias, y);
+          else if (rows > 1) vnni_pass<2>(pr, row0, p, bias, y);
+          else vnni_pass<1>(pr, row0, p, bias, y);
+        }
+    }
+  });
+}
+
+#if defined(PAGODA_AMX)
+// One panel dequantized to the bf16 AMX kernel's layout ([K / 2, 16, 2]): d * u + m rounded to bf16. A
+// 64-byte quant row holds, per column, 4 consecutive elements (8-bit) or two such runs (4-bit nibbles): its
+// 16-bit units 2c and 2c + 1 are column c's first and second k-pair, so splitting even and odd units gives
+// two rows of the bf16 layout.
+void widen_panel(const Problem& pr, int64_t p, BF16* out) {
+  const int64_t quant_bytes = pr.format.quant_bytes();
+  const __m512i split = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24,
+                                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i pair_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // columns 0-7, twice
+  const __m512i pair_hi = _mm512_add_epi32(pair_lo, _mm512_set1_epi32(8));                  // columns 8-15
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < pr.blocks; ++b) {
+    const uint8_t* qb = pr.quants + (p * pr.blocks + b) * quant_bytes;
+    const uint16_t* sb = pr.scales + (p * pr.blocks + b) * 2 * kCols;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kCols)));
+    const __m512 d_lo = _mm512_permutexvar_ps(pair_lo, d), d_hi = _mm512_permutexvar_ps(pair_hi, d);
+    const __m512 m_lo = _mm512_permutexvar_ps(pair_lo, m), m_hi = _mm512_permutexvar_ps(pair_hi, m);
+    // Quant row v holds elements k0 .. k0 + 3 of every column: pair rows k0 / 2 and k0 / 2 + 1 of the block.
+    auto emit = [&](__m512i v, int64_t k0) {
+      const __m512i halves = _mm512_permutexvar_epi16(split, v);
+      for (int64_t h = 0; h < 2; ++h) {
+        const __m256i bytes = h ? _mm512_extracti64x4_epi64(halves, 1) : _mm512_castsi512_si256(halves);
+        const __m512 u_lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(bytes)));
+        const __m512 u_hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(bytes, 1)));
+        BF16* row = out + ((b * kBlock + k0) / 2 + h) * kCols * 2;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(u_lo, d_lo, m_lo)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 16),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(u_hi, d_hi, m_hi)));
+      }
+    };
+    if (pr.format.bits == 8) {
+      for (int64_t j = 0; j < 8; ++j) emit(_mm512_loadu_si512(qb + 64 * j), 4 * j);
+    } else {
+      for (int64_t j = 0; j < 4; ++j) {
+        const __m512i v = _mm512_loadu_si512(qb + 64 * j);
+        emit(_mm512_and_si512(v, low), 4 * j);
+        emit(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), 16 + 4 * j);
+      }
+    }
+  }
+}
+
+template <typename T>
+void run_widened(const at::Tensor& x, const Problem& pr, const T* bias, T* y) {
+  constexpr int64_t kGroup = 16;
+  constexpr int64_t kRows = quant::kRows;
+  const int64_t k = x.size(1), mp = round_up(pr.m, kRows), chunks = k / 32;
+  at::Tensor xb = x;
+  if (x.scalar_type() != at::kBFloat16 || mp != pr.m || !x.is_contiguous()) {
+    xb = at::zeros({mp, k}, x.options().dtype(at::kBFloat16));
+    xb.slice(0, 0, pr.m).copy_(x);
+  }
+  const BF16* xd = xb.data_ptr<BF16>();
+  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+    pagoda::configure_square_tiles();
+    thread_local std::vector<BF16> wide;  // reused across calls
+    wide.resize(std::max<size_t>(wide.size(), kGroup * k * kCols));
+    alignas(64) float out[32 * 32];
+    auto store = [&](const float* tile, int64_t row0, int64_t rows, int64_t p) {
+      const int64_t col0 = p * kCols;
+      const __mmask16 mask = tail_mask(pr.n - col0);
+      const __m512 add = bias ? load16(bias + col0, mask) : _mm512_setzero_ps();
+      for (int64_t r = 0; r < std::min(rows, pr.m - row0); ++r)
+        store16(y + (row0 + r) * pr.n + col0, _mm512_add_ps(_mm512_load_ps(tile + 32 * r), add), mask);
+    };
+    for (int64_t g0 = begin; g0 < end; g0 += kGroup) {
+      const int64_t g1 = std::min(end, g0 + kGroup);
+      for (int64_t p = g0; p < g1; ++p) widen_panel(pr, p, wide.data() + (p - g0) * k * kCols);
+      for (int64_t row0 = 0; row0 < mp; row0 += 2 * kRows) {
+        const bool two_rows = row0 + 2 * kRows <= mp;
+        for (int64_t p = g0; p < g1; p += 2) {
+          const BF16* a = wide.data() + (p - g0) * k * kCols;
+          const BF16* b = a + k * kCols;
+          const bool two_panels = p + 1 < g1;
+          const BF16* xr = xd + row0 * k;
+          if (two_rows && two_panels) pagoda::amx_block<2, 2>(xr, k, a, b, chunks, out);
+          else if (two_rows) pagoda::amx_block<2, 1>(xr, k, a, b, chunks, out);
+          else if (two_panels) pagoda::amx_block<1, 2>(xr, k, a, b, chunks, out);
+          else pagoda::amx_block<1, 1>(xr, k, a, b, chunks, out);
+          const int64_t rows = two_rows ? 2 * kRows : kRows;
+          store(out, row0, rows, p);
+          if (two_panels) store(out + 16, row0, rows, p + 1);
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
+
+bool can_widen() {
+#if defined(PAGODA_AMX)
+  return pagoda::request_amx();
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+// GGUF rows [N, K / 32 * block bytes] (uint8, as in the file) -> (quants [P, K / 32, quant bytes] uint8,
+// scales [P, K / 32, 2, 16] fp16 as int16: d then m of the 16 columns).
+std::tuple<at::Tensor, at::Tensor> pack_qblocks(const at::Tensor& data, int64_t qtype, int64_t in_features) {
+  const Format format = format_of(qtype);
+  TORCH_CHECK(in_features % kBlock == 0, "in_features ", in_features, " is not a multiple of 32");
+  const int64_t blocks = in_features / kBlock;
+  TORCH_CHECK(data.dim() == 2 && data.scalar_type() == at::kByte && data.size(1) == blocks * format.file_bytes,
+              "data must be uint8 [out, ", blocks * format.file_bytes, "] (GGUF rows of this type)");
+  const auto rows = data.contiguous();
+  const int64_t n = rows.size(0), panels = (n + kCols - 1) / kCols;
+  auto quants = at::zeros({panels, blocks, format.quant_bytes()}, rows.options());
+  auto scales = at::zeros({panels, blocks, 2, kCols}, rows.options().dtype(at::kShort));
+  const uint8_t* src = rows.data_ptr<uint8_t>();
+  uint8_t* q = quants.data_ptr<uint8_t>();
+  uint16_t* s = reinterpret_cast<uint16_t*>(scales.data_ptr<int16_t>());
+  pagoda::parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t c = 0; c < std::min(kCols, n - p * kCols); ++c)
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint8_t* block = src + (p * kCols + c) * blocks * format.file_bytes + b * format.file_bytes;
+          uint16_t* sb = s + (p * blocks + b) * 2 * kCols;
+          repack_block(block, qtype, c, q + (p * blocks + b) * format.quant_bytes(), sb, sb + kCols);
+        }
+  });
+  return {quants, scales};
+}
+
+// Rows (output features) of a packed weight dequantized: [R, K] float32, every row when rows is None (the
+// embedding lookups of a tied LM head read its panels: the blocks are held once).
+at::Tensor qblocks_rows(const at::Tensor& quants, const at::Tensor& scales, int64_t qtype, int64_t n,
+                        const std::optional<at::Tensor>& rows) {
+  const Format format = format_of(qtype);
+  TORCH_CHECK(quants.dim() == 3 && quants.scalar_type() == at::kByte && quants.size(2) == format.quant_bytes() &&
+                  quants.is_contiguous() && scales.scalar_type() == at::kShort && scales.is_contiguous(),
+              "quants and scales must come from pack_qblocks for this type");
+  const int64_t blocks = quants.size(1), k = blocks * kBlock;
+  const at::Tensor ids =
+      rows.has_value() ? rows->to(at::kLong).contiguous() : at::arange(n, quants.options().dtype(at::kLong));
+  const int64_t count = ids.numel();
+  auto out = at::empty({count, k}, quants.options().dtype(at::kFloat));
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < n, "row ", id[i], " is out of range [0, ", n, ")");
+  const uint8_t* q = quants.data_ptr<uint8_t>();
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<int16_t>());
+  float* o = out.data_ptr<float>();
+  pagoda::parallel_for(count, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t p = id[i] / kCols, c = id[i] % kCols;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* qb = q + (p * blocks + b) * format.quant_bytes();
+        const uint16_t* sb = s + (p * blocks + b) * 2 * kCols;
+        c10::Half d, m;
+        d.x = sb[c];
+        m.x = sb[kCols + c];
+        for (int64_t e = 0; e < kBlock; ++e) {
+          const int64_t t = format.bits == 8 ? e : e % 16;
+          const uint8_t byte = qb[(t / 4) * 64 + c * 4 + t % 4];
+          const int u = format.bits == 8 ? byte : (e < 16 ? byte & 0x0F : byte >> 4);
+          o[i * k + b * kBlock + e] = static_cast<float>(d) * static_cast<float>(u) + static_cast<float>(m);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// x [M, K] fp32 / bf16 @ W^T (+ bias [N], x's dtype) -> [M, N], W from pack_qblocks.
+at::Tensor linear_qblocks(const at::Tensor& x, const at::Tensor& quants, const at::Tensor& scales, int64_t qtype,
+                          int64_t n, const std::optional<at::Tensor>& bias, int64_t widen_above) {
+  const Format format = format_of(qtype);
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x must be a 2-D float32 or bfloat16 CPU tensor");
+  TORCH_CHECK(quants.dim() == 3 && quants.scalar_type() == at::kByte && quants.size(2) == format.quant_bytes() &&
+                  quants.is_contiguous(),
+              "quants must come from pack_qblocks for this type");
+  const int64_t m = x.size(0), k = x.size(1), panels = quants.size(0), blocks = quants.size(1);
+  TORCH_CHECK(k == blocks * kBlock, "x has ", k, " features, the weight expects ", blocks * kBlock);
+  TORCH_CHECK(n > (panels - 1) * kCols && n <= panels * kCols, "out_features ", n,
+              " does not match the packed weight");
+  TORCH_CHECK(scales.scalar_type() == at::kShort && scales.is_contiguous() &&
+                  scales.numel() == panels * blocks * 2 * kCols,
+              "scales must come from pack_qblocks of this weight");
+  at::Tensor b;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.scalar_type() == x.scalar_type() && b.numel() == n, "bias must be ", x.scalar_type(), " [", n, "]");
+  }
+  const bool widen = m > widen_above;
+  TORCH_CHECK(!widen || can_widen(), "this build or process cannot widen GGUF blocks to bf16 (needs AMX-BF16)");
+  auto y = at::empty({m, n}, x.options());
+  if (m == 0) return y;
+  const quant::QuantizedRows rows = widen ? quant::QuantizedRows{} : quant::quantize_rows(x, kBlock, true);
+  const Problem problem{widen ? nullptr : rows.q.data_ptr<int8_t>(),
+                        widen ? nullptr : rows.scale.data_ptr<float>(),
+                        widen ? nullptr : rows.sum.data_ptr<int32_t>(),
+                        m, widen ? 0 : rows.kp, widen ? 0 : rows.groups, blocks, n, panels,
+                        quants.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<int16_t>()),
+                        format};
+#if defined(__AVX512VNNI__)
+  AT_DISPATCH_V2(x.scalar_type(), "linear_qblocks", AT_WRAP([&] {
+    const scalar_t* bd = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
+    scalar_t* yd = y.data_ptr<scalar_t>();
+#if defined(PAGODA_AMX)
+    if (widen) {
+      run_widened<scalar_t>(x, problem, bd, yd);
+      return;
+    }
+#endif
+    run_vnni<scalar_t>(problem, bd, yd);
+  }), at::kFloat, at::kBFloat16);
+#else
+  TORCH_CHECK(false, "this build has no GGUF block kernel (needs AVX512-VNNI)");
+#endif
+  return y;
+}
+
+}  // namespace pagoda::qblocks
+
+// linear_qblocks needs "avx512_vnni" in cpu_features() (and "amx" to widen large steps).
+TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
+  m.impl("pack_qblocks", &pagoda::qblocks::pack_qblocks);
+  m.impl("linear_qblocks", &pagoda::qblocks::linear_qblocks);
+  m.impl("qblocks_rows", &pagoda::qblocks::qblocks_rows);
+}
