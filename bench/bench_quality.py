@@ -12,8 +12,8 @@ executor flags; the modes run one after the other on the same text and prompts.
 - Perplexity: the text's tokens in segments of ``--segment``; the logprob of each token of a segment given the
   segment's tokens before it (the first one is not scored), read from the server: a one-token greedy request per
   position with the top 20 logprobs, again with 1,000 and then the whole vocabulary (``--max-logprobs`` on the
-  scheduler) for a token not among them. Prompts share their segment's prefix, so the prefix cache computes each one's tail only:
-  the scored rows come out of prefill chunks after a cached prefix, as served prompts do.
+  scheduler) for a token not among them. Prompts share their segment's prefix, so the prefix cache computes each
+  one's tail only: the scored rows come out of prefill chunks after a cached prefix, as served prompts do.
 - Agreement: greedy chat answers (``--new-tokens``) to ``--prompts`` fixed questions, against the first mode's:
   how many are identical, and the share of tokens before the first difference.
 - Memory: the executor's resident set after the run, and its KV capacity in tokens (Describe).
