@@ -2,7 +2,7 @@
 
 Usage:
     python bench/bench_speculative.py [--variants off,ngram] [--rounds 2] [--num-requests 8] [--k 4] \\
-        [--serve-args "--dtype bfloat16 --kv-cache-memory 1GiB"] \\
+        [--phases b1,b8,w_mixed] [--serve-args "--dtype bfloat16 --kv-cache-memory 1GiB --kv-offload-dir ''"] \\
         [--bench-args "--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"]
 
 Variants (each a fresh ``pagoda serve``; ``--speculative`` and
@@ -66,7 +66,10 @@ _servers: list[subprocess.Popen[bytes]] = []
 
 
 def variant_args(variant: str, k: int, drafts: dict[str, Path]) -> list[str]:
-    """The ``pagoda serve`` flags of a variant (``drafts``: the draft model folders built for the run)."""
+    """The ``pagoda serve`` flags of a variant (``drafts``: the draft model folders built for the run);
+    ``variant@K`` gives it its own K."""
+    variant, _, own_k = variant.partition("@")
+    k = int(own_k) if own_k else k
     if variant == "off":
         return []
     method = "ngram" if variant == "ngram" else "ngram+draft" if variant == "ngram+draft" else "draft"
@@ -86,9 +89,10 @@ def build_drafts(variants: list[str], early_layers: int, root: Path) -> dict[str
 
     target = Path(resolve_model("default"))
     drafts = {}
-    if {"draft-small", "ngram+draft"} & set(variants):
+    names = {v.partition("@")[0] for v in variants}
+    if {"draft-small", "ngram+draft"} & names:
         drafts["random"] = build_random_draft(target, root / "random-draft")
-    if "draft-early" in variants:
+    if "draft-early" in names:
         drafts["early"] = build_truncated_draft(target, root / "early-draft", early_layers)
     return drafts
 
@@ -173,7 +177,7 @@ def run_variant(variant: str, args: argparse.Namespace, requests: list, tmp: Pat
     server, target = serve(serve_args, args.log)
     try:
         figures: dict[str, object] = {}
-        for concurrency in (1, 8):
+        for concurrency in (c for c in (1, 8) if f"b{c}" in args.phases):
             tok_s, decode_tok_s, outputs, spec = grounded(target, requests, concurrency)
             figures[f"b{concurrency}"], figures[f"tokens_b{concurrency}"] = tok_s, outputs
             figures[f"decode_b{concurrency}"] = decode_tok_s
@@ -182,11 +186,12 @@ def run_variant(variant: str, args: argparse.Namespace, requests: list, tmp: Pat
                 f"({decode_tok_s:.1f} per request after its first token), {describe(spec)}",
                 flush=True,
             )
-        with Client(target, timeout=60) as client:
-            before = counters(client)
-            figures["w_mixed"] = throughput(target, shlex.split(args.bench_args), tmp)
-            spec = _diff(counters(client), before)
-        print(f"  {variant} W-mixed: {figures['w_mixed']:.1f} output tok/s, {describe(spec)}", flush=True)
+        if "w_mixed" in args.phases:
+            with Client(target, timeout=60) as client:
+                before = counters(client)
+                figures["w_mixed"] = throughput(target, shlex.split(args.bench_args), tmp)
+                spec = _diff(counters(client), before)
+            print(f"  {variant} W-mixed: {figures['w_mixed']:.1f} output tok/s, {describe(spec)}", flush=True)
         return figures
     finally:
         stop(server)
@@ -208,6 +213,8 @@ def report(runs: dict[str, list[dict]], variants: list[str]) -> None:
         "w_mixed": "W-mixed 64",
     }
     for key, label in labels.items():
+        if key not in runs[variants[0]][0]:
+            continue
         medians = {v: statistics.median(float(r[key]) for r in runs[v]) for v in variants}
         base = medians.get("off")
         cells = [f"{v} {m:.1f}" + (f" ({m / base:.2f}x)" if base and v != "off" else "") for v, m in medians.items()]
@@ -221,8 +228,10 @@ def report(runs: dict[str, list[dict]], variants: list[str]) -> None:
             for v in variants
             if v != "off"
             for b in (1, 8)
+            if f"tokens_b{b}" in off
         }
-        pairs["off batch 1 vs off batch 8"] = (off["tokens_b1"], off["tokens_b8"])
+        if "tokens_b1" in off and "tokens_b8" in off:
+            pairs["off batch 1 vs off batch 8"] = (off["tokens_b1"], off["tokens_b8"])
         for label, (first, second) in pairs.items():
             same = sum(a == b for a, b in zip(first, second))
             print(f"{label}: {same} of {len(first)} requests gave the same tokens")
@@ -230,19 +239,23 @@ def report(runs: dict[str, list[dict]], variants: list[str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default="off,ngram", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants", default="off,ngram", help=f"comma-separated, of {', '.join(VARIANTS)} (each may end in @K)"
+    )
+    parser.add_argument("--phases", default="b1,b8,w_mixed", help="of b1 (grounded, batch 1), b8, w_mixed")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--num-requests", type=int, default=8)
     parser.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
     parser.add_argument("--early-layers", type=int, default=8, help="draft-early: the model's first layers kept")
-    parser.add_argument("--serve-args", default="--dtype bfloat16 --kv-cache-memory 1GiB")
+    # No offload tier: what a request costs must not depend on what earlier runs left on disk.
+    parser.add_argument("--serve-args", default="--dtype bfloat16 --kv-cache-memory 1GiB --kv-offload-dir ''")
     parser.add_argument(
         "--bench-args", default="--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"
     )
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench_speculative.log")
     args = parser.parse_args()
     variants = args.variants.split(",")
-    if unknown := set(variants) - set(VARIANTS):
+    if unknown := {v.partition("@")[0] for v in variants} - set(VARIANTS):
         parser.error(f"unknown variants {sorted(unknown)}")
     signal.signal(signal.SIGTERM, _stop_servers)
     requests = grounded_requests(args.num_requests)

@@ -296,11 +296,13 @@ class Scheduler:
             if seq.status is SequenceStatus.FINISHED:
                 continue
             current = seq.status is SequenceStatus.RUNNING and seq.num_admissions == entry.num_admissions
+            out = outputs.get(seq.seq_id)
+            if out is not None and out.prompt_logprobs:
+                seq.add_prompt_logprobs(out.prompt_logprobs_start, out.prompt_logprobs)
             if not entry.samples:
                 if current:
                     self._kv.cache_full_blocks(seq, entry.num_computed_after)
                 continue
-            out = outputs.get(seq.seq_id)
             if out is None and not current:
                 # An earlier admission's step that did not run (failed, or the executor had dropped it).
                 seq.num_pending_tokens = max(0, seq.num_pending_tokens - 1)
@@ -412,9 +414,11 @@ class Scheduler:
         """Starts (or resumes) a sequence from its cached prefix: device hits, then tier loads; False if blocks
         lack."""
         bs = self.config.block_size
-        hits = self._kv.get_computed_blocks(seq)
+        scored = seq.sampling.prompt_logprobs is not None  # every prompt token is computed (it is scored)
+        hits = [] if scored else self._kv.get_computed_blocks(seq)
         tier = self._tier
-        num_loads = self._kv.count_tier_blocks(seq, len(hits)) if tier is not None and tier.cost.loads_pay else 0
+        loads_pay = tier is not None and tier.cost.loads_pay and not scored
+        num_loads = self._kv.count_tier_blocks(seq, len(hits)) if loads_pay else 0
         num_hit_tokens = (len(hits) + num_loads) * bs
         num_tokens = min(seq.num_tokens - num_hit_tokens, step.budget)
         new_ids = self._kv.allocate_slots(seq, num_loads * bs + num_tokens, hits)
