@@ -3,17 +3,17 @@ logprobs, greedy agreement with the first mode, and each executor's memory.
 
 Usage:
     python bench/bench_quality.py [--model DIR] [--modes bf16,int8-kv] [--mode NAME="EXECUTOR FLAGS"] \\
-        [--text bench/data/perplexity.txt] [--max-tokens 1024] [--segment 256] [--concurrency 8] \\
+        [--text bench/data/perplexity.txt] [--max-tokens 2048] [--segment 512] [--chunk 128] [--concurrency 4] \\
         [--prompts 16] [--new-tokens 64]
 
 Each mode is a system started by the launcher (one executor, one scheduler, on 127.0.0.1) with the mode's
-executor flags; the modes run one after the other on the same text and prompts.
+executor flags; the modes run one after the other on the same text and prompts. Another quantized mode joins
+by a line in ``MODES`` (or ``--mode``).
 
-- Perplexity: the text's tokens in segments of ``--segment``; the logprob of each token of a segment given the
-  segment's tokens before it (the first one is not scored), read from the server: a one-token greedy request per
-  position with the top 20 logprobs, again with 1,000 and then the whole vocabulary (``--max-logprobs`` on the
-  scheduler) for a token not among them. Prompts share their segment's prefix, so the prefix cache computes each
-  one's tail only: the scored rows come out of prefill chunks after a cached prefix, as served prompts do.
+- Perplexity: the text's tokens in segments of ``--segment``; one request per segment with ``prompt_logprobs``
+  (each token's logprob given the segment's tokens before it; the first is not scored), computed by the server
+  in prefill chunks of at most ``--chunk`` tokens, so chunks after the first read the segment's earlier tokens
+  from the KV cache, as chunked prompts do.
 - Agreement: greedy chat answers (``--new-tokens``) to ``--prompts`` fixed questions, against the first mode's:
   how many are identical, and the share of tokens before the first difference.
 - Memory: the executor's resident set after the run, and its KV capacity in tokens (Describe).
@@ -26,13 +26,13 @@ import argparse
 import concurrent.futures
 import math
 import shlex
-import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import grpc
+from stop_signals import stop_on_signals
 
 from pagoda.launch.launcher import Launcher
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
@@ -46,8 +46,6 @@ MODES = {
     "int8-w": "--dtype bfloat16 --quantization int8",
     "int8-w+kv": "--dtype bfloat16 --quantization int8 --kv-cache-dtype int8",
 }
-# The logprobs asked for, in turn, until the text's token is among them (the last: the whole vocabulary).
-TOPS = (20, 1000)
 QUESTIONS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -68,20 +66,6 @@ QUESTIONS = [
 ]
 
 
-class Stopped(Exception):
-    """SIGTERM: the running system was stopped; leave."""
-
-
-# The system running now (the SIGTERM handler stops it at once: requests in flight then fail fast).
-RUNNING: list[Launcher] = []
-
-
-def on_term(signum: int, frame: object) -> None:
-    for system in RUNNING:
-        system.stop()
-    raise Stopped
-
-
 def parse_modes(args: argparse.Namespace) -> dict[str, str]:
     """Mode name -> executor flags: the chosen known modes, then the ones given as NAME=FLAGS."""
     modes = {name: MODES[name] for name in args.modes.split(",") if name}
@@ -97,24 +81,18 @@ def segments(token_ids: list[int], length: int) -> list[list[int]]:
     return [part for part in parts if len(part) >= 2]
 
 
-def token_logprob(client: Client, prompt: list[int], token: int, vocab_size: int) -> float:
-    """log p(token | prompt) from the server's logprobs (the top 20 first, then 1,000, then the whole vocabulary)."""
-    for count in (*TOPS, vocab_size):
-        result = client.generate(token_ids=prompt, max_tokens=1, temperature=0, logprobs=count, ignore_eos=True)
-        entry = result.logprobs[0]
-        found = [alt.logprob for alt in entry.top if alt.token_id == token]
-        if entry.sampled.token_id == token:
-            return entry.sampled.logprob
-        if found:
-            return found[0]
-    raise RuntimeError(f"token {token} missing from a full-vocabulary logprob list")
+def segment_logprobs(client: Client, part: list[int]) -> list[float]:
+    """log p(token i | tokens before it) for the segment's tokens 1, 2, ... (the server's prompt logprobs)."""
+    result = client.generate(token_ids=part, max_tokens=1, temperature=0, prompt_logprobs=0, ignore_eos=True)
+    if len(result.prompt_logprobs) != len(part) - 1:
+        raise RuntimeError(f"{len(result.prompt_logprobs)} prompt logprobs for a segment of {len(part)} tokens")
+    return [entry.sampled.logprob for entry in result.prompt_logprobs]
 
 
-def perplexity(client: Client, parts: list[list[int]], vocab_size: int, concurrency: int) -> tuple[float, int]:
+def perplexity(client: Client, parts: list[list[int]], concurrency: int) -> tuple[float, int]:
     """(perplexity, tokens scored) over the segments."""
-    jobs = [(part[:i], part[i]) for part in parts for i in range(1, len(part))]
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        logprobs = list(pool.map(lambda job: token_logprob(client, job[0], job[1], vocab_size), jobs))
+        logprobs = [lp for part in pool.map(lambda part: segment_logprobs(client, part), parts) for lp in part]
     return math.exp(-sum(logprobs) / len(logprobs)), len(logprobs)
 
 
@@ -152,20 +130,16 @@ def run_mode(flags: str, args: argparse.Namespace, logs: Path) -> dict[str, Any]
     system = Launcher(
         args.model,
         extra_executor_args=["--kv-cache-memory", args.kv_cache_memory, "--kv-offload-dir", "", *shlex.split(flags)],
-        extra_scheduler_args=["--max-logprobs", str(args.vocab_size)],
+        extra_scheduler_args=["--max-num-batched-tokens", str(args.chunk)],
         log_dir=logs,
         startup_timeout_s=600,
     )
-    RUNNING.append(system)
-    try:
-        with system, Client(system.target, timeout=600) as client:
-            info = client.model_info()
-            token_ids = client.tokenize(args.text.read_text(encoding="utf-8"))[: args.max_tokens]
-            ppl, scored = perplexity(client, segments(token_ids, args.segment), info.vocab_size, args.concurrency)
-            outputs = answers(client, QUESTIONS[: args.prompts], args.new_tokens, args.concurrency)
-            rss_mib, capacity = executor_memory(system)
-    finally:
-        RUNNING.remove(system)
+    with system, Client(system.target, timeout=600) as client:
+        info = client.model_info()
+        token_ids = client.tokenize(args.text.read_text(encoding="utf-8"))[: args.max_tokens]
+        ppl, scored = perplexity(client, segments(token_ids, args.segment), args.concurrency)
+        outputs = answers(client, QUESTIONS[: args.prompts], args.new_tokens, args.concurrency)
+        rss_mib, capacity = executor_memory(system)
     return dict(ppl=ppl, scored=scored, outputs=outputs, rss_mib=rss_mib, capacity=capacity, kv=info.kv_cache_dtype)
 
 
@@ -190,24 +164,20 @@ def main() -> int:
     parser.add_argument("--modes", default="bf16,int8-kv", help=f"known modes: {', '.join(MODES)}")
     parser.add_argument("--mode", action="append", default=[], help='another mode: NAME="EXECUTOR FLAGS"')
     parser.add_argument("--text", type=Path, default=ROOT / "bench" / "data" / "perplexity.txt")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="score at most this many tokens of the text")
-    parser.add_argument("--segment", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=2048, help="score at most this many tokens of the text")
+    parser.add_argument("--segment", type=int, default=512)
+    parser.add_argument("--chunk", type=int, default=128, help="the scheduler's prefill tokens per step")
+    parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=16, help=f"agreement questions (at most {len(QUESTIONS)})")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--kv-cache-memory", default="1GiB")
-    parser.add_argument("--vocab-size", type=int, default=49152, help="the scheduler's --max-logprobs")
     parser.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "bench_quality")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, on_term)
+    stop_on_signals()  # SIGTERM / Ctrl-C: the running system's context manager stops its process groups
     results = {}
-    try:
-        for name, flags in parse_modes(args).items():
-            print(f"{name}: {flags}", file=sys.stderr, flush=True)
-            results[name] = run_mode(flags, args, args.log_dir / name)
-    except Stopped:
-        print("stopped", file=sys.stderr)
-        return 1
+    for name, flags in parse_modes(args).items():
+        print(f"{name}: {flags}", file=sys.stderr, flush=True)
+        results[name] = run_mode(flags, args, args.log_dir / name)
     report(results)
     return 0
 
