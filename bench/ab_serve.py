@@ -37,6 +37,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -49,6 +50,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from stop_signals import stop_on_signals
 
 READY_TIMEOUT_S = 900.0
 BENCH_TIMEOUT_S = 1800.0
@@ -123,6 +126,19 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
+def _stop_group(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group (it drains), SIGKILL it after 60 s; a group already gone is fine."""
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    except ProcessLookupError:
+        server.wait()
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def run_once(
     checkout: Path, client: Path, serve_args: list[str], bench_args: list[str], log: Path, env: dict[str, str]
 ) -> tuple[float, float]:
@@ -155,12 +171,7 @@ def run_once(
             metrics = json.loads(report.read_text())["runs"]["pagoda"]["metrics"]
         cpu_ms = (_tree_cpu_s(server.pid) - cpu_before) * 1e3
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        _stop_group(server)
         shutil.rmtree(run_dir, ignore_errors=True)
     return float(metrics["output_throughput"]), cpu_ms / float(metrics["total_output_tokens"])
 
@@ -190,6 +201,7 @@ def main() -> int:
         parser.add_argument(f"--serve-args-{name}", default="", help=f"flags added to {name.upper()}'s pagoda serve")
     parser.add_argument("--otlp-sink", action="store_true", help="count spans at {otlp}, a local OTLP receiver")
     args = parser.parse_args()
+    stop_on_signals()
     sink = SpanSink() if args.otlp_sink else None
     given = {"A": args.a, "B": args.b, "C": args.c}
     checkouts = {name: path.resolve() for name, path in given.items() if path is not None}

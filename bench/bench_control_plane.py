@@ -53,6 +53,7 @@ from control_plane_system import (
     stop,
     wait_until,
 )
+from stop_signals import stop_on_signals
 
 LOAD_SCRIPT = Path(__file__).with_name("control_plane_load.py")
 SCHEDULER_COUNTERS = ("pagoda:generation_tokens_total",)
@@ -280,6 +281,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    stop_on_signals()
     counts = [int(n) for n in args.executors.split(",")]
     scheduler_counts = [int(n) for n in args.schedulers.split(",")]
     with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:

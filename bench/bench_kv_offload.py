@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,20 +41,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from stop_signals import stop_on_signals
+
 from pagoda.launch.launcher import Launcher, OffloadPlan
 from pagoda_client import Client
 
 BENCH_TIMEOUT_S = 1200.0
-
-
-def _stop_on_signals() -> None:
-    """SIGTERM/SIGINT raise SystemExit, so the launchers' exits stop (killpg) every child they started."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(f"stopped by signal {signum}")
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
 
 
 @contextmanager
@@ -267,7 +258,7 @@ def main() -> int:
     parser.add_argument("--json", dest="json_path", default=None, help="write the figures here")
     args = parser.parse_args()
     args.bench_args = args.bench_args.split()
-    _stop_on_signals()
+    stop_on_signals()
     from executor_svc.model_cache import prepare_default_model
 
     args.model_path = args.model or str(prepare_default_model())

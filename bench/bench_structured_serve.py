@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from ab_serve import BENCH_TIMEOUT_S, _free_port, _wait_ready
+from stop_signals import stop_on_signals
 
 ROOT = Path(__file__).resolve().parent.parent
 # The packages of a checkout and where they live in it (pyproject's package-dir).
@@ -139,6 +140,7 @@ def main() -> int:
     parser.add_argument("--ttft-repeats", type=int, default=5)
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench_structured_serve.log")
     args = parser.parse_args()
+    stop_on_signals()
     serve_args, bench_args = shlex.split(args.serve_args), shlex.split(args.bench_args)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

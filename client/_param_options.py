@@ -40,6 +40,10 @@ class ParamOptions(TypedDict, total=False):
     # sampling: top alternatives returned with each token's logprob; unset: none, 0: the sampled token's only
     logprobs: int | None
 
+    # sampling: each prompt token's logprob given the ones before it (the model's, before any sampling parameter),
+    # with this many top alternatives; unset: none. The prompt is then computed, not read from the prefix cache
+    prompt_logprobs: int | None
+
     # stopping: new tokens to generate at most (server default when unset)
     max_tokens: int | None
 

@@ -68,6 +68,8 @@ class GenerationDelta:
     """Index in the request's output of ``token_ids[0]``: output tokens delivered before this delta."""
     seed: int | None = None
     """The effective sampling seed (the server's draw when none was given); first delta only."""
+    prompt_logprobs: tuple[LogprobEntry, ...] = ()
+    """With ``prompt_logprobs``: each prompt token's (but the first) logprob given those before it; first delta."""
 
 
 @dataclass
@@ -85,6 +87,8 @@ class GenerationResult:
     prompt_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     """The effective sampling seed: pass it as ``seed`` to reproduce the generation."""
+    prompt_logprobs: list[LogprobEntry] = field(default_factory=list)
+    """With ``prompt_logprobs``: prompt tokens 1, 2, ... each given the tokens before it."""
 
     def add(self, delta: GenerationDelta) -> None:
         """Fold one delta into this result."""
@@ -94,6 +98,8 @@ class GenerationResult:
         self.logprobs.extend(delta.logprobs)
         if delta.prompt_token_ids:
             self.prompt_token_ids = list(delta.prompt_token_ids)
+        if delta.prompt_logprobs:
+            self.prompt_logprobs = list(delta.prompt_logprobs)
         if delta.seed is not None:
             self.seed = delta.seed
         if delta.finish_reason is not None:

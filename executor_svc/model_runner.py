@@ -25,6 +25,7 @@ from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
+from executor_svc.prompt_logprobs import prompt_logprobs, with_prompt_logprobs
 from executor_svc.quant.modes import resolve_quantization
 from executor_svc.runner import SequenceState, SequenceTable
 from executor_svc.sampler import SampleRequest, sample
@@ -258,12 +259,14 @@ class ModelRunner:
         prepared_ns = time.perf_counter_ns()
         hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.sample_rows]).float()  # [N, V]
+        scored = prompt_logprobs(self.model, hidden, batch.prompt_spans) if batch.prompt_spans else {}
         if logits.is_cuda:
             torch.cuda.synchronize()
         forward_done_ns = time.perf_counter_ns()
         for state, num_scheduled in scheduled:
             state.num_computed_tokens += num_scheduled
         outputs = self._sample(batch.sample_states, logits, masks, errors)
+        outputs = with_prompt_logprobs(outputs, scored, self.has_sequence)
         if self.draft is not None:
             self.draft.confirm()
         end_ns = time.perf_counter_ns()

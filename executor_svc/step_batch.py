@@ -25,6 +25,9 @@ class StepBatch:
     # The sequences that sample, in sample_rows order: each has state.num_sample_rows consecutive entries
     # of sample_rows (one, or one per draft plus one when it verifies drafts).
     sample_states: list[SequenceState]
+    # SamplingParams.prompt_logprobs: (state, its first row, that row's position, rows) of the chunk rows that
+    # predict a prompt token (each row predicts the token after it).
+    prompt_spans: list[tuple[SequenceState, int, int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -54,8 +57,12 @@ def build_step_batch(
     starts, counts, block_counts = [], [], []
     # seq_id -> (state, its sampled rows in position order), in order of first appearance.
     sampled: dict[int, tuple[SequenceState, list[int]]] = {}
+    prompt_spans = []
     for state, start, token_ids in rows:
         end = start + len(token_ids)
+        predicting = min(end, state.num_prompt_tokens - 1) - start  # rows whose next token is a prompt token
+        if state.sampling.prompt_logprobs is not None and predicting > 0:
+            prompt_spans.append((state, len(input_ids), start, predicting))
         input_ids.extend(token_ids)
         num_blocks = -(-end // block_size)
         flat_blocks.extend(state.block_table[:num_blocks])
@@ -90,6 +97,7 @@ def build_step_batch(
         attn_meta=meta,
         sample_rows=torch.tensor([r for _, rs in sampled.values() for r in rs], dtype=torch.int64).to(device),
         sample_states=[state for state, _ in sampled.values()],
+        prompt_spans=prompt_spans,
     )
 
 

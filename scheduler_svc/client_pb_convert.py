@@ -69,6 +69,7 @@ def output_to_pb(out: RequestOutput) -> generation_pb2.GenerateResponse:
         prompt_token_ids=out.prompt_token_ids,
         logprobs=logprobs_to_pb(out.logprobs),
         output_index=out.output_index,
+        prompt_logprobs=logprobs_to_pb(out.prompt_logprobs) if out.prompt_logprobs else (),
     )
     if out.seed is not None:
         msg.seed = out.seed

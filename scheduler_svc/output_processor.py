@@ -167,6 +167,7 @@ class RequestState:
             error,
             output_index,
             self.seq.sampling.seed if first else None,
+            tuple(self.seq.prompt_logprobs) if first else (),
         )
 
     def _usage(self) -> Usage:

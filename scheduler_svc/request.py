@@ -136,6 +136,8 @@ class RequestOutput:
     output_index: int = 0
     # The effective sampling seed, sent once with the first delta of every stream.
     seed: int | None = None
+    # SamplingParams.prompt_logprobs: prompt tokens 1.. (sent once, with the first delta).
+    prompt_logprobs: tuple[LogprobEntry, ...] = ()
 
     @property
     def finished(self) -> bool:

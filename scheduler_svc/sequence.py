@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, StoppingCriteria
-from pagoda.step import FinishReason
+from pagoda.step import FinishReason, LogprobEntry
 
 if TYPE_CHECKING:
     from scheduler_svc.request_trace import RequestTrace
@@ -60,6 +60,8 @@ class SchedulerSequence:
         self.sampling = sampling
         self.stopping = stopping
         self.structured = structured
+        # SamplingParams.prompt_logprobs: the entries of prompt tokens 1, 2, ... received so far.
+        self.prompt_logprobs: list[LogprobEntry] = []
         self.priority = priority
         # None: set from the scheduler's clock by add().
         self.arrival_time_s = arrival_time_s
@@ -108,6 +110,13 @@ class SchedulerSequence:
     def num_tokens(self) -> int:
         """Known tokens: prompt plus outputs received."""
         return len(self.token_ids)
+
+    def add_prompt_logprobs(self, start: int, entries: Sequence[LogprobEntry]) -> None:
+        """Entries of prompt tokens start, start + 1, ...: those not received yet (a recompute after a
+        preemption scores the prompt again) are appended."""
+        have = len(self.prompt_logprobs) + 1  # the next prompt token without an entry
+        if start <= have < start + len(entries):
+            self.prompt_logprobs.extend(entries[have - start :])
 
     def append_token(self, token_id: int) -> None:
         """Adds one generated token (a pending one that arrived)."""

@@ -36,6 +36,7 @@ def delta_from_pb(pb: generation_pb2.GenerateResponse) -> GenerationDelta:
         prompt_token_ids=tuple(pb.prompt_token_ids),
         output_index=pb.output_index,
         seed=pb.seed if pb.HasField("seed") else None,
+        prompt_logprobs=logprobs_from_pb(pb.prompt_logprobs) if pb.prompt_logprobs else (),
     )
 
 

@@ -79,7 +79,7 @@ class StreamState(CallState[GenerationDelta]):
         self._check_continues(response)
         delta = super().on_response(response)
         if resumed:  # the application saw the prompt and the seed once already
-            delta = dataclasses.replace(delta, prompt_token_ids=(), seed=None)
+            delta = dataclasses.replace(delta, prompt_token_ids=(), seed=None, prompt_logprobs=())
         self.result.add(delta)
         self.request_id = delta.request_id or self.request_id
         return delta

@@ -241,6 +241,19 @@ class SamplingParams:
             high=Bound(limit="max_logprobs"),
         ),
     )
+    prompt_logprobs: int | None = param(
+        None,
+        Param(
+            10,
+            "optional int32",
+            "each prompt token's logprob given the ones before it (the model's, before any sampling parameter), "
+            "with this many top alternatives; unset: none. The prompt is then computed, not read from the prefix "
+            "cache",
+            unset=None,
+            low=Bound(0),
+            high=Bound(limit="max_logprobs"),
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,11 +145,15 @@ class LogprobEntry:
 
 @dataclasses.dataclass(frozen=True)
 class SeqOutput:
-    """Tokens one sequence sampled in one step (already appended by the executor)."""
+    """Tokens one sequence sampled in one step (already appended by the executor), and prompt logprobs."""
 
     seq_id: int
     token_ids: tuple[int, ...]
     logprobs: tuple[LogprobEntry, ...] = ()
+    # SamplingParams.prompt_logprobs: entries for the prompt tokens at prompt_logprobs_start, ... (this step's
+    # chunk predicted them; token_ids is empty when the chunk did not reach the prompt's end).
+    prompt_logprobs: tuple[LogprobEntry, ...] = ()
+    prompt_logprobs_start: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

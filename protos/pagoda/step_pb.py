@@ -103,12 +103,7 @@ def result_to_pb(result: StepResult) -> executor_pb2.StepResult:
         step_id=result.step_id,
         incarnation_id=result.incarnation_id,
         # Logprobs are rare: skip the call for the outputs without them (every output, every step).
-        outputs=[
-            executor_pb2.SequenceOutput(
-                seq_id=o.seq_id, token_ids=o.token_ids, logprobs=logprobs_to_pb(o.logprobs) if o.logprobs else ()
-            )
-            for o in result.outputs
-        ],
+        outputs=[_output_to_pb(o) for o in result.outputs],
         errors=[
             executor_pb2.SequenceError(seq_id=e.seq_id, message=e.message, missing_block_hashes=e.missing_block_hashes)
             for e in result.errors
@@ -128,10 +123,7 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
     return StepResult(
         step_id=msg.step_id,
         incarnation_id=msg.incarnation_id,
-        outputs=tuple(
-            SeqOutput(o.seq_id, tuple(o.token_ids), logprobs_from_pb(o.logprobs) if o.logprobs else ())
-            for o in msg.outputs
-        ),
+        outputs=tuple(_output_from_pb(o) for o in msg.outputs),
         errors=tuple(SeqError(e.seq_id, e.message, tuple(e.missing_block_hashes)) for e in msg.errors),
         timings=StepTimings(
             t.prepare_ns, t.forward_ns, t.sample_ns, t.step_ns, t.idle_ns, t.load_ns, t.save_ns, t.draft_ns
@@ -176,3 +168,22 @@ def logprobs_from_pb(entries: Iterable[common_pb2.LogprobEntry]) -> tuple[Logpro
 
 def _token_logprob_to_pb(t: TokenLogprob) -> common_pb2.TokenLogprob:
     return common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob)
+
+
+def _output_to_pb(o: SeqOutput) -> executor_pb2.SequenceOutput:
+    msg = executor_pb2.SequenceOutput(
+        seq_id=o.seq_id, token_ids=o.token_ids, logprobs=logprobs_to_pb(o.logprobs) if o.logprobs else ()
+    )
+    if o.prompt_logprobs:
+        msg.prompt_logprobs.extend(logprobs_to_pb(o.prompt_logprobs))
+        msg.prompt_logprobs_start = o.prompt_logprobs_start
+    return msg
+
+
+def _output_from_pb(o: executor_pb2.SequenceOutput) -> SeqOutput:
+    logprobs = logprobs_from_pb(o.logprobs) if o.logprobs else ()
+    if not o.prompt_logprobs:
+        return SeqOutput(o.seq_id, tuple(o.token_ids), logprobs)
+    return SeqOutput(
+        o.seq_id, tuple(o.token_ids), logprobs, logprobs_from_pb(o.prompt_logprobs), o.prompt_logprobs_start
+    )

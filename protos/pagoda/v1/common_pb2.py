@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pagoda/v1/common.proto\x12\tpagoda.v1\"\xf6\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x07\x88\x01\x01\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x08\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x0b\n\t_logprobs\"\x91\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12#\n\x06\x63hoice\x18\x05 \x01(\x0b\x32\x11.pagoda.v1.ChoiceH\x00\x42\x06\n\x04kind\"\x19\n\x06\x43hoice\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"^\n\x0cLogprobEntry\x12(\n\x07sampled\x18\x01 \x01(\x0b\x32\x17.pagoda.v1.TokenLogprob\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.pagoda.v1.TokenLogprobb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pagoda/v1/common.proto\x12\tpagoda.v1\"\xa8\x03\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x07\x88\x01\x01\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x08\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\x05H\t\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x91\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12#\n\x06\x63hoice\x18\x05 \x01(\x0b\x32\x11.pagoda.v1.ChoiceH\x00\x42\x06\n\x04kind\"\x19\n\x06\x43hoice\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"^\n\x0cLogprobEntry\x12(\n\x07sampled\x18\x01 \x01(\x0b\x32\x17.pagoda.v1.TokenLogprob\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.pagoda.v1.TokenLogprobb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,13 +32,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagoda.v1.common_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS']._serialized_start=38
-  _globals['_SAMPLINGPARAMS']._serialized_end=412
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=415
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=560
-  _globals['_CHOICE']._serialized_start=562
-  _globals['_CHOICE']._serialized_end=587
-  _globals['_TOKENLOGPROB']._serialized_start=589
-  _globals['_TOKENLOGPROB']._serialized_end=638
-  _globals['_LOGPROBENTRY']._serialized_start=640
-  _globals['_LOGPROBENTRY']._serialized_end=734
+  _globals['_SAMPLINGPARAMS']._serialized_end=462
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=465
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=610
+  _globals['_CHOICE']._serialized_start=612
+  _globals['_CHOICE']._serialized_end=637
+  _globals['_TOKENLOGPROB']._serialized_start=639
+  _globals['_TOKENLOGPROB']._serialized_end=688
+  _globals['_LOGPROBENTRY']._serialized_start=690
+  _globals['_LOGPROBENTRY']._serialized_end=784
 # @@protoc_insertion_point(module_scope)

@@ -173,14 +173,18 @@ class StepPlan(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., scheduled_seqs: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., dropped_seq_ids: _Optional[_Iterable[int]] = ..., epoch: _Optional[int] = ..., saves: _Optional[_Iterable[_Union[BlockSave, _Mapping]]] = ...) -> None: ...
 
 class SequenceOutput(_message.Message):
-    __slots__ = ("seq_id", "token_ids", "logprobs")
+    __slots__ = ("seq_id", "token_ids", "logprobs", "prompt_logprobs", "prompt_logprobs_start")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_START_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.LogprobEntry]
-    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.LogprobEntry, _Mapping]]] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.LogprobEntry]
+    prompt_logprobs_start: int
+    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.LogprobEntry, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.LogprobEntry, _Mapping]]] = ..., prompt_logprobs_start: _Optional[int] = ...) -> None: ...
 
 class SequenceError(_message.Message):
     __slots__ = ("seq_id", "message", "missing_block_hashes")
