@@ -2,7 +2,14 @@
 
 Usage:
     python bench/bench_executor.py [--model DIR_OR_GGUF] [--batches 1,8,32,64,128]
-        [--context 512] [--dtypes float32,bfloat16] [--steps 5] [--threads N]
+        [--context 512] [--dtypes float32,bfloat16] [--kv-dtypes auto,int8] [--quantizations none,int8]
+        [--backends torch,cpp]
+        [--block-size 16] [--kv-cache-memory 3GiB] [--steps 5] [--rounds 1] [--threads N]
+
+With several --kv-dtypes or --quantizations, one runner per variant (each KV
+dtype with each quantization) is built and they take turns batch by batch, so
+their decode steps are measured side by side; a last table gives each one's
+step and attention time against the first's.
 
 Without --model it prepares the default model (SmolLM2) with
 ``executor_svc.model_cache``. Decode sequences are registered with
@@ -22,6 +29,7 @@ from executor_svc.attention import cpu_kernel, get_backend, triton_available
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
+from pagoda.runtime.flags import parse_size
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -144,7 +152,13 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32,64,128")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--kv-dtypes", default="auto", help="KV cache dtypes to compare, e.g. auto,int8")
+    parser.add_argument("--quantizations", default="auto", help="weight quantizations to compare, e.g. none,int8")
+    parser.add_argument("--backends", default="torch,cpp", help="attention backends (those that run here)")
+    parser.add_argument("--block-size", type=int, default=16, help="0: the executor's default for the KV dtype")
+    parser.add_argument("--kv-cache-memory", default=None, help="KV budget per runner (default 1GiB), e.g. 3GiB")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1, help="turns per (runner, batch); the median is printed")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
@@ -161,44 +175,104 @@ def main() -> None:
         _bench_dtype(model, dtype, batches, args)
 
 
-def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
-    num_blocks_needed = max(batches) * -(-(args.context + args.steps + 1) // 16) + 8
+def _runner(model: str, dtype: str, variant: tuple[str, str], batches: list[int], args) -> ModelRunner:
+    kv_dtype, quantization = variant
     runner = ModelRunner(
         model,
         dtype=dtype,
+        kv_cache_dtype=kv_dtype,
+        quantization=quantization,
         device=args.device,
-        block_size=16,
-        attention_backend="torch",
-        kv_cache_memory_bytes=None,
+        block_size=args.block_size or None,
+        kv_cache_memory_bytes=parse_size(args.kv_cache_memory) if args.kv_cache_memory else None,
         max_model_len=max(args.context + args.steps + 8, 1024),
     )
+    num_blocks_needed = max(batches) * -(-(args.context + args.steps + 1) // runner.block_size) + 8
     if runner.info.num_kv_blocks < num_blocks_needed:
-        runner = None
-        raise SystemExit(f"not enough KV memory for batch {max(batches)} at context {args.context}")
-    device = runner.device
+        raise SystemExit(
+            f"not enough KV memory for batch {max(batches)} at context {args.context} with a {kv_dtype} cache "
+            f"({runner.info.num_kv_blocks} blocks, {num_blocks_needed} needed): give --kv-cache-memory"
+        )
+    return runner
+
+
+def _variant_name(runner: ModelRunner) -> str:
+    """``KV bfloat16, weights none``: what a variant runs, read off its runner."""
+    return f"KV {runner.info.kv_cache_dtype}, weights {runner.info.quantization}"
+
+
+def _bench_dtype(model: str, dtype: str, batches: list[int], args) -> None:
+    """Every variant's runner (KV dtype x quantization), taking turns batch by batch (side by side in one run),
+    for each backend."""
+    variants = list(dict.fromkeys((kv, q) for q in args.quantizations.split(",") for kv in args.kv_dtypes.split(",")))
+    runners = {variant: _runner(model, dtype, variant, batches, args) for variant in variants}
+    _share_weights(runners)
+    device = next(iter(runners.values())).device
     peaks = measure_peaks(device)
     print(
         f"\n== {dtype} on {device}: GEMM fp32 {peaks['gemm_float32_tflops']:.2f} TFLOP/s, "
         f"bf16 {peaks['gemm_bfloat16_tflops']:.2f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s"
     )
-    backends = ["torch"]
-    if device.type == "cpu" and cpu_kernel.is_built():
-        backends.append("cpp")
-    if device.type == "cuda" and triton_available():
-        backends.append("triton")
-    for backend_name in backends:
-        runner.backend = AttentionTimer(get_backend(backend_name, device, runner.dtype), device)
-        runner.warmup()
-        print(f"-- attention backend {backend_name}")
-        print(f"{'batch':>6} {'step ms':>9} {'tok/s':>8} {'attn %':>7} {'roofline ms':>12} {'% roofline':>11}")
+    for backend_name in _backends(device, args.backends):
+        for runner in runners.values():
+            runner.backend = AttentionTimer(get_backend(backend_name, device, runner.dtype), device)
+            runner.warmup()
+        times: dict[tuple[tuple[str, str], int], list[tuple[float, float]]] = {}
         for batch in batches:
-            step_s, share = decode_step(runner, batch, args.context, args.steps)
-            bound = decode_roofline_s(runner, batch, args.context, peaks, dtype)
+            for _ in range(args.rounds):
+                for variant, runner in runners.items():
+                    times.setdefault((variant, batch), []).append(decode_step(runner, batch, args.context, args.steps))
+        for variant, runner in runners.items():
+            print(f"-- attention backend {backend_name}, {_variant_name(runner)}, block {runner.block_size}")
+            print(f"{'batch':>6} {'step ms':>9} {'tok/s':>8} {'attn %':>7} {'roofline ms':>12} {'% roofline':>11}")
+            for batch in batches:
+                step_s, share = _median_step(times[(variant, batch)])
+                bound = decode_roofline_s(runner, batch, args.context, peaks, dtype)
+                print(
+                    f"{batch:>6} {step_s * 1e3:>9.1f} {batch / step_s:>8.1f} {share * 100:>6.1f}% "
+                    f"{bound * 1e3:>12.2f} {bound / step_s * 100:>10.1f}%"
+                )
+            print(f"prefill {args.context} tokens: {prefill_tokens_per_s(runner, args.context):.0f} tokens/s")
+        if len(variants) > 1:
+            _print_ratios(runners, times, batches, variants)
+
+
+def _share_weights(runners: dict[tuple[str, str], ModelRunner]) -> None:
+    """Runners of one quantization run the first one's model (the same weight tensors): two copies of the same
+    weights can stream at different speeds (measured: ~4 ms of a ~20 ms SmolLM2 step, stable for a copy's
+    lifetime, whichever was loaded first), which would hide what the KV dtype changes."""
+    first: dict[str, ModelRunner] = {}
+    for (_, quantization), runner in runners.items():
+        if quantization in first:
+            runner.model = first[quantization].model
+        else:
+            first[quantization] = runner
+
+
+def _backends(device: torch.device, asked: str) -> list[str]:
+    """The asked backends that run on this device (torch always; cpp where built; triton on CUDA)."""
+    runs = {"torch": True, "cpp": device.type == "cpu" and cpu_kernel.is_built()}
+    runs["triton"] = device.type == "cuda" and triton_available()
+    return [name for name in asked.split(",") if runs.get(name)]
+
+
+def _median_step(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """The sample of median step time (step seconds, attention share)."""
+    return sorted(samples)[len(samples) // 2]
+
+
+def _print_ratios(runners, times, batches: list[int], variants: list[tuple[str, str]]) -> None:
+    """Each variant's decode step and attention time against the first variant's, batch by batch."""
+    base = variants[0]
+    print(f"-- decode step vs {_variant_name(runners[base])} (x = its time / this one's)")
+    for variant in variants[1:]:
+        for batch in batches:
+            mine, theirs = _median_step(times[(variant, batch)]), _median_step(times[(base, batch)])
             print(
-                f"{batch:>6} {step_s * 1e3:>9.1f} {batch / step_s:>8.1f} {share * 100:>6.1f}% "
-                f"{bound * 1e3:>12.2f} {bound / step_s * 100:>10.1f}%"
+                f"   {_variant_name(runners[variant])}, batch {batch:>4}: {mine[0] * 1e3:.1f} ms vs "
+                f"{theirs[0] * 1e3:.1f} ms ({theirs[0] / mine[0]:.2f}x); attention {mine[0] * mine[1] * 1e3:.1f} "
+                f"vs {theirs[0] * theirs[1] * 1e3:.1f} ms ({theirs[0] * theirs[1] / (mine[0] * mine[1]):.2f}x)"
             )
-        print(f"prefill {args.context} tokens: {prefill_tokens_per_s(runner, args.context):.0f} tokens/s")
 
 
 if __name__ == "__main__":

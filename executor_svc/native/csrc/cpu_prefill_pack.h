@@ -47,13 +47,17 @@ int64_t packed_elems(const Span& span, int64_t head_dim) {
   return 2 * ((span.context() - span.base + kKeys - 1) / kKeys) * kKeys * head_dim;
 }
 
-// Two adjacent values of a row as a bf16 pair (int8: the integers, exactly).
-inline uint32_t bf16_pair(const BF16* row, int64_t p) { return reinterpret_cast<const uint32_t*>(row)[p]; }
-inline uint32_t bf16_pair(const int8_t* row, int64_t p) {
-  return uint32_t(BF16(float(row[2 * p])).x) | uint32_t(BF16(float(row[2 * p + 1])).x) << 16;
+// A cache row as bf16 [D]: a bf16 row itself; an int8 row widened into `buffer` (its integers, exact in bf16).
+PAGODA_INLINE const BF16* bf16_row(const BF16* row, int64_t, BF16*) { return row; }
+PAGODA_INLINE const BF16* bf16_row(const int8_t* row, int64_t head_dim, BF16* buffer) {
+  for (int64_t c = 0; c < head_dim; c += 32) {
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c))));
+    const __m512 hi =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c + 16))));
+    _mm512_storeu_si512(buffer + c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+  return buffer;
 }
-inline BF16 to_bf16(BF16 x) { return x; }
-inline BF16 to_bf16(int8_t x) { return BF16(float(x)); }
 
 // Chunks of 32 keys of one (span, kv head) repack.
 int64_t packed_chunks(const Span& span, int64_t head_dim) { return packed_elems(span, head_dim) / (2 * kKeys * head_dim); }
@@ -76,14 +80,17 @@ void repack(const C* k_head, const C* v_head, HeadScales scales, const int64_t* 
   const int64_t dchunks = d / 32;
   for (int64_t pos = span.base; pos < span.context(); ++pos) {
     const int64_t slot = table[pos / shape.block_size] * shape.block_size + pos % shape.block_size;
-    const C *k_row = k_head + slot * d, *v_row = v_head + slot * d;
+    alignas(64) BF16 k_buffer[kMaxDim], v_buffer[kMaxDim];
+    const BF16* k_row = bf16_row(k_head + slot * d, d, k_buffer);
+    const BF16* v_row = bf16_row(v_head + slot * d, d, v_buffer);
+    const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(k_row);
     const int64_t chunk = (pos - span.base) / kKeys, key = pos % kKeys, half = key / 16, col = key % 16;
     uint32_t* kt_chunk = reinterpret_cast<uint32_t*>(kt + chunk * kKeys * d);
     for (int64_t p = 0; p < d / 2; ++p)  // dim pair p of this key
-      kt_chunk[((half * dchunks + p / 16) * 16 + p % 16) * 16 + col] = bf16_pair(k_row, p);
+      kt_chunk[((half * dchunks + p / 16) * 16 + p % 16) * 16 + col] = k_pairs[p];
     BF16* vv_chunk = vv + chunk * kKeys * d;
     for (int64_t c = 0; c < d; ++c)
-      vv_chunk[((c / 16) * 16 + key / 2) * 32 + (c % 16) * 2 + key % 2] = to_bf16(v_row[c]);
+      vv_chunk[((c / 16) * 16 + key / 2) * 32 + (c % 16) * 2 + key % 2] = v_row[c];
     if (out.k_scale != nullptr) {
       out.k_scale[chunk * kKeys + key] = scales.k[slot] * scale;
       out.v_scale[chunk * kKeys + key] = scales.v[slot];
