@@ -22,6 +22,7 @@ CORE = (
     "scheduler_svc.kv_cache_manager",
     "scheduler_svc.request_queue",
     "scheduler_svc.scheduler",
+    "scheduler_svc.scheduler_state",
     "scheduler_svc.sequence",
     "pagoda.params",
     "pagoda.step",
