@@ -162,6 +162,8 @@ def build_runner(config: ExecutorConfig, model_path: str, draft_path: str | None
     """Load weights and allocate the KV cache once (its default budget depends on the device the runner resolves)."""
     from executor_svc.model_runner import ModelRunner
 
+    # torch imported, no weight read yet: the ready line's rss_bytes less this one is what the model takes.
+    log.info("model_loading", model=model_path, rss_bytes=rss_bytes())
     return ModelRunner(
         model_path,
         dtype=config.dtype,

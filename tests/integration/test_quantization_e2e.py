@@ -7,8 +7,10 @@ import sys
 
 import pytest
 from support.system import fp32_launcher
+from support.tiny_model import write_tokenizer_files
 
 from pagoda_client import Client
+from tests.executor.conftest import make_tiny_checkpoint
 
 pytestmark = pytest.mark.integration
 PROMPT = [5, 17, 42, 99, 7, 250, 31, 8, 64, 128, 3, 77]
@@ -54,7 +56,22 @@ def test_int8_is_served_and_reported(tiny_model_dir, tmp_path):
     ],
 )
 def test_a_bad_mode_stops_the_executor_with_its_reason(tiny_model_dir, flags, message):
-    command = [sys.executable, "-m", "executor_svc.main", "--port", "0", "--model", str(tiny_model_dir), *flags]
+    _assert_refused(tiny_model_dir, flags, message)
+
+
+def test_a_mode_the_model_cannot_take_stops_the_executor_with_its_reason(tiny_model_dir, tmp_path):
+    # GGUF blocks from a checkpoint folder: there are none to keep.
+    _assert_refused(tiny_model_dir, ["--quantization", "gguf"], "keeps a GGUF file's blocks; ")
+    # Q4_0 blocks are 32 inputs wide; this Gemma 2 has hidden_size 72 (its q/k/v and gate/up take 72 inputs).
+    gemma2 = make_tiny_checkpoint(tmp_path, "gemma2")
+    write_tokenizer_files(gemma2, 128)
+    _assert_refused(gemma2, ["--quantization", "q4_0"], "q4_0 needs in_features divisible by 32, got a [")
+
+
+def _assert_refused(model_dir, flags: list[str], message: str) -> None:
+    """The executor exits 1 at start, before serving, and says ``message``."""
+    command = [sys.executable, "-m", "executor_svc.main", "--port", "0", "--model", str(model_dir), *flags]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stdout + done.stderr
     assert message in done.stdout + done.stderr
+    assert "executor_ready" not in done.stdout + done.stderr
