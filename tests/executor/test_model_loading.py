@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from structlog.testing import capture_logs
 
 from executor_svc.model_config import ModelConfig
 from executor_svc.model_runner import ModelRunner
@@ -98,16 +99,30 @@ def test_sharded_checkpoint_with_index(tmp_path, checkpoints):
 
 @pytest.mark.parametrize(
     "dtype,kv_dtype",
-    [("bfloat16", "auto"), ("float32", "bfloat16"), ("float16", "auto"), ("float32", "int8"), ("bfloat16", "int8")],
+    [
+        ("bfloat16", "auto"),
+        ("float32", "bfloat16"),
+        ("float16", "auto"),
+        ("float32", "int8"),
+        ("bfloat16", "int8"),
+        ("float16", "int8"),
+    ],
 )
 def test_reduced_precision_logits_close_to_fp32(checkpoints, dtype, kv_dtype):
     """bf16 / fp16 weights, or a bf16 or int8 KV cache, stay close to HF fp32."""
     _check_close_to_fp32(checkpoints, dtype, kv_dtype, "auto")
 
 
-def test_int8_kv_cache_on_the_torch_backend_close_to_fp32(checkpoints):
-    """The documented fallback: the torch backend dequantizes an int8 cache as it gathers it."""
-    _check_close_to_fp32(checkpoints, "float32", "int8", "torch")
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_int8_kv_cache_close_to_fp32_and_a_logged_fallback_on_torch(checkpoints, backend, request):
+    """The documented fallback: the torch backend dequantizes an int8 cache as it gathers it (correct, and it
+    says so at start); the C++ kernels read int8 and log no fallback."""
+    if backend == "cpp":
+        request.getfixturevalue("cpp_kernel")
+    with capture_logs() as logs:
+        _check_close_to_fp32(checkpoints, "float32", "int8", backend)
+    fallbacks = [entry for entry in logs if entry["event"] == "kv_cache_int8_fallback"]
+    assert len(fallbacks) == (backend == "torch")
 
 
 def _check_close_to_fp32(checkpoints, dtype: str, kv_dtype: str, backend: str) -> None:
