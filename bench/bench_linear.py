@@ -6,9 +6,12 @@ weights, so the weights come from memory as in a real step, and prints the
 time per step for each path side by side:
 
 - fp32: our AVX-512 panel GEMM vs ``F.linear`` (MKL sgemm) and oneDNN packed;
-- bf16: our AMX panel GEMM vs oneDNN packed (what runs without AMX).
+- bf16: our AMX panel GEMM vs oneDNN packed (what runs without AMX), and the quantized layers of
+  ``--quantized`` (``--quantization`` modes: int8, q8_0, q4_0; q4_1 as a GGUF file stores it) with bf16 inputs,
+  each as the executor builds it (``executor_svc.quant``): ``bf16/X`` is the bf16 GEMM's time over X's.
 
 Usage: python bench/bench_linear.py [--rows 1,8,24,48,64,512,2048] [--dtypes float32,bfloat16]
+    [--quantized int8,q8_0,q4_0,q4_1]
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from executor_svc.native import loader
+from executor_svc.quant import gguf_blocks
+from executor_svc.quant.modes import MODES, Target
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 LM_HEAD = (49152, 576)
@@ -45,6 +50,20 @@ def _paths(gemm, dtype):
     return paths
 
 
+def _quantized_paths(kernels, names: list[str]):
+    """name -> (pack(bf16 weight) -> the executor's quantized layer, run(x, layer, out_features))."""
+    target = Target(torch.device("cpu"), torch.bfloat16, kernels, "auto")
+
+    def packer(name):
+        if name == "q4_1":  # no mode quantizes to Q4_1 (a GGUF file's own type): its blocks, as the loader keeps them
+            return lambda w: gguf_blocks.block_linear(
+                gguf_blocks.quantize_blocks(w, gguf_blocks.Q.Q4_1), *target.block_kernels()
+            )
+        return lambda w: MODES[name].quantize(w, target)
+
+    return {name: (packer(name), lambda x, layer, n: layer(x)) for name in names}
+
+
 def _step(run, weights, rows, dtype) -> float:
     inputs = {k: torch.randn(rows, k, dtype=torch.float32).to(dtype) for k in (576, 1536)}
     start = time.perf_counter()
@@ -61,6 +80,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,24,48,64,512,2048")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--quantized", default="int8", help="quantized layers beside bf16: int8,q8_0,q4_0,q4_1")
     args = parser.parse_args()
     kernels = loader.kernels()
     if kernels is None or "avx512" not in kernels.features:
@@ -69,6 +89,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
         paths = _paths(gemm, dtype)
+        if dtype == torch.bfloat16 and args.quantized:
+            paths.update(_quantized_paths(kernels, args.quantized.split(",")))
         dense = {
             "layers": [
                 {k: (torch.randn(*s, generator=gen) * 0.02).to(dtype) for k, s in SHAPES.items()}
@@ -99,6 +121,8 @@ def main() -> None:
             cells = "  ".join(f"{name} {t * 1e3:7.1f} ms ({flops / t / 1e9:5.0f} GFLOP/s)" for name, t in best.items())
             ratio = "  ".join(
                 f"{name}/pagoda {t / best['pagoda']:.2f}x"
+                if name in ("sgemm", "onednn")
+                else f"bf16/{name} {best['pagoda'] / t:.2f}x"
                 for name, t in best.items()
                 if name != "pagoda" and "pagoda" in best
             )
