@@ -54,7 +54,7 @@ class Scheduler(SchedulerState):
         """
         self._compact_running()
         step = StepBuilder(self.config.max_num_batched_tokens)
-        step.speculate = self._drafter is not None and self._drafter.allows(len(self._running))
+        step.speculate = self._drafter is not None and self._drafter.speculates(len(self._running))
         self._schedule_running(step)
         if not step.num_preempted:
             self._schedule_waiting(step, self._clock())
@@ -70,6 +70,8 @@ class Scheduler(SchedulerState):
             self._inflight[plan.step_id] = step.entries
             if step.num_drafts:
                 self._draft_steps[plan.step_id] = step.num_model_drafts > 0
+            if self._drafter is not None and _is_decode(plan, self.config.speculative_max_batch):
+                self._decode_batches[plan.step_id] = len(plan.scheduled_seqs)
             if step.num_loads:
                 self._plan_loads[plan.step_id] = step.num_loads
         if plan.has_work or plan.dropped_seq_ids or plan.saves:
@@ -83,8 +85,10 @@ class Scheduler(SchedulerState):
         executor reports as failed finishes with ERROR (it dropped it already).
         """
         entries = self._inflight.pop(result.step_id, None)
-        if self._draft_steps.pop(result.step_id, False) and self._drafter is not None:
-            self._drafter.on_model_draft_step(result.timings)
+        drafts = self._draft_steps.pop(result.step_id, None)
+        decode_batch = self._decode_batches.pop(result.step_id, 0)
+        if self._drafter is not None:
+            self._drafter.on_step(result.timings, decode_batch, drafts)
         if self._tier is not None:
             self._tier.apply(result)
             self._tier.cost.observe(self._plan_loads.pop(result.step_id, 0), result)
@@ -333,3 +337,12 @@ class Scheduler(SchedulerState):
 
 def _rank(seq: SchedulerSequence) -> tuple[float, int]:
     return seq.rank
+
+
+def _is_decode(plan: StepPlan, max_batch: int) -> bool:
+    """At most max_batch sequences, each computing one token (drafts aside): nothing admitted or prefilled."""
+    return (
+        not plan.new_seqs
+        and len(plan.scheduled_seqs) <= max_batch
+        and all(entry.num_scheduled_tokens == 1 for entry in plan.scheduled_seqs)
+    )

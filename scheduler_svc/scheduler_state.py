@@ -62,6 +62,8 @@ class SchedulerState:
             self._drafter = Drafter(config, self._kv)
         # Steps in flight that verify drafts -> whether the draft model proposes some of them.
         self._draft_steps: dict[int, bool] = {}
+        # Steps in flight of decode only (one token per sequence) -> their number of sequences (speculation on).
+        self._decode_batches: dict[int, int] = {}
 
     # -- state ----------------------------------------------------------------
 
@@ -216,6 +218,7 @@ class SchedulerState:
         self._inflight = {}
         self._plan_loads = {}
         self._draft_steps.clear()
+        self._decode_batches.clear()
         return seqs
 
     def _fail(self, seq_id: int, message: str) -> SeqUpdate:

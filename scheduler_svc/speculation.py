@@ -21,6 +21,11 @@ accepted:
   own, measured in each step that ran them: its break-even is that time over
   the rest of the step's (accepting more than that many tokens per attempt
   wins, as the verifying step costs about what a plain one does).
+  Where a verifying step costs more than a plain one (a batch of several
+  sequences, or a draft model as large as the target), the break-even is
+  what the step with the draft model costs over a plain decode step of the
+  same batch, less one: with the draft model on, one step in
+  ``PROBE_INTERVAL_STEPS`` drafts nothing to measure that plain step.
 
 Pure Python.
 """
@@ -46,6 +51,10 @@ FIRST_COOLDOWN_TOKENS = 16
 MAX_COOLDOWN_TOKENS = 512
 # Weight of the newest step in the measured cost of the draft model's passes.
 COST_EWMA_WEIGHT = 0.1
+# With the draft model on, one step in this many drafts nothing: it measures a plain decode step's cost.
+PROBE_INTERVAL_STEPS = 64
+# The first such step comes this many steps after the start.
+FIRST_PROBE_STEP = 8
 
 
 class AcceptanceRecord:
@@ -127,10 +136,29 @@ class Drafter:
         # The draft model's passes over the rest of the step (prepare, forward, sampling), in the steps that
         # ran them: the accepted tokens per attempt the draft model must beat (None: not measured yet).
         self.model_cost: float | None = None
+        # Prepare + forward + sampling of a decode step without drafts, by its number of sequences (measured).
+        self.plain_step_ns: dict[int, float] = {}
+        self._steps_to_probe = FIRST_PROBE_STEP
 
     def allows(self, num_running: int) -> bool:
         """The global rule: drafts only while the step is bound by the weights, not by the tokens."""
         return num_running <= self.config.speculative_max_batch
+
+    def speculates(self, num_running: int) -> bool:
+        """Whether the step being planned may draft: the global rule, less the draft model's probe steps.
+
+        With the draft model on, one step in PROBE_INTERVAL_STEPS drafts nothing, so what a plain
+        decode step costs at this batch stays measured (on_step); n-gram drafts alone never probe.
+        """
+        if not self.allows(num_running):
+            return False
+        if not self.uses_model:
+            return True
+        self._steps_to_probe -= 1
+        if self._steps_to_probe > 0:
+            return True
+        self._steps_to_probe = PROBE_INTERVAL_STEPS
+        return False
 
     def wants(self, seq: SchedulerSequence) -> bool:
         """Whether seq would draft in the next step (it may still find no n-gram)."""
@@ -218,12 +246,28 @@ class Drafter:
             return max(MIN_ACCEPTED_PER_ATTEMPT, self.model_cost)
         return MIN_ACCEPTED_PER_ATTEMPT
 
-    def on_model_draft_step(self, timings: StepTimings) -> None:
-        """Measures the draft model's cost in a step that ran it: its passes over the rest of the step."""
+    def on_step(self, timings: StepTimings, decode_batch: int, drafts: bool | None) -> None:
+        """Measures a step's cost: a plain decode step's by batch, and the draft model's break-even.
+
+        ``decode_batch``: the step's sequences when each computed one token (else 0); ``drafts``:
+        None for a step without drafts, True where the draft model proposed some of them.
+        """
         rest_ns = timings.prepare_ns + timings.forward_ns + timings.sample_ns
-        if timings.draft_ns <= 0 or rest_ns <= 0:
+        if rest_ns <= 0:
             return
-        cost = timings.draft_ns / rest_ns
-        self.model_cost = (
-            cost if self.model_cost is None else self.model_cost + COST_EWMA_WEIGHT * (cost - self.model_cost)
-        )
+        if drafts is None:
+            if decode_batch:
+                self.plain_step_ns[decode_batch] = _ewma(self.plain_step_ns.get(decode_batch), rest_ns, EWMA_WEIGHT)
+            return
+        if not drafts or timings.draft_ns <= 0:
+            return
+        # With A accepted per attempt, a token costs (draft + step) / (1 + A) against a plain step's P: the
+        # draft model wins above (draft + step) / P - 1. P not measured at this batch: taken as this step's
+        # (a verifying step costs about a plain one at batch 1), which gives draft / step.
+        plain_ns = self.plain_step_ns.get(decode_batch) if decode_batch else None
+        cost = (timings.draft_ns + rest_ns) / (plain_ns or rest_ns) - 1
+        self.model_cost = _ewma(self.model_cost, cost, COST_EWMA_WEIGHT)
+
+
+def _ewma(mean: float | None, value: float, weight: float) -> float:
+    return value if mean is None else mean + weight * (value - mean)

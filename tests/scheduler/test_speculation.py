@@ -249,6 +249,39 @@ def test_the_draft_model_pauses_where_it_gains_less_than_it_costs():
     assert s.may_plan_ahead  # nothing drafts: plans overlap again
 
 
+def test_the_draft_model_probes_a_plain_step_now_and_then_and_n_gram_drafts_never_do():
+    drafter = make_sched(speculative="draft").drafter
+    decisions = [drafter.speculates(1) for _ in range(8 + 2 * 64)]
+    assert [i for i, on in enumerate(decisions) if not on] == [7, 71, 135]
+    ngram = make_sched(speculative="ngram").drafter
+    assert all(ngram.speculates(1) for _ in range(200))
+    assert not ngram.speculates(100)  # the global rule still holds
+
+
+def test_the_draft_model_pauses_where_its_step_costs_more_than_a_plain_one():
+    s = make_sched(speculative="draft", num_blocks=40, block_size=16)
+    seq = started(s, [1, 2, 3, 4, 5], 6, max_tokens=200)
+    plain = StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1)
+    # Its passes cost half a plain step, but verifying its drafts doubles the step: one accepted draft per
+    # step (2 tokens for 25 ns against 10 ns a token) loses. Measured against the verifying step alone
+    # (5 / 20) it would look like a gain.
+    verifying = StepTimings(prepare_ns=2, forward_ns=16, sample_ns=2, draft_ns=5)
+    num_plain = num_drafting = 0
+    while num_plain < 2:
+        plan = s.schedule()
+        (entry,) = plan.scheduled_seqs
+        token = seq.token_ids[-1] + 1
+        if entry.num_model_draft_tokens:
+            s.update(result(plan, {1: (token, token + 1)}, verifying))
+            num_drafting += 1
+            assert num_drafting < 40
+        else:  # the probe step, then the first step of the pause
+            s.update(result(plan, {1: (token,)}, plain))
+            num_plain += 1
+    assert s.drafter.plain_step_ns == {1: 10}
+    assert s.drafter.model_cost > 1.0 and seq.speculation.model.resume_at > len(seq.output_token_ids)
+
+
 def test_an_executor_without_a_draft_model_gets_what_is_left_of_the_method():
     with_draft = executor_info(draft_model="tiny-draft")
     without = executor_info(draft_model="")
