@@ -80,8 +80,8 @@ inline void silu_mul16(const BF16* gate, const BF16* up, BF16* out) {
 }
 #endif
 
-// Rows per parallel chunk so that small (decode) inputs stay on one thread.
-inline int64_t grain_rows(int64_t row_elements) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elements)); }
+// Rows per parallel chunk: about 4K elements, so that decode batches of a few dozen rows split across threads too.
+inline int64_t grain_rows(int64_t row_elements) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, row_elements)); }
 
 // One row: out = weight * round(x * rsqrt(mean(x^2) + eps)), x already rounded.
 template <typename T>
