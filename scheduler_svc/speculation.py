@@ -206,7 +206,7 @@ class Drafter:
             return None
         # Every accepted draft plus the executor's own token must fit max_tokens.
         max_outputs = seq.stopping.max_tokens - len(seq.output_token_ids) - 1
-        max_tokens = min(max_tokens, self.config.num_speculative_tokens, max_outputs)
+        max_tokens = min(max_tokens, max_outputs)
         if max_tokens <= 0:
             return None
         if seq.speculation is None:
@@ -214,13 +214,13 @@ class Drafter:
         spec, num_outputs = seq.speculation, len(seq.output_token_ids)
         model_active = self.uses_model and spec.model.active(num_outputs)
         if self.uses_ngram and spec.ngram.active(num_outputs):
-            drafts = spec.proposer.propose(seq.token_ids, max_tokens)
+            drafts = spec.proposer.propose(seq.token_ids, min(max_tokens, self.config.draft_tokens(DraftSource.NGRAM)))
             if drafts:
                 return Proposal(DraftSource.NGRAM, drafts, len(drafts))
             if not model_active:  # nothing drafts this step: a fruitless attempt (it cost the overlap)
                 spec.ngram.record(0, num_outputs)
         if model_active:
-            return Proposal(DraftSource.MODEL, (), max_tokens)
+            return Proposal(DraftSource.MODEL, (), min(max_tokens, self.config.draft_tokens(DraftSource.MODEL)))
         return None
 
     def on_verified(self, seq: SchedulerSequence, entry: StepEntry, num_accepted: int, current: bool) -> None:

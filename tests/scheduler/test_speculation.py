@@ -194,7 +194,7 @@ def test_random_programs_with_speculation_keep_block_accounting_exact(config, ki
 def test_flags_configure_speculation_and_refuse_what_is_not_there(capsys):
     config = load_config(["--speculative", "ngram", "--num-speculative-tokens", "6", "--speculative-max-batch", "2"])
     assert (config.speculative, config.num_speculative_tokens, config.speculative_max_batch) == ("ngram", 6, 2)
-    assert load_config([]).speculative == "off"
+    assert (load_config([]).speculative, load_config([]).num_speculative_tokens) == ("off", None)
     assert load_config(["--speculative", "ngram+draft"]).speculative == "ngram+draft"
     for argv, message in (
         (["--speculative", "eagle"], "--speculative must be one of off, ngram, draft, ngram+draft"),
@@ -203,6 +203,29 @@ def test_flags_configure_speculation_and_refuse_what_is_not_there(capsys):
         with pytest.raises(SystemExit):
             load_config(argv)
         assert message in capsys.readouterr().err
+
+
+def test_each_source_has_its_own_default_number_of_drafts_and_the_flag_sets_both():
+    long_repeat = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2]
+    for method, k, drafts, num_model in (
+        ("ngram", None, (3, 4, 5, 6, 7, 8, 9, 10), 0),  # the n-gram default: 8
+        ("ngram", 3, (3, 4, 5), 0),
+        ("draft", None, (), 4),  # the draft model's default: 4
+        ("draft", 6, (), 6),
+        ("ngram+draft", None, (3, 4, 5, 6, 7, 8, 9, 10), 0),
+    ):
+        s = make_sched(speculative=method, num_speculative_tokens=k, num_blocks=20, block_size=4)
+        started(s, long_repeat[:-1], long_repeat[-1], max_tokens=50)
+        (entry,) = s.schedule().scheduled_seqs
+        assert (entry.draft_token_ids, entry.num_model_draft_tokens) == (drafts, num_model), (method, k)
+    s = make_sched(speculative="ngram+draft", num_blocks=20, block_size=4)
+    started(s, [20, 21, 22, 23, 24], 25, max_tokens=50)
+    assert s.schedule().scheduled_seqs[0].num_model_draft_tokens == 4  # no n-gram: the draft model's 4
+    assert SchedulerConfig(num_blocks=1, block_size=1).max_draft_tokens == 8
+    engine = ServiceEngine(SchedulerServiceConfig(speculative="ngram"))
+    assert engine._scheduler_config(executor_info()).num_speculative_tokens is None
+    engine = ServiceEngine(SchedulerServiceConfig(speculative="ngram", num_speculative_tokens=5))
+    assert engine._scheduler_config(executor_info()).draft_tokens(DraftSource.NGRAM) == 5
 
 
 def test_model_drafts_are_planned_as_a_count_and_rolled_back():
