@@ -53,6 +53,10 @@ class SchedulerServiceConfig:
         None, "most draft tokens per sequence and step, of either source; unset: 8 for n-gram, 4 for the draft model"
     )
     speculative_max_batch: int = _f(8, "no drafts while more sequences than this run on an executor")
+    speculative_adaptive: bool = _f(
+        True,
+        "pause drafting where it does not pay, per sequence and for the draft model globally (false: always draft)",
+    )
     step_timeout_s: float = _f(60.0, "watchdog: longest step before the executor is unhealthy")
     metrics_port: int = _f(0, "Prometheus port, 0 = off")
     http_port: int = _f(0, "OpenAI-compatible HTTP port, 0 = off")

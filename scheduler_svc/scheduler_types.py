@@ -49,6 +49,8 @@ class SchedulerConfig:
     speculative: str = "off"
     num_speculative_tokens: int | None = None
     speculative_max_batch: int = 8
+    # Drafting pauses where it does not pay (scheduler_svc.speculation); False: every allowed step drafts.
+    speculative_adaptive: bool = True
     # The executor has a KV offload tier (docs/kv-offload.md): save full blocks to it, load prefixes from it.
     kv_offload: bool = False
 
