@@ -29,13 +29,11 @@ accepted:
   Only steps in which every sequence drafting with the draft model continues
   from its previous step measure it: a first attempt also catches the draft
   model's KV up on the sequence's earlier tokens, a cost paid once.
-- The draft model globally: off, so that it runs no pass at all, when even K
-  accepted tokens per attempt could not pay for it (its cost at least K) or
-  when every running sequence has paused it; tried again after
-  ``FIRST_MODEL_OFF_STEPS`` steps, twice as many each time it goes off again
-  after an attempt, at most ``MAX_MODEL_OFF_STEPS``, and back to the first
-  once it pays for a sequence. Its KV needs nothing for that: the executor
-  catches a sequence up from wherever its draft KV stopped.
+- The draft model globally (scheduler_svc.draft_switch): off, so that it runs
+  no pass at all, when even K accepted tokens per attempt could not pay for it
+  (its cost at least K) or when every sequence trying it has paused it; tried
+  again now and then. Its KV needs nothing for that: the executor catches a
+  sequence up from wherever its draft KV stopped.
 
 Pure Python.
 """
@@ -46,6 +44,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from pagoda.step import ScheduledSequence, StepTimings
+from scheduler_svc.draft_switch import DraftModelSwitch
 from scheduler_svc.kv_cache_manager import KVCacheManager, cdiv
 from scheduler_svc.ngram import NgramProposer
 from scheduler_svc.scheduler_types import DraftSource, SchedulerConfig
@@ -66,9 +65,6 @@ COST_EWMA_WEIGHT = 0.1
 PROBE_INTERVAL_STEPS = 64
 # The first such step comes this many steps after the start.
 FIRST_PROBE_STEP = 8
-# Steps the draft model stays off for every sequence once it cannot pay, first and at most (doubling).
-FIRST_MODEL_OFF_STEPS = 256
-MAX_MODEL_OFF_STEPS = 8192
 
 
 class AcceptanceRecord:
@@ -160,11 +156,8 @@ class Drafter:
         # Prepare + forward + sampling of a decode step without drafts, by its number of sequences (measured).
         self.plain_step_ns: dict[int, float] = {}
         self._steps_to_probe = FIRST_PROBE_STEP
-        # The draft model runs at all (for any sequence), and when it goes off, for how many steps.
-        self.model_on = self.uses_model
-        self.model_off_steps = FIRST_MODEL_OFF_STEPS
-        self._model_back_at = 0
-        self._model_attempted = False
+        # Whether the draft model runs at all, and for whom.
+        self.switch = DraftModelSwitch(self.uses_model)
         # Step results seen.
         self.num_steps = 0
 
@@ -182,27 +175,15 @@ class Drafter:
             return False
         if not (self.uses_model and self.adaptive):
             return True
-        self._switch_model(running)
-        if not self.model_on:
+        if self.switch.update(running, self.num_steps, self._model_cannot_pay()):
+            self.model_cost = None  # tried again: measured afresh
+        if not self.switch.on:
             return self.uses_ngram
         self._steps_to_probe -= 1
         if self._steps_to_probe > 0:
             return True
         self._steps_to_probe = PROBE_INTERVAL_STEPS
         return False
-
-    def _switch_model(self, running: Sequence[SchedulerSequence]) -> None:
-        """The draft model off where it cannot pay (for anyone), on again once its time off is over."""
-        if not self.model_on:
-            if self.num_steps >= self._model_back_at:
-                self.model_on, self.model_cost, self._model_attempted = True, None, False  # measured afresh
-            return
-        if not (self._model_cannot_pay() or _all_paused(running)):
-            return
-        self.model_on = False
-        self._model_back_at = self.num_steps + self.model_off_steps
-        if self._model_attempted:  # tried and lost again: twice as long next time
-            self.model_off_steps = min(2 * self.model_off_steps, MAX_MODEL_OFF_STEPS)
 
     def _model_cannot_pay(self) -> bool:
         """Even every draft accepted (K per attempt) would not win back the draft model's cost."""
@@ -213,7 +194,7 @@ class Drafter:
         """Whether seq would draft in the next step (it may still find no n-gram)."""
         if seq.structured is not None:
             return False
-        spec, model = seq.speculation, self.uses_model and self.model_on
+        spec, model = seq.speculation, self.uses_model and self.switch.allows(seq)
         if spec is None:
             return self.uses_ngram or model
         num_outputs = len(seq.output_token_ids)
@@ -260,7 +241,7 @@ class Drafter:
         if seq.speculation is None:
             seq.speculation = SeqSpeculation()
         spec, num_outputs = seq.speculation, len(seq.output_token_ids)
-        model_active = self.uses_model and self.model_on and spec.model.active(num_outputs)
+        model_active = self.uses_model and self.switch.allows(seq) and spec.model.active(num_outputs)
         if self.uses_ngram and spec.ngram.active(num_outputs):
             drafts = spec.proposer.propose(seq.token_ids, min(max_tokens, self.config.draft_tokens(DraftSource.NGRAM)))
             if drafts:
@@ -295,11 +276,9 @@ class Drafter:
         record = spec.record_of(source)
         record.record(num_accepted, len(seq.output_token_ids), self.break_even(source))
         if source is DraftSource.MODEL:
-            self._model_attempted = True
             if current:  # its tokens once this result is applied: the draft KV is current but for them
                 spec.model_continues_at = (seq.num_admissions, len(seq.token_ids) + num_accepted + 1)
-            if self.model_cost is not None and record.active(len(seq.output_token_ids)):
-                self.model_off_steps = FIRST_MODEL_OFF_STEPS  # it pays for this sequence
+            self.switch.attempted(self.model_cost is not None and record.active(len(seq.output_token_ids)))
 
     def break_even(self, source: DraftSource) -> float:
         """Accepted tokens per attempt below which drafting from ``source`` loses time."""
@@ -330,14 +309,6 @@ class Drafter:
         plain_ns = self.plain_step_ns.get(decode_batch) if decode_batch else None
         cost = (timings.draft_ns + rest_ns) / (plain_ns or rest_ns) - 1
         self.model_cost = _ewma(self.model_cost, cost, COST_EWMA_WEIGHT)
-
-
-def _all_paused(running: Sequence[SchedulerSequence]) -> bool:
-    """Every running sequence that could draft has paused the draft model (and there is one)."""
-    seqs = [seq for seq in running if seq.structured is None]
-    return bool(seqs) and all(
-        seq.speculation is not None and not seq.speculation.model.active(len(seq.output_token_ids)) for seq in seqs
-    )
 
 
 def _ewma(mean: float | None, value: float, weight: float) -> float:

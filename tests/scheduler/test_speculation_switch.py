@@ -9,12 +9,12 @@ from support.executor_info import executor_info
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import StepPlan, StepResult, StepTimings
-from scheduler_svc import speculation
+from scheduler_svc import draft_switch
 from scheduler_svc.config import load_config
+from scheduler_svc.draft_switch import FIRST_OFF_STEPS
 from scheduler_svc.engine import Engine as ServiceEngine
 from scheduler_svc.scheduler import Scheduler, SchedulerConfig
 from scheduler_svc.sequence import SchedulerSequence
-from scheduler_svc.speculation import FIRST_MODEL_OFF_STEPS
 
 PLAIN = StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1)
 
@@ -78,19 +78,19 @@ def test_a_draft_model_that_cannot_pay_even_with_every_draft_accepted_is_off_for
     drafter = scheduler.drafter
     # Two attempts, every draft accepted: the first also catches up on the prompt, the second measures it.
     assert bursts(executor.model_drafts) == [(1, 2)]
-    assert drafter.model_cost == 5.0 and not drafter.model_on and scheduler.may_plan_ahead
+    assert drafter.model_cost == 5.0 and not drafter.switch.on and scheduler.may_plan_ahead
     add(scheduler, 2, 1500)  # a new sequence does not try it while it is off
-    while drafter.num_steps < FIRST_MODEL_OFF_STEPS:
+    while drafter.num_steps < FIRST_OFF_STEPS:
         engine.step()
         check_invariants(scheduler)
     assert bursts(executor.model_drafts) == [(1, 2)]
-    while drafter.num_steps < FIRST_MODEL_OFF_STEPS + 3 * FIRST_MODEL_OFF_STEPS + 50:
+    while drafter.num_steps < FIRST_OFF_STEPS + 3 * FIRST_OFF_STEPS + 50:
         engine.step()
     # Tried again after 256 steps (measured afresh: two attempts), off again for twice as long.
     (first, second, third) = bursts(executor.model_drafts)
-    assert second[0] - (first[0] + first[1]) >= FIRST_MODEL_OFF_STEPS
-    assert third[0] - (second[0] + second[1]) >= 2 * FIRST_MODEL_OFF_STEPS
-    assert drafter.model_off_steps == 8 * FIRST_MODEL_OFF_STEPS and not drafter.model_on
+    assert second[0] - (first[0] + first[1]) >= FIRST_OFF_STEPS
+    assert third[0] - (second[0] + second[1]) >= 2 * FIRST_OFF_STEPS
+    assert drafter.switch.off_steps == 8 * FIRST_OFF_STEPS and not drafter.switch.on
 
 
 def test_the_draft_model_is_off_for_everyone_once_every_running_sequence_has_paused_it():
@@ -101,32 +101,32 @@ def test_the_draft_model_is_off_for_everyone_once_every_running_sequence_has_pau
         engine.step()
     drafter = scheduler.drafter
     # Never accepted, cheap: each sequence pauses it after five attempts (the policy's), then it is off.
-    assert sum(executor.model_drafts) == 10 and not drafter.model_on
+    assert sum(executor.model_drafts) == 10 and not drafter.switch.on
     assert drafter.model_cost is not None and drafter.model_cost < 1
     add(scheduler, 3, 1500)
     num_before = len(executor.model_drafts)
-    while drafter.num_steps < FIRST_MODEL_OFF_STEPS - 10:
+    while drafter.num_steps < FIRST_OFF_STEPS - 10:
         engine.step()
     assert sum(executor.model_drafts[num_before:]) == 0  # the new sequence did not try it
-    while drafter.num_steps < FIRST_MODEL_OFF_STEPS + 40:
+    while drafter.num_steps < FIRST_OFF_STEPS + 40:
         engine.step()
     # Tried again: the new sequence's five attempts and one each of the others (their cooldowns are over).
-    assert sum(executor.model_drafts[num_before:]) == 7 and not drafter.model_on
-    assert drafter.model_off_steps == 2 * FIRST_MODEL_OFF_STEPS
+    assert sum(executor.model_drafts[num_before:]) == 7 and not drafter.switch.on
+    assert drafter.switch.off_steps == 2 * FIRST_OFF_STEPS
 
 
 def test_the_draft_model_that_pays_stays_on_and_its_time_off_starts_again_at_the_first():
     scheduler, engine, executor = setup(draft_ns=50)
     add(scheduler, 1, 2900)
     drafter = scheduler.drafter
-    while drafter.num_steps < FIRST_MODEL_OFF_STEPS + 20:
+    while drafter.num_steps < FIRST_OFF_STEPS + 20:
         engine.step()
     # Off twice (after its first attempts, and after it was tried again): the next time off is 4 x 256.
-    assert drafter.model_off_steps == 4 * FIRST_MODEL_OFF_STEPS and not drafter.model_on
+    assert drafter.switch.off_steps == 4 * FIRST_OFF_STEPS and not drafter.switch.on
     executor.draft_ns = 5  # cheaper now: 5 tokens for 15 against 10 a token
-    while drafter.num_steps < 4 * FIRST_MODEL_OFF_STEPS:
+    while drafter.num_steps < 4 * FIRST_OFF_STEPS:
         engine.step()
-    assert drafter.model_on and drafter.model_off_steps == FIRST_MODEL_OFF_STEPS
+    assert drafter.switch.on and drafter.switch.off_steps == FIRST_OFF_STEPS
     assert drafter.model_cost == pytest.approx(0.5) and sum(executor.model_drafts[-20:]) >= 18
 
 
@@ -139,7 +139,7 @@ def test_not_adaptive_the_draft_model_drafts_in_every_step_even_where_it_loses()
     engine.run(max_steps=MAX_DRAIN_STEPS)
     # The prefill, then 399 steps of one token each, with drafts but for the last (max_tokens leaves no room);
     # no probe step either.
-    assert executor.model_drafts == [0] + [1] * 398 + [0] and scheduler.drafter.model_on
+    assert executor.model_drafts == [0] + [1] * 398 + [0] and scheduler.drafter.switch.on
     assert scheduler.num_free_blocks == 300
     service = load_config(["--speculative", "draft", "--speculative-adaptive", "false"])
     assert not ServiceEngine(service)._scheduler_config(executor_info()).speculative_adaptive
@@ -149,8 +149,8 @@ def test_not_adaptive_the_draft_model_drafts_in_every_step_even_where_it_loses()
 @pytest.mark.parametrize("draft", [copy_model, wrong_draft], ids=["right", "wrong"])
 @pytest.mark.parametrize("draft_ns", [1, 50], ids=["cheap", "costly"])
 def test_outputs_and_blocks_stay_exact_while_the_draft_model_goes_off_and_on(monkeypatch, draft, draft_ns):
-    monkeypatch.setattr(speculation, "FIRST_MODEL_OFF_STEPS", 3)
-    monkeypatch.setattr(speculation, "MAX_MODEL_OFF_STEPS", 12)
+    monkeypatch.setattr(draft_switch, "FIRST_OFF_STEPS", 3)
+    monkeypatch.setattr(draft_switch, "MAX_OFF_STEPS", 12)
     # 40 blocks of 4 for six sequences of up to 70 tokens: preempted and recomputed on the way.
     scheduler, engine, executor = setup(draft_ns, draft, num_blocks=40, block_size=4)
     prompts = {i: [i % 7, 1, 2] for i in range(6)}
@@ -166,4 +166,23 @@ def test_outputs_and_blocks_stay_exact_while_the_draft_model_goes_off_and_on(mon
     assert dict(engine.outputs) == {i: reference_output(p, 60 + i, model=copy_model) for i, p in prompts.items()}
     assert scheduler.num_free_blocks == 40 and scheduler.num_preemptions > 0
     if draft is wrong_draft or draft_ns == 50:  # it cannot pay: off, on again, off for longer
-        assert scheduler.drafter.model_off_steps > 3 and len(bursts(executor.model_drafts)) > 2
+        assert scheduler.drafter.switch.off_steps > 3 and len(bursts(executor.model_drafts)) > 2
+
+
+def test_sequences_arriving_while_the_draft_model_is_tried_again_wait_for_its_verdict():
+    seq = {i: SchedulerSequence(i, f"r{i}", [1, 2], SamplingParams(), StoppingCriteria(10)) for i in range(4)}
+    switch = draft_switch.DraftModelSwitch(True)
+    assert switch.allows(seq[0]) and not switch.update([seq[0]], 0, cannot_pay=False)
+    switch.attempted(pays=False)
+    switch.update([seq[0]], 1, cannot_pay=True)
+    assert not switch.on and not switch.allows(seq[1]) and switch.off_steps == 2 * FIRST_OFF_STEPS
+    assert not switch.update([seq[0]], FIRST_OFF_STEPS, cannot_pay=False)  # its time off is not over
+    assert not switch.update([], FIRST_OFF_STEPS + 1, cannot_pay=False)  # nobody to try it: it waits
+    assert switch.update([seq[0], seq[1]], FIRST_OFF_STEPS + 1, cannot_pay=False)  # on: the probe
+    assert switch.allows(seq[1]) and not switch.allows(seq[2])  # seq 2 came later: it waits
+    # The probe's sequences finished before any verdict: off again, as long as before (nobody tried it).
+    switch.update([seq[2]], FIRST_OFF_STEPS + 5, cannot_pay=False)
+    assert not switch.on and switch.off_steps == 2 * FIRST_OFF_STEPS
+    assert switch.update([seq[2]], 3 * FIRST_OFF_STEPS + 5, cannot_pay=False)
+    switch.attempted(pays=True)  # it pays: every sequence may try it, and the time off starts at the first
+    assert switch.allows(seq[3]) and switch.off_steps == FIRST_OFF_STEPS
