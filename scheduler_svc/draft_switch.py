@@ -6,12 +6,15 @@ first attempt also catches the draft model's KV up on the whole prompt, which
 for a draft model as large as the model is a second prefill. So once the draft
 model cannot pay at all (its measured cost leaves nothing to gain even with
 every draft accepted), or every sequence trying it has paused it, it goes off:
-no sequence, a new one neither, asks for it. After ``FIRST_OFF_STEPS`` steps it
-is tried again by the sequences running then (the probe; sequences that arrive
-meanwhile wait for its verdict); off again after an attempt, it stays off twice
-as long, at most ``MAX_OFF_STEPS``. Once an attempt with a measured cost leaves
-a sequence drafting (it pays), every sequence may try it again and the time
-off starts again at the first.
+no sequence, a new one neither, asks for it. At the start, and after
+``FIRST_OFF_STEPS`` steps off, one sequence tries it (the probe: the shortest
+of those whose own record lets them, so the least to catch up on), the others
+waiting for its verdict; off again after an attempt, it stays off twice as
+long, at most ``MAX_OFF_STEPS``. Once an attempt with a measured cost leaves a
+sequence drafting (it pays), every sequence may try it and the time off starts
+again at the first. With one sequence of several drafting, the cost measured
+is at most what it is with all drafting (fewer rows), so a probe that finds
+it too costly is right for the whole batch.
 
 Pure Python.
 """
@@ -30,33 +33,38 @@ MAX_OFF_STEPS = 8192
 class DraftModelSwitch:
     """Whether the draft model runs, for which sequences, and when it is tried again."""
 
-    def __init__(self, on: bool) -> None:
+    def __init__(self, on: bool, trusted: bool = False) -> None:
         self.on = on
-        # Every sequence may try it (at the start, and once it has paid); else only the probe's.
-        self.trusted = True
-        self.probe_ids: set[int] = set()
+        # Every sequence may try it (once it has paid, or always: not adaptive); else only the probe.
+        self.trusted = trusted
+        self.probe_id: int | None = None
         self.off_steps = FIRST_OFF_STEPS
         self._back_at = 0
         self._attempted = False
 
     def allows(self, seq: SchedulerSequence) -> bool:
         """Whether seq may draft with the draft model (its own record aside)."""
-        return self.on and (self.trusted or seq.seq_id in self.probe_ids)
+        return self.on and (self.trusted or seq.seq_id == self.probe_id)
 
     def update(self, running: Sequence[SchedulerSequence], num_steps: int, cannot_pay: bool) -> bool:
         """Before a step is planned: off where it cannot pay, on for a probe when its time off is over.
 
         Returns whether it went on again (its cost is then to be measured afresh).
         """
-        candidates = [seq for seq in running if seq.structured is None]
-        if not self.on:
-            if num_steps < self._back_at or not candidates:
-                return False
-            self.on, self._attempted = True, False
-            self.probe_ids = {seq.seq_id for seq in candidates}
-            return True
-        trying = [seq for seq in candidates if self.allows(seq)]
-        if cannot_pay or (trying and all(_paused(seq) for seq in trying)) or not (self.trusted or trying):
+        drafting = [seq for seq in running if seq.structured is None]
+        candidates = [seq for seq in drafting if not _paused(seq)]
+        if not self.trusted and not any(seq.seq_id == self.probe_id for seq in candidates):
+            # No probe (at the start, after a time off), or it is gone or paused before it paid.
+            if self.on and self._attempted:
+                self._go_off(num_steps)
+            elif num_steps >= self._back_at and candidates:
+                went_on, self.on, self._attempted = not self.on, True, False
+                self.probe_id = min(candidates, key=lambda seq: len(seq.token_ids)).seq_id
+                return went_on
+            else:
+                self.on = False
+            return False
+        if self.on and (cannot_pay or (self.trusted and drafting and not candidates)):
             self._go_off(num_steps)
         return False
 
@@ -64,10 +72,10 @@ class DraftModelSwitch:
         """A sequence drafted with it; ``pays``: its cost measured, the sequence keeps drafting."""
         self._attempted = True
         if pays:
-            self.trusted, self.probe_ids, self.off_steps = True, set(), FIRST_OFF_STEPS
+            self.trusted, self.probe_id, self.off_steps = True, None, FIRST_OFF_STEPS
 
     def _go_off(self, num_steps: int) -> None:
-        self.on, self.trusted, self.probe_ids = False, False, set()
+        self.on, self.trusted, self.probe_id = False, False, None
         self._back_at = num_steps + self.off_steps
         if self._attempted:  # tried and lost again: twice as long next time
             self.off_steps = min(2 * self.off_steps, MAX_OFF_STEPS)

@@ -157,7 +157,7 @@ class Drafter:
         self.plain_step_ns: dict[int, float] = {}
         self._steps_to_probe = FIRST_PROBE_STEP
         # Whether the draft model runs at all, and for whom.
-        self.switch = DraftModelSwitch(self.uses_model)
+        self.switch = DraftModelSwitch(self.uses_model, trusted=not self.adaptive)
         # Step results seen.
         self.num_steps = 0
 
@@ -273,12 +273,14 @@ class Drafter:
         spec = seq.speculation
         if spec is None or not self.adaptive:
             return
-        record = spec.record_of(source)
-        record.record(num_accepted, len(seq.output_token_ids), self.break_even(source))
+        record, break_even, num_outputs = spec.record_of(source), self.break_even(source), len(seq.output_token_ids)
+        record.record(num_accepted, num_outputs, break_even)
         if source is DraftSource.MODEL:
             if current:  # its tokens once this result is applied: the draft KV is current but for them
                 spec.model_continues_at = (seq.num_admissions, len(seq.token_ids) + num_accepted + 1)
-            self.switch.attempted(self.model_cost is not None and record.active(len(seq.output_token_ids)))
+            # It pays: its cost measured, this attempt won more than that, and the sequence keeps drafting.
+            pays = self.model_cost is not None and num_accepted >= break_even and record.active(num_outputs)
+            self.switch.attempted(pays)
 
     def break_even(self, source: DraftSource) -> float:
         """Accepted tokens per attempt below which drafting from ``source`` loses time."""

@@ -254,7 +254,8 @@ def test_model_drafts_are_planned_as_a_count_and_rolled_back():
 
 def test_ngram_drafts_first_then_the_draft_model_where_none_matches():
     s = make_sched(speculative="ngram+draft")
-    repeating = make_seq(1, [1, 2, 3, 1, 2])
+    # The longer one: the other (the shortest) is the one to try the draft model first.
+    repeating = make_seq(1, [1, 2, 3, 1, 2, 3, 1, 2])
     other = make_seq(2, [5, 6, 7, 8, 9])
     for seq in (repeating, other):
         s.add(seq)

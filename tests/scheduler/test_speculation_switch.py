@@ -77,13 +77,13 @@ def test_a_draft_model_that_cannot_pay_even_with_every_draft_accepted_is_off_for
         engine.step()
     drafter = scheduler.drafter
     # Two attempts, every draft accepted: the first also catches up on the prompt, the second measures it.
-    assert bursts(executor.model_drafts) == [(1, 2)]
+    assert bursts(executor.model_drafts) == [(2, 2)]
     assert drafter.model_cost == 5.0 and not drafter.switch.on and scheduler.may_plan_ahead
     add(scheduler, 2, 1500)  # a new sequence does not try it while it is off
     while drafter.num_steps < FIRST_OFF_STEPS:
         engine.step()
         check_invariants(scheduler)
-    assert bursts(executor.model_drafts) == [(1, 2)]
+    assert bursts(executor.model_drafts) == [(2, 2)]
     while drafter.num_steps < FIRST_OFF_STEPS + 3 * FIRST_OFF_STEPS + 50:
         engine.step()
     # Tried again after 256 steps (measured afresh: two attempts), off again for twice as long.
@@ -93,15 +93,16 @@ def test_a_draft_model_that_cannot_pay_even_with_every_draft_accepted_is_off_for
     assert drafter.switch.off_steps == 8 * FIRST_OFF_STEPS and not drafter.switch.on
 
 
-def test_the_draft_model_is_off_for_everyone_once_every_running_sequence_has_paused_it():
+def test_the_draft_model_is_off_for_everyone_once_the_sequence_trying_it_has_paused_it():
     scheduler, engine, executor = setup(draft_ns=1, draft=wrong_draft)
     add(scheduler, 1, 1500)
     add(scheduler, 2, 1500)
     for _ in range(40):
         engine.step()
     drafter = scheduler.drafter
-    # Never accepted, cheap: each sequence pauses it after five attempts (the policy's), then it is off.
-    assert sum(executor.model_drafts) == 10 and not drafter.switch.on
+    # Never accepted, cheap: one sequence tries it (the other waits for the verdict) and pauses it after five
+    # attempts (its own policy's): then it is off.
+    assert bursts(executor.model_drafts) == [(2, 5)] and max(executor.model_drafts) == 1 and not drafter.switch.on
     assert drafter.model_cost is not None and drafter.model_cost < 1
     add(scheduler, 3, 1500)
     num_before = len(executor.model_drafts)
@@ -110,9 +111,11 @@ def test_the_draft_model_is_off_for_everyone_once_every_running_sequence_has_pau
     assert sum(executor.model_drafts[num_before:]) == 0  # the new sequence did not try it
     while drafter.num_steps < FIRST_OFF_STEPS + 40:
         engine.step()
-    # Tried again: the new sequence's five attempts and one each of the others (their cooldowns are over).
-    assert sum(executor.model_drafts[num_before:]) == 7 and not drafter.switch.on
-    assert drafter.switch.off_steps == 2 * FIRST_OFF_STEPS
+    # Tried again by the shortest sequence (the new one: the least to catch up on), five attempts, off again.
+    assert sum(executor.model_drafts[num_before:]) == 5 and not drafter.switch.on
+    # Sequence 2 never tried it: its record is as it started.
+    assert scheduler.get(3).speculation.model.resume_at > 0 and scheduler.get(2).speculation.model.mean_accepted == 1
+    assert drafter.switch.off_steps == 4 * FIRST_OFF_STEPS
 
 
 def test_the_draft_model_that_pays_stays_on_and_its_time_off_starts_again_at_the_first():
@@ -169,20 +172,23 @@ def test_outputs_and_blocks_stay_exact_while_the_draft_model_goes_off_and_on(mon
         assert scheduler.drafter.switch.off_steps > 3 and len(bursts(executor.model_drafts)) > 2
 
 
-def test_sequences_arriving_while_the_draft_model_is_tried_again_wait_for_its_verdict():
-    seq = {i: SchedulerSequence(i, f"r{i}", [1, 2], SamplingParams(), StoppingCriteria(10)) for i in range(4)}
+def test_one_sequence_tries_the_draft_model_and_the_others_wait_for_its_verdict():
+    seq = {i: SchedulerSequence(i, f"r{i}", [1] * (2 + i), SamplingParams(), StoppingCriteria(10)) for i in range(4)}
     switch = draft_switch.DraftModelSwitch(True)
-    assert switch.allows(seq[0]) and not switch.update([seq[0]], 0, cannot_pay=False)
+    assert not switch.update([], 0, cannot_pay=False) and not switch.on  # nobody to try it
+    switch.update([seq[1], seq[0]], 0, cannot_pay=False)
+    assert switch.on and switch.allows(seq[0]) and not switch.allows(seq[1])  # the shortest tries it
     switch.attempted(pays=False)
-    switch.update([seq[0]], 1, cannot_pay=True)
+    switch.update([seq[1]], 1, cannot_pay=False)  # it finished before paying: off, twice as long next time
     assert not switch.on and not switch.allows(seq[1]) and switch.off_steps == 2 * FIRST_OFF_STEPS
-    assert not switch.update([seq[0]], FIRST_OFF_STEPS, cannot_pay=False)  # its time off is not over
+    assert not switch.update([seq[1]], FIRST_OFF_STEPS, cannot_pay=False)  # its time off is not over
     assert not switch.update([], FIRST_OFF_STEPS + 1, cannot_pay=False)  # nobody to try it: it waits
-    assert switch.update([seq[0], seq[1]], FIRST_OFF_STEPS + 1, cannot_pay=False)  # on: the probe
-    assert switch.allows(seq[1]) and not switch.allows(seq[2])  # seq 2 came later: it waits
-    # The probe's sequences finished before any verdict: off again, as long as before (nobody tried it).
-    switch.update([seq[2]], FIRST_OFF_STEPS + 5, cannot_pay=False)
-    assert not switch.on and switch.off_steps == 2 * FIRST_OFF_STEPS
-    assert switch.update([seq[2]], 3 * FIRST_OFF_STEPS + 5, cannot_pay=False)
+    assert switch.update([seq[2], seq[1]], FIRST_OFF_STEPS + 1, cannot_pay=False)  # on: the probe
+    assert switch.allows(seq[1]) and not switch.allows(seq[2]) and not switch.allows(seq[0])
+    switch.update([seq[1], seq[2]], FIRST_OFF_STEPS + 2, cannot_pay=True)  # too costly for anyone
+    assert not switch.on and switch.off_steps == 2 * FIRST_OFF_STEPS  # nobody drafted: not doubled
+    assert switch.update([seq[3]], 3 * FIRST_OFF_STEPS + 5, cannot_pay=False)
     switch.attempted(pays=True)  # it pays: every sequence may try it, and the time off starts at the first
-    assert switch.allows(seq[3]) and switch.off_steps == FIRST_OFF_STEPS
+    assert switch.allows(seq[0]) and switch.allows(seq[3]) and switch.off_steps == FIRST_OFF_STEPS
+    switch.update([seq[0], seq[3]], 3 * FIRST_OFF_STEPS + 6, cannot_pay=False)
+    assert switch.on
