@@ -1,13 +1,13 @@
 """Speculative decoding served, side by side in one run: off, n-gram drafts, and draft models.
 
 Usage:
-    python bench/bench_speculative.py [--variants off,ngram] [--rounds 2] [--num-requests 8] [--k 4] \\
+    python bench/bench_speculative.py [--variants off,ngram] [--rounds 2] [--num-requests 8] [--k K] \\
         [--phases b1,b8,w_mixed] [--serve-args "--dtype bfloat16 --kv-cache-memory 1GiB --kv-offload-dir ''"] \\
         [--bench-args "--num-prompts 64 --input-len-range 16:512 --output-len-range 16:256 --seed 0"]
 
-Variants (each a fresh ``pagoda serve``; ``--speculative`` and
-``--num-speculative-tokens K`` are passed through to the scheduler, ``--draft-model``
-to the executor):
+Variants (each a fresh ``pagoda serve``; ``--speculative`` and, given ``--k`` or
+``variant@K``, ``--num-speculative-tokens K`` are passed through to the scheduler,
+``--draft-model`` to the executor):
 - ``off``: no speculation;
 - ``ngram``: prompt-lookup drafts;
 - ``draft-small``: a random-weight draft model of SmolLM2's vocabulary, 2 layers
@@ -65,15 +65,15 @@ VARIANTS = ("off", "ngram", "draft-small", "draft-early", "draft-self", "ngram+d
 _servers: list[subprocess.Popen[bytes]] = []
 
 
-def variant_args(variant: str, k: int, drafts: dict[str, Path]) -> list[str]:
+def variant_args(variant: str, k: int | None, drafts: dict[str, Path]) -> list[str]:
     """The ``pagoda serve`` flags of a variant (``drafts``: the draft model folders built for the run);
-    ``variant@K`` gives it its own K."""
+    ``variant@K`` gives it its own K; no K: the server's defaults (8 for n-gram, 4 for the draft model)."""
     variant, _, own_k = variant.partition("@")
     k = int(own_k) if own_k else k
     if variant == "off":
         return []
     method = "ngram" if variant == "ngram" else "ngram+draft" if variant == "ngram+draft" else "draft"
-    args = ["--speculative", method, "--num-speculative-tokens", str(k)]
+    args = ["--speculative", method, *(["--num-speculative-tokens", str(k)] if k else [])]
     if variant == "draft-self":
         return ["--draft-model", "default", *args]
     if variant in ("draft-small", "ngram+draft"):
@@ -245,7 +245,7 @@ def main() -> int:
     parser.add_argument("--phases", default="b1,b8,w_mixed", help="of b1 (grounded, batch 1), b8, w_mixed")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--num-requests", type=int, default=8)
-    parser.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
+    parser.add_argument("--k", type=int, default=None, help="--num-speculative-tokens (default: the server's)")
     parser.add_argument("--early-layers", type=int, default=8, help="draft-early: the model's first layers kept")
     # No offload tier: what a request costs must not depend on what earlier runs left on disk.
     parser.add_argument("--serve-args", default="--dtype bfloat16 --kv-cache-memory 1GiB --kv-offload-dir ''")

@@ -49,8 +49,14 @@ class SchedulerServiceConfig:
         "speculative decoding: off, ngram (prompt lookup), draft (the executors' --draft-model), "
         "or ngram+draft (n-gram drafts, the draft model where none matches)",
     )
-    num_speculative_tokens: int = _f(4, "most draft tokens per sequence and step")
+    num_speculative_tokens: int | None = _f(
+        None, "most draft tokens per sequence and step, of either source; unset: 8 for n-gram, 4 for the draft model"
+    )
     speculative_max_batch: int = _f(8, "no drafts while more sequences than this run on an executor")
+    speculative_adaptive: bool = _f(
+        True,
+        "pause drafting where it does not pay, per sequence and for the draft model globally (false: always draft)",
+    )
     step_timeout_s: float = _f(60.0, "watchdog: longest step before the executor is unhealthy")
     metrics_port: int = _f(0, "Prometheus port, 0 = off")
     http_port: int = _f(0, "OpenAI-compatible HTTP port, 0 = off")
@@ -80,7 +86,7 @@ class SchedulerServiceConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
         if self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(f"--speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
-        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        if self.num_speculative_tokens is not None and not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}]")
         if self.speculative_max_batch < 1:
             raise ValueError("--speculative-max-batch must be positive")

@@ -111,6 +111,7 @@ class Engine:
             speculative=self._speculative(info),
             num_speculative_tokens=self.config.num_speculative_tokens,
             speculative_max_batch=self.config.speculative_max_batch,
+            speculative_adaptive=self.config.speculative_adaptive,
             kv_offload=self.config.kv_offload and bool(info.kv_offload),
         )
 

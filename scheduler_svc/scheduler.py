@@ -54,7 +54,7 @@ class Scheduler(SchedulerState):
         """
         self._compact_running()
         step = StepBuilder(self.config.max_num_batched_tokens)
-        step.speculate = self._drafter is not None and self._drafter.speculates(len(self._running))
+        step.speculate = self._drafter is not None and self._drafter.speculates(self._running)
         self._schedule_running(step)
         if not step.num_preempted:
             self._schedule_waiting(step, self._clock())
@@ -69,7 +69,7 @@ class Scheduler(SchedulerState):
         if plan.has_work:
             self._inflight[plan.step_id] = step.entries
             if step.num_drafts:
-                self._draft_steps[plan.step_id] = step.num_model_drafts > 0
+                self._draft_steps[plan.step_id] = step.num_model_drafts > 0 and not step.model_catch_up
             if self._drafter is not None and _is_decode(plan, self.config.speculative_max_batch):
                 self._decode_batches[plan.step_id] = len(plan.scheduled_seqs)
             if step.num_loads:

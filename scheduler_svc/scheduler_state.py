@@ -60,7 +60,7 @@ class SchedulerState:
         self._drafter: Drafter | None = None
         if config.speculative != "off":
             self._drafter = Drafter(config, self._kv)
-        # Steps in flight that verify drafts -> whether the draft model proposes some of them.
+        # Steps in flight that verify drafts -> whether they measure the draft model's cost (Drafter.on_step).
         self._draft_steps: dict[int, bool] = {}
         # Steps in flight of decode only (one token per sequence) -> their number of sequences (speculation on).
         self._decode_batches: dict[int, int] = {}

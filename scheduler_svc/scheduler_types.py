@@ -23,6 +23,12 @@ class DraftSource(enum.Enum):
     MODEL = "model"
 
 
+# Drafts per sequence and step of each source unless --num-speculative-tokens says: the best measured
+# (docs/speculative-decoding.md). Lookups are free, so long n-gram runs only cost their rejected rows; each
+# draft-model token costs a pass of the draft model.
+DEFAULT_DRAFT_TOKENS = {DraftSource.NGRAM: 8, DraftSource.MODEL: 4}
+
+
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
     """Limits of one scheduler core (one executor's KV pool)."""
@@ -38,11 +44,13 @@ class SchedulerConfig:
     # A request waiting longer than this is served first, whatever its priority.
     max_priority_wait_s: float = 30.0
     # Speculative decoding (docs/speculative-decoding.md): one of SPECULATIVE_METHODS (a method with the
-    # draft model only where the executor has one); drafts per sequence and step; no drafts while more
-    # sequences than speculative_max_batch run.
+    # draft model only where the executor has one); drafts per sequence and step, of either source (None:
+    # each source's own default, draft_tokens); no drafts while more sequences than speculative_max_batch run.
     speculative: str = "off"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None
     speculative_max_batch: int = 8
+    # Drafting pauses where it does not pay (scheduler_svc.speculation); False: every allowed step drafts.
+    speculative_adaptive: bool = True
     # The executor has a KV offload tier (docs/kv-offload.md): save full blocks to it, load prefixes from it.
     kv_offload: bool = False
 
@@ -52,6 +60,17 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
+
+    def draft_tokens(self, source: DraftSource) -> int:
+        """Most drafts per sequence and step from ``source``: num_speculative_tokens, else its default."""
+        if self.num_speculative_tokens is not None:
+            return self.num_speculative_tokens
+        return DEFAULT_DRAFT_TOKENS[source]
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """Most drafts per sequence and step from any source."""
+        return max(self.draft_tokens(source) for source in DraftSource)
 
 
 class SeqUpdate(NamedTuple):

@@ -26,15 +26,25 @@ accepted:
   what the step with the draft model costs over a plain decode step of the
   same batch, less one: with the draft model on, one step in
   ``PROBE_INTERVAL_STEPS`` drafts nothing to measure that plain step.
+  Only steps in which every sequence drafting with the draft model continues
+  from its previous step measure it: a first attempt also catches the draft
+  model's KV up on the sequence's earlier tokens, a cost paid once.
+- The draft model globally (scheduler_svc.draft_switch): off, so that it runs
+  no pass at all, when even K accepted tokens per attempt could not pay for it
+  (its cost at least K) or when every sequence trying it has paused it; tried
+  again now and then. Its KV needs nothing for that: the executor catches a
+  sequence up from wherever its draft KV stopped.
 
 Pure Python.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from pagoda.step import ScheduledSequence, StepTimings
+from scheduler_svc.draft_switch import DraftModelSwitch
 from scheduler_svc.kv_cache_manager import KVCacheManager, cdiv
 from scheduler_svc.ngram import NgramProposer
 from scheduler_svc.scheduler_types import DraftSource, SchedulerConfig
@@ -87,12 +97,15 @@ class AcceptanceRecord:
 class SeqSpeculation:
     """One sequence's n-gram index and its record of each source's drafts."""
 
-    __slots__ = ("proposer", "ngram", "model")
+    __slots__ = ("proposer", "ngram", "model", "model_continues_at")
 
     def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         self.proposer = NgramProposer(min_n, max_n)
         self.ngram = AcceptanceRecord()
         self.model = AcceptanceRecord()
+        # (admission, number of tokens) at which the draft model's KV is current but for the last step's
+        # tokens: a draft with it then needs no catch-up on earlier ones.
+        self.model_continues_at = (-1, 0)
 
     def record_of(self, source: DraftSource) -> AcceptanceRecord:
         return self.ngram if source is DraftSource.NGRAM else self.model
@@ -122,6 +135,8 @@ class Proposal(NamedTuple):
     # The n-gram drafts (empty for the draft model's, which the executor proposes).
     token_ids: tuple[int, ...]
     num_tokens: int
+    # The draft model first catches its KV up on tokens of earlier steps (its first draft, or after a pause).
+    catch_up: bool = False
 
 
 class Drafter:
@@ -132,6 +147,8 @@ class Drafter:
         self.kv = kv
         self.uses_ngram = config.speculative in ("ngram", "ngram+draft")
         self.uses_model = config.speculative in ("draft", "ngram+draft")
+        # The acceptance and cost policies pause drafting (else every step the batch rule allows drafts).
+        self.adaptive = config.speculative_adaptive
         self.stats = {source: SpeculationStats() for source in DraftSource}
         # The draft model's passes over the rest of the step (prepare, forward, sampling), in the steps that
         # ran them: the accepted tokens per attempt the draft model must beat (None: not measured yet).
@@ -139,38 +156,49 @@ class Drafter:
         # Prepare + forward + sampling of a decode step without drafts, by its number of sequences (measured).
         self.plain_step_ns: dict[int, float] = {}
         self._steps_to_probe = FIRST_PROBE_STEP
+        # Whether the draft model runs at all, and for whom.
+        self.switch = DraftModelSwitch(self.uses_model, trusted=not self.adaptive)
+        # Step results seen.
+        self.num_steps = 0
 
     def allows(self, num_running: int) -> bool:
         """The global rule: drafts only while the step is bound by the weights, not by the tokens."""
         return num_running <= self.config.speculative_max_batch
 
-    def speculates(self, num_running: int) -> bool:
+    def speculates(self, running: Sequence[SchedulerSequence]) -> bool:
         """Whether the step being planned may draft: the global rule, less the draft model's probe steps.
 
         With the draft model on, one step in PROBE_INTERVAL_STEPS drafts nothing, so what a plain
         decode step costs at this batch stays measured (on_step); n-gram drafts alone never probe.
         """
-        if not self.allows(num_running):
+        if not self.allows(len(running)):
             return False
-        if not self.uses_model:
+        if not (self.uses_model and self.adaptive):
             return True
+        if self.switch.update(running, self.num_steps, self._model_cannot_pay()):
+            self.model_cost = None  # tried again: measured afresh
+        if not self.switch.on:
+            return self.uses_ngram
         self._steps_to_probe -= 1
         if self._steps_to_probe > 0:
             return True
         self._steps_to_probe = PROBE_INTERVAL_STEPS
         return False
 
+    def _model_cannot_pay(self) -> bool:
+        """Even every draft accepted (K per attempt) would not win back the draft model's cost."""
+        cost = self.model_cost
+        return cost is not None and cost >= self.config.draft_tokens(DraftSource.MODEL)
+
     def wants(self, seq: SchedulerSequence) -> bool:
         """Whether seq would draft in the next step (it may still find no n-gram)."""
         if seq.structured is not None:
             return False
-        spec = seq.speculation
+        spec, model = seq.speculation, self.uses_model and self.switch.allows(seq)
         if spec is None:
-            return True
+            return self.uses_ngram or model
         num_outputs = len(seq.output_token_ids)
-        return (self.uses_ngram and spec.ngram.active(num_outputs)) or (
-            self.uses_model and spec.model.active(num_outputs)
-        )
+        return (self.uses_ngram and spec.ngram.active(num_outputs)) or (model and spec.model.active(num_outputs))
 
     def schedule(self, seq: SchedulerSequence, step: StepBuilder) -> bool:
         """Plans seq's next token with drafts after it, if it drafts and their blocks are free.
@@ -189,6 +217,7 @@ class Drafter:
         if new_block_ids is None:
             return False
         num_model = proposal.num_tokens if proposal.source is DraftSource.MODEL else 0
+        step.model_catch_up |= proposal.catch_up
         entry = ScheduledSequence(seq.seq_id, 1, tuple(new_block_ids), proposal.token_ids, num_model)
         step.scheduled_seqs.append(entry)
         step.commit(seq, 1, proposal.num_tokens, proposal.source)
@@ -206,21 +235,25 @@ class Drafter:
             return None
         # Every accepted draft plus the executor's own token must fit max_tokens.
         max_outputs = seq.stopping.max_tokens - len(seq.output_token_ids) - 1
-        max_tokens = min(max_tokens, self.config.num_speculative_tokens, max_outputs)
+        max_tokens = min(max_tokens, max_outputs)
         if max_tokens <= 0:
             return None
         if seq.speculation is None:
             seq.speculation = SeqSpeculation()
         spec, num_outputs = seq.speculation, len(seq.output_token_ids)
-        model_active = self.uses_model and spec.model.active(num_outputs)
+        model_active = self.uses_model and self.switch.allows(seq) and spec.model.active(num_outputs)
         if self.uses_ngram and spec.ngram.active(num_outputs):
-            drafts = spec.proposer.propose(seq.token_ids, max_tokens)
+            drafts = spec.proposer.propose(seq.token_ids, min(max_tokens, self.config.draft_tokens(DraftSource.NGRAM)))
             if drafts:
                 return Proposal(DraftSource.NGRAM, drafts, len(drafts))
-            if not model_active:  # nothing drafts this step: a fruitless attempt (it cost the overlap)
+            if (
+                not model_active and self.adaptive
+            ):  # nothing drafts this step: a fruitless attempt (it cost the overlap)
                 spec.ngram.record(0, num_outputs)
         if model_active:
-            return Proposal(DraftSource.MODEL, (), max_tokens)
+            num_tokens = min(max_tokens, self.config.draft_tokens(DraftSource.MODEL))
+            catch_up = spec.model_continues_at != (seq.num_admissions, len(seq.token_ids))
+            return Proposal(DraftSource.MODEL, (), num_tokens, catch_up)
         return None
 
     def on_verified(self, seq: SchedulerSequence, entry: StepEntry, num_accepted: int, current: bool) -> None:
@@ -237,8 +270,17 @@ class Drafter:
             self.kv.truncate(seq, cdiv(seq.num_computed_tokens, self.config.block_size))
         source = entry.draft_source
         self.stats[source].record(entry.num_drafts, num_accepted)
-        if seq.speculation is not None:
-            seq.speculation.record_of(source).record(num_accepted, len(seq.output_token_ids), self.break_even(source))
+        spec = seq.speculation
+        if spec is None or not self.adaptive:
+            return
+        record, break_even, num_outputs = spec.record_of(source), self.break_even(source), len(seq.output_token_ids)
+        record.record(num_accepted, num_outputs, break_even)
+        if source is DraftSource.MODEL:
+            if current:  # its tokens once this result is applied: the draft KV is current but for them
+                spec.model_continues_at = (seq.num_admissions, len(seq.token_ids) + num_accepted + 1)
+            # It pays: its cost measured, this attempt won more than that, and the sequence keeps drafting.
+            pays = self.model_cost is not None and num_accepted >= break_even and record.active(num_outputs)
+            self.switch.attempted(pays)
 
     def break_even(self, source: DraftSource) -> float:
         """Accepted tokens per attempt below which drafting from ``source`` loses time."""
@@ -250,8 +292,10 @@ class Drafter:
         """Measures a step's cost: a plain decode step's by batch, and the draft model's break-even.
 
         ``decode_batch``: the step's sequences when each computed one token (else 0); ``drafts``:
-        None for a step without drafts, True where the draft model proposed some of them.
+        None for a step without drafts, True where it measures the draft model (some of them are its,
+        none of its sequences catching up on earlier tokens first).
         """
+        self.num_steps += 1
         rest_ns = timings.prepare_ns + timings.forward_ns + timings.sample_ns
         if rest_ns <= 0:
             return

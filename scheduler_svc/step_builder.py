@@ -46,6 +46,9 @@ class StepBuilder:
         # Blocks new sequences of this step load from the offload tier.
         self.num_loads = 0
         self.num_model_drafts = 0
+        # A sequence drafting with the draft model catches its KV up on earlier tokens first: the step's
+        # time does not measure what drafting costs.
+        self.model_catch_up = False
 
     def commit(
         self, seq: SchedulerSequence, num_tokens: int, num_drafts: int = 0, source: DraftSource = DraftSource.NGRAM

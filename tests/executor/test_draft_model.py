@@ -89,19 +89,23 @@ def plain_tokens(runner: ModelRunner, sampling: SamplingParams, prompt=PROMPT, n
     return tokens
 
 
-def drafted_tokens(runner: ModelRunner, sampling: SamplingParams, k: int = 3) -> tuple[list[int], float]:
-    """(tokens, acceptance): every decode step asks the draft model for k drafts."""
+def drafted_tokens(
+    runner: ModelRunner, sampling: SamplingParams, k: int = 3, drafts_at=lambda step: True
+) -> tuple[list[int], float]:
+    """(tokens, acceptance): every decode step (those ``drafts_at`` names) asks the draft model for k drafts."""
     blocks = Blocks(runner.kv_cache.num_blocks)
     new = t.NewSequence(1, "r1", tuple(PROMPT), len(PROMPT), sampling, blocks.allocate(1, len(PROMPT)), 0, len(PROMPT))
     tokens = list(runner.execute(t.StepPlan(0, new_seqs=(new,))).outputs[0].token_ids)
-    num_computed, step, num_accepted = len(PROMPT), 1, 0
+    num_computed, step, num_accepted, num_drafting = len(PROMPT), 1, 0, 0
     while len(tokens) < NUM_OUTPUT:
-        new_block_ids = blocks.allocate(1, num_computed + 1 + k)
-        plan = t.StepPlan(step, scheduled_seqs=(t.ScheduledSequence(1, 1, new_block_ids, (), k),))
+        num_model = k if drafts_at(step) else 0
+        num_drafting += num_model > 0
+        new_block_ids = blocks.allocate(1, num_computed + 1 + num_model)
+        plan = t.StepPlan(step, scheduled_seqs=(t.ScheduledSequence(1, 1, new_block_ids, (), num_model),))
         result = runner.execute(plan)
         assert not result.errors, result.errors
         got = result.outputs[0].token_ids
-        assert 1 <= len(got) <= k + 1
+        assert 1 <= len(got) <= num_model + 1
         num_computed += len(got)
         num_accepted += len(got) - 1
         tokens += got
@@ -111,7 +115,7 @@ def drafted_tokens(runner: ModelRunner, sampling: SamplingParams, k: int = 3) ->
         assert state.num_draft_computed <= num_computed
         step += 1
     runner.reset()
-    return tokens[:NUM_OUTPUT], num_accepted / (k * (step - 1))
+    return tokens[:NUM_OUTPUT], num_accepted / (k * num_drafting)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
@@ -125,6 +129,20 @@ def test_model_drafts_give_the_tokens_of_plain_decoding(checkpoints, drafts, arc
     # Drafting for itself with the request's own random stream, the model proposes its own tokens: in fp32
     # all of them (a near-tie rounded otherwise in a chunk than in a decode row could reject one).
     assert acceptance >= 0.9
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral_window", "gemma3"])
+def test_model_drafts_after_steps_without_them_catch_the_draft_kv_up(checkpoints, drafts, arch):
+    """As when the scheduler turns the draft model off for a while: its KV catches up on all the tokens since."""
+    truth = plain_tokens(make_runner(checkpoints[arch], None), GREEDY)
+
+    def drafts_at(step: int) -> bool:
+        return step in (1, 2) or step >= 9
+
+    tokens, _ = drafted_tokens(make_runner(checkpoints[arch], drafts[arch]), GREEDY, drafts_at=drafts_at)
+    assert tokens == truth
+    tokens, acceptance = drafted_tokens(make_runner(checkpoints[arch], checkpoints[arch]), GREEDY, drafts_at=drafts_at)
+    assert tokens == truth and acceptance >= 0.9
 
 
 # Sequence id -> prompt, in the mixed steps: 1 drafts with the model; 2 verifies drafts the plan gives; 3 is

@@ -59,7 +59,15 @@ def drafting_system(request, tmp_path_factory):
         kv_cache_memory=str(memory),
         block_size=BLOCK_SIZE,
         extra_executor_args=["--draft-model", str(folder)],
-        extra_scheduler_args=["--speculative", "ngram+draft", "--num-speculative-tokens", "4"],
+        # Not adaptive: a tiny model drafting for itself does not pay, but its drafts are what is tested here.
+        extra_scheduler_args=[
+            "--speculative",
+            "ngram+draft",
+            "--num-speculative-tokens",
+            "4",
+            "--speculative-adaptive",
+            "false",
+        ],
         startup_timeout_s=180,
     ) as system:
         yield folder, system

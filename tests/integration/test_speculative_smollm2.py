@@ -44,7 +44,15 @@ def drafting_system(smollm2_dir, tmp_path_factory):
         "256MiB",
         startup_timeout_s=300,
         extra_executor_args=["--draft-model", str(smollm2_dir)],
-        extra_scheduler_args=["--speculative", "ngram+draft", "--num-speculative-tokens", "4"],
+        # Not adaptive: SmolLM2 drafting for itself does not pay, but its drafts are what is tested here.
+        extra_scheduler_args=[
+            "--speculative",
+            "ngram+draft",
+            "--num-speculative-tokens",
+            "4",
+            "--speculative-adaptive",
+            "false",
+        ],
     ) as system:
         yield system
 

@@ -350,7 +350,7 @@ def check_invariants(scheduler: Scheduler) -> None:
         assert len(seq.block_ids) == -(-seq.num_computed_tokens // bs), seq
         assert len(set(seq.block_ids)) == len(seq.block_ids)
         assert 0 <= seq.num_pending_tokens <= 2
-        num_drafts = scheduler.config.num_speculative_tokens if seq.drafts_in_flight else 0
+        num_drafts = scheduler.config.max_draft_tokens if seq.drafts_in_flight else 0
         assert seq.num_computed_tokens <= len(seq.token_ids) + seq.num_pending_tokens + num_drafts
         for index, block_id in enumerate(seq.block_ids):
             holders[block_id].append((seq.seq_id, index))

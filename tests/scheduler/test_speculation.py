@@ -194,7 +194,7 @@ def test_random_programs_with_speculation_keep_block_accounting_exact(config, ki
 def test_flags_configure_speculation_and_refuse_what_is_not_there(capsys):
     config = load_config(["--speculative", "ngram", "--num-speculative-tokens", "6", "--speculative-max-batch", "2"])
     assert (config.speculative, config.num_speculative_tokens, config.speculative_max_batch) == ("ngram", 6, 2)
-    assert load_config([]).speculative == "off"
+    assert (load_config([]).speculative, load_config([]).num_speculative_tokens) == ("off", None)
     assert load_config(["--speculative", "ngram+draft"]).speculative == "ngram+draft"
     for argv, message in (
         (["--speculative", "eagle"], "--speculative must be one of off, ngram, draft, ngram+draft"),
@@ -205,9 +205,32 @@ def test_flags_configure_speculation_and_refuse_what_is_not_there(capsys):
         assert message in capsys.readouterr().err
 
 
+def test_each_source_has_its_own_default_number_of_drafts_and_the_flag_sets_both():
+    long_repeat = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2]
+    for method, k, drafts, num_model in (
+        ("ngram", None, (3, 4, 5, 6, 7, 8, 9, 10), 0),  # the n-gram default: 8
+        ("ngram", 3, (3, 4, 5), 0),
+        ("draft", None, (), 4),  # the draft model's default: 4
+        ("draft", 6, (), 6),
+        ("ngram+draft", None, (3, 4, 5, 6, 7, 8, 9, 10), 0),
+    ):
+        s = make_sched(speculative=method, num_speculative_tokens=k, num_blocks=20, block_size=4)
+        started(s, long_repeat[:-1], long_repeat[-1], max_tokens=50)
+        (entry,) = s.schedule().scheduled_seqs
+        assert (entry.draft_token_ids, entry.num_model_draft_tokens) == (drafts, num_model), (method, k)
+    s = make_sched(speculative="ngram+draft", num_blocks=20, block_size=4)
+    started(s, [20, 21, 22, 23, 24], 25, max_tokens=50)
+    assert s.schedule().scheduled_seqs[0].num_model_draft_tokens == 4  # no n-gram: the draft model's 4
+    assert SchedulerConfig(num_blocks=1, block_size=1).max_draft_tokens == 8
+    engine = ServiceEngine(SchedulerServiceConfig(speculative="ngram"))
+    assert engine._scheduler_config(executor_info()).num_speculative_tokens is None
+    engine = ServiceEngine(SchedulerServiceConfig(speculative="ngram", num_speculative_tokens=5))
+    assert engine._scheduler_config(executor_info()).draft_tokens(DraftSource.NGRAM) == 5
+
+
 def test_model_drafts_are_planned_as_a_count_and_rolled_back():
     s = make_sched(speculative="draft")
-    seq = started(s, [1, 2, 3, 4, 5], 6)
+    seq = started(s, [1, 2, 3, 4, 5], 6, max_tokens=20)
     plan = s.schedule()
     # Positions 5..9 (the last token and 4 drafts) need a third block; the executor's draft model proposes.
     assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (2,), (), 4),)
@@ -219,13 +242,20 @@ def test_model_drafts_are_planned_as_a_count_and_rolled_back():
     stats = s.drafter.stats
     assert (stats[DraftSource.MODEL].num_draft_tokens, stats[DraftSource.MODEL].num_accepted_tokens) == (4, 2)
     assert stats[DraftSource.NGRAM].num_drafts == 0
-    # Its passes took half the rest of the step: the draft model must gain more than 0.5 tokens per attempt.
+    # Its first draft also caught the draft model's KV up on the prompt: that step's time is no measure.
+    assert s.drafter.model_cost is None
+    plan = s.schedule()
+    assert plan.scheduled_seqs[0].num_model_draft_tokens == 4
+    s.update(result(plan, {1: (10,)}, timings))
+    # Continuing from its last draft, its passes took half the rest of the step: the draft model must gain
+    # more than 0.5 tokens per attempt.
     assert s.drafter.model_cost == 0.5 and s.drafter.break_even(DraftSource.MODEL) == 0.5
 
 
 def test_ngram_drafts_first_then_the_draft_model_where_none_matches():
     s = make_sched(speculative="ngram+draft")
-    repeating = make_seq(1, [1, 2, 3, 1, 2])
+    # The longer one: the other (the shortest) is the one to try the draft model first.
+    repeating = make_seq(1, [1, 2, 3, 1, 2, 3, 1, 2])
     other = make_seq(2, [5, 6, 7, 8, 9])
     for seq in (repeating, other):
         s.add(seq)
@@ -251,11 +281,12 @@ def test_the_draft_model_pauses_where_it_gains_less_than_it_costs():
 
 def test_the_draft_model_probes_a_plain_step_now_and_then_and_n_gram_drafts_never_do():
     drafter = make_sched(speculative="draft").drafter
-    decisions = [drafter.speculates(1) for _ in range(8 + 2 * 64)]
+    one = [make_seq(1, [1, 2])]  # not started: no record that could pause the draft model
+    decisions = [drafter.speculates(one) for _ in range(8 + 2 * 64)]
     assert [i for i, on in enumerate(decisions) if not on] == [7, 71, 135]
     ngram = make_sched(speculative="ngram").drafter
-    assert all(ngram.speculates(1) for _ in range(200))
-    assert not ngram.speculates(100)  # the global rule still holds
+    assert all(ngram.speculates(one) for _ in range(200))
+    assert not ngram.speculates(one * 100)  # the global rule still holds
 
 
 def test_the_draft_model_pauses_where_its_step_costs_more_than_a_plain_one():
@@ -298,10 +329,13 @@ def test_an_executor_without_a_draft_model_gets_what_is_left_of_the_method():
 def test_with_the_draft_model_paused_n_gram_misses_pause_drafting_and_plans_overlap_again():
     s = make_sched(speculative="ngram+draft", num_blocks=40, block_size=16)
     seq = started(s, [5, 6, 7, 8, 9], 10, max_tokens=300)
-    plan = s.schedule()
-    assert plan.scheduled_seqs[0].num_model_draft_tokens == 4  # no n-gram: the draft model drafts
-    # Nothing accepted, and its passes cost twice the rest of the step: the draft model pauses.
-    s.update(result(plan, {1: (11,)}, StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1, draft_ns=20)))
+    # No n-gram: the draft model drafts. Nothing accepted, and its passes cost twice the rest of the step
+    # (measured the second time, the first also catching up on the prompt): the draft model pauses.
+    for token in (11, 12):
+        plan = s.schedule()
+        assert plan.scheduled_seqs[0].num_model_draft_tokens == 4
+        s.update(result(plan, {1: (token,)}, StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1, draft_ns=20)))
+    assert s.drafter.model_cost == 2.0
     num_steps = 0
     while not s.may_plan_ahead:
         plan = s.schedule()

@@ -66,8 +66,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-model",
         default=None,
-        help="every executor's draft model (speculative decoding with -- --speculative draft, "
-        "docs/speculative-decoding.md)",
+        help="every executor's draft model (speculative decoding, docs/speculative-decoding.md; scheduler flags "
+        "pass through: --speculative off|ngram|draft|ngram+draft, --num-speculative-tokens K, unset: 8 for "
+        "n-gram, 4 for the draft model)",
     )
     parser.add_argument("--executor-args", default="", help="extra executor flags, one quoted string")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
