@@ -71,17 +71,29 @@ void check_packed(const at::Tensor& packed, const char* what) {
 }
 
 #if defined(PAGODA_AMX_INT8)
-// Tiles 0-1: C, 2-3: A (ROWS rows of x, 64 bytes), 4-5: B (16 k-quads of a panel).
+// Tiles 0-3: C (two pairs of groups), 4-5: A (ROWS rows of x, 64 bytes), 6-7: B (16 k-quads of a panel).
 inline void configure_int8_tiles(int rows) {
   pagoda::TileConfig config;
-  for (int t = 0; t < 6; ++t) {
-    config.rows[t] = t < 4 ? rows : 16;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = t < 6 ? rows : 16;
     config.colsb[t] = 64;
   }
   _tile_loadconfig(&config);
 }
 
+// Tile C (zeroed) = the x tile of group g . the panel's group g (A and B: the tiles to load them into).
+#define PAGODA_INT8_PRODUCT(C, A, B, g)                   \
+  do {                                                    \
+    _tile_zero(C);                                        \
+    _tile_loadd(A, xq + (g) * kDepth, kp);                \
+    _tile_loadd(B, panel + (g) * kTileBytes, 64);         \
+    _tile_dpbssd(C, A, B);                                \
+  } while (0)
+
 // acc[r] = sum_g xs[r * groups + g] * (row r of the x tile . the panel), r < ROWS, 64 k per tile product.
+// Groups go in pairs, and the products of the next pair (in the other two C tiles) are issued before this
+// pair's sums are stored and scaled, so the tile unit computes while the vector unit scales. The sums are
+// added in group order, as one pair at a time would add them.
 template <int ROWS>
 PAGODA_INLINE void amx_tile_rows(const int8_t* xq, int64_t kp, const float* xs, int64_t groups, const int8_t* panel,
                                  __m512* acc) {
@@ -95,33 +107,45 @@ PAGODA_INLINE void amx_tile_rows(const int8_t* xq, int64_t kp, const float* xs, 
       acc[r] = _mm512_fmadd_ps(dot, _mm512_set1_ps(xs[r * groups + g]), acc[r]);
     }
   };
-  int64_t g = 0;
-  for (; g + 1 < groups; g += 2) {  // two tiles in flight: one's product overlaps the other's scaling
-    const char* ahead = reinterpret_cast<const char*>(panel + (g + 4) * kTileBytes);  // 4 groups ahead
+  auto prefetch = [&](int64_t g) {  // the panel's lines 4 groups ahead
+    const char* ahead = reinterpret_cast<const char*>(panel + (g + 4) * kTileBytes);
 #pragma GCC unroll 32
     for (int line = 0; line < 32; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_loadd(2, xq + g * kDepth, kp);
-    _tile_loadd(4, panel + g * kTileBytes, 64);
-    _tile_loadd(3, xq + (g + 1) * kDepth, kp);
-    _tile_loadd(5, panel + (g + 1) * kTileBytes, 64);
-    _tile_dpbssd(0, 2, 4);
-    _tile_dpbssd(1, 3, 5);
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
+  };
+  int64_t g = 0;
+  if (groups >= 2) {
+    prefetch(0);
+    PAGODA_INT8_PRODUCT(0, 4, 6, 0);
+    PAGODA_INT8_PRODUCT(1, 5, 7, 1);
+  }
+  for (; g + 1 < groups; g += 2) {
+    const bool next = g + 3 < groups;  // another whole pair follows
+    if (next) prefetch(g + 2);
+    if ((g / 2) % 2 == 0) {  // this pair in C 0-1, the next in C 2-3
+      if (next) {
+        PAGODA_INT8_PRODUCT(2, 4, 6, g + 2);
+        PAGODA_INT8_PRODUCT(3, 5, 7, g + 3);
+      }
+      _tile_stored(0, c[0], 64);
+      _tile_stored(1, c[1], 64);
+    } else {
+      if (next) {
+        PAGODA_INT8_PRODUCT(0, 4, 6, g + 2);
+        PAGODA_INT8_PRODUCT(1, 5, 7, g + 3);
+      }
+      _tile_stored(2, c[0], 64);
+      _tile_stored(3, c[1], 64);
+    }
     scale_into(c[0], g);
     scale_into(c[1], g + 1);
   }
-  if (g < groups) {
-    _tile_zero(0);
-    _tile_loadd(2, xq + g * kDepth, kp);
-    _tile_loadd(4, panel + g * kTileBytes, 64);
-    _tile_dpbssd(0, 2, 4);
+  if (g < groups) {  // an odd last group
+    PAGODA_INT8_PRODUCT(0, 4, 6, g);
     _tile_stored(0, c[0], 64);
     scale_into(c[0], g);
   }
 }
+#undef PAGODA_INT8_PRODUCT
 #endif
 
 #if defined(__AVX512VNNI__)
