@@ -113,7 +113,9 @@ def _check_decode(kernel, q_dtype, context_lens, *, head_dim=64, block_size=16, 
     scale = 1 / math.sqrt(head_dim)
     out = kernel.paged_decode(q, cache.k, cache.v, tables, lens, scale, window, softcap, cache.k_scale, cache.v_scale)
     assert out.dtype == q_dtype and out.shape == q.shape
-    tol = 1e-5 if q_dtype == F32 else 2e-2  # bf16: the output's rounding
+    # fp32: the kernel rounds each query, and each 16-row tile's softmax weights, to int16 (relative 2^-15) for
+    # integer dot products with the int8 rows (measured up to 7e-4 here); bf16: the output's rounding.
+    tol = 2e-3 if q_dtype == F32 else 2e-2
     for i, context_len in enumerate(context_lens):
         ref = _dense(q[i], cache, tables[i], context_len, window, softcap)
         assert (out[i].double() - ref).abs().max().item() < tol, (i, context_len)

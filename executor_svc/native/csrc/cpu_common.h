@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -81,6 +82,29 @@ void parallel_for(int64_t count, int64_t grain, const F& body) {
   }
 #endif
   at::parallel_for(0, count, grain, body);
+}
+
+// parallel_for over [0, count) with one contiguous range per thread of about equal total cost (cost(i) >= 0,
+// int64): an even split by count leaves a thread waiting when items differ (decode attention's sequences differ
+// in context length by 30x in one batch).
+template <typename Cost, typename F>
+void parallel_for_balanced(int64_t count, const Cost& cost, const F& body) {
+  if (count <= 0) return;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
+  if (threads <= 1 || at::in_parallel_region()) {
+    body(int64_t(0), count);
+    return;
+  }
+  std::vector<int64_t> start(count + 1, 0);  // start[i]: the cost of the items before i
+  for (int64_t i = 0; i < count; ++i) start[i + 1] = start[i] + cost(i);
+  std::vector<int64_t> bounds(threads + 1, count);
+  bounds[0] = 0;
+  for (int64_t t = 1; t < threads; ++t)  // thread t starts at the first item whose start reaches t / threads
+    bounds[t] = std::lower_bound(start.begin(), start.end(), (start[count] * t + threads / 2) / threads) - start.begin();
+  parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      if (bounds[t] < bounds[t + 1]) body(bounds[t], bounds[t + 1]);
+  });
 }
 
 #if defined(__AVX512F__)

@@ -108,6 +108,119 @@ PAGODA_INLINE void scores_rows(const C* const* rows, const __m512* q, __m512* ou
   }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// int8 caches: the scores of GB int16 queries (q[GB * NW], 32 dims a register) against 16 int8 rows, exactly in
+// int32 (vpdpwssd: two products a lane, no widening to fp32): lane i of out[g] is row i's dot product, summed by
+// scores_rows' transpose-add tree in integers. Four ops a row (two widenings, two dot products a query) where
+// fp32 takes eight widening ops and four multiply-adds a query.
+template <int NW, int GB>
+PAGODA_INLINE void scores_rows_i16(const int8_t* const* rows, const __m512i* q, __m512i* out) {
+  __m512i quads[GB][4];
+  for (int h = 0; h < 2; ++h) {
+    __m512i pairs[GB][4];
+    for (int j = 0; j < 4; ++j) {
+      __m512i ka[NW], kb[NW];
+      for (int w = 0; w < NW; ++w) {
+        ka[w] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[8 * h + 2 * j] + 32 * w)));
+        kb[w] = _mm512_cvtepi8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[8 * h + 2 * j + 1] + 32 * w)));
+      }
+      for (int g = 0; g < GB; ++g) {
+        __m512i x = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q[g * NW], ka[0]);
+        __m512i y = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q[g * NW], kb[0]);
+        for (int w = 1; w < NW; ++w) {
+          x = _mm512_dpwssd_epi32(x, q[g * NW + w], ka[w]);
+          y = _mm512_dpwssd_epi32(y, q[g * NW + w], kb[w]);
+        }
+        pairs[g][j] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x44), _mm512_shuffle_i32x4(x, y, 0xEE));
+      }
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int j = 0; j < 2; ++j)
+        quads[g][2 * h + j] = _mm512_add_epi32(_mm512_shuffle_i32x4(pairs[g][2 * j], pairs[g][2 * j + 1], 0x88),
+                                               _mm512_shuffle_i32x4(pairs[g][2 * j], pairs[g][2 * j + 1], 0xDD));
+  }
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (int g = 0; g < GB; ++g) {
+    __m512i octs[2];
+    for (int j = 0; j < 2; ++j)
+      octs[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(quads[g][2 * j], quads[g][2 * j + 1]),
+                                 _mm512_unpackhi_epi32(quads[g][2 * j], quads[g][2 * j + 1]));
+    const __m512 a = _mm512_castsi512_ps(octs[0]), b = _mm512_castsi512_ps(octs[1]);
+    const __m512i mixed = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0))),
+                                           _mm512_castps_si512(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2))));
+    out[g] = _mm512_permutexvar_epi32(order, mixed);
+  }
+}
+
+// q[GB * NC] fp32 (natural order) as int16 (NC / 2 registers a query, rounded to nearest even) and one scale a
+// query: q ~ qi * scale, relative error under 2^-15 (a bf16 query carries 2^-8).
+template <int NC, int GB>
+PAGODA_INLINE void quantize_queries_i16(const __m512* q, __m512i* qi, float* scale) {
+  for (int g = 0; g < GB; ++g) {
+    __m512 amax = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) amax = _mm512_max_ps(amax, _mm512_abs_ps(q[g * NC + c]));
+    const float m = _mm512_reduce_max_ps(amax);
+    const __m512 inv = _mm512_set1_ps(m > 0.f ? 32767.f / m : 0.f);
+    scale[g] = m / 32767.f;
+    for (int w = 0; w < NC / 2; ++w) {
+      const __m256i lo = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(q[g * NC + 2 * w], inv)));
+      const __m256i hi = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(q[g * NC + 2 * w + 1], inv)));
+      qi[g * (NC / 2) + w] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+  }
+}
+#define PAGODA_INT16_SCORES 1
+
+// int8 caches: acc[g][c] += sum_i w[g][i] * row_i (16 rows, c < 2 * NW), exactly in int32 for weights rounded
+// to int16 (one scale per query and tile: w ~ wi * scale, w = probability * the row's V scale >= 0): rows two at
+// a time as int16 pairs (vpdpwssd), then widened to fp32 once per tile, back in natural dim order.
+template <int NW, int GB>
+PAGODA_INLINE void weighted_rows_i16(const int8_t* const* rows, const float (*w)[kTile], __m512 (*acc)[2 * NW]) {
+  alignas(64) int16_t wi[GB][kTile];
+  float w_scale[GB];
+  for (int g = 0; g < GB; ++g) {
+    const __m512 weights = _mm512_load_ps(w[g]);
+    const float m = _mm512_reduce_max_ps(weights);
+    w_scale[g] = m / 32767.f;
+    const __m512 inv = _mm512_set1_ps(m > 0.f ? 32767.f / m : 0.f);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(wi[g]), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(weights, inv))));
+  }
+  __m512i sums[GB][2 * NW];
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < 2 * NW; ++c) sums[g][c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int i = 0; i < kTile; i += 2) {
+    for (int v = 0; v < NW; ++v) {
+      const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + 32 * v)));
+      const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i + 1] + 32 * v)));
+      // 32-bit lane 4L + m: (a, b) of dim 32v + 8L + m (lo) and of dim 32v + 8L + 4 + m (hi)
+      const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+      for (int g = 0; g < GB; ++g) {
+        int32_t pair;
+        std::memcpy(&pair, &wi[g][i], sizeof(pair));  // (w_i, w_i+1): low half with a, as in the lanes
+        const __m512i weights = _mm512_set1_epi32(pair);
+        sums[g][2 * v] = _mm512_dpwssd_epi32(sums[g][2 * v], lo, weights);
+        sums[g][2 * v + 1] = _mm512_dpwssd_epi32(sums[g][2 * v + 1], hi, weights);
+      }
+    }
+  }
+  // Natural order: dims 16h + k of a 32-dim block come from lo (k % 8 < 4) or hi, lane 4 (2h + k / 8) + k % 4.
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int g = 0; g < GB; ++g) {
+    const __m512 scale = _mm512_set1_ps(w_scale[g]);
+    for (int v = 0; v < NW; ++v) {
+      const __m512 lo = _mm512_cvtepi32_ps(sums[g][2 * v]), hi = _mm512_cvtepi32_ps(sums[g][2 * v + 1]);
+      acc[g][2 * v] = _mm512_fmadd_ps(_mm512_permutex2var_ps(lo, first, hi), scale, acc[g][2 * v]);
+      acc[g][2 * v + 1] = _mm512_fmadd_ps(_mm512_permutex2var_ps(lo, second, hi), scale, acc[g][2 * v + 1]);
+    }
+  }
+}
+#else
+#define PAGODA_INT16_SCORES 0
+#endif
+
 // GB fp32 queries [GB, D] (scaled, in the cache type's lane order) over
 // positions [lo, hi), state kept in registers: K rows widened to fp32 in
 // registers and scored in place (no scratch copy); lane-wise running sums,
@@ -134,6 +247,12 @@ void span_wide(const Job& job, HeadRows<C> head, const int64_t* table, int64_t l
     sum[g] = _mm512_zextps128_ps512(_mm_set_ss(row_sum[g]));
   }
   alignas(64) float probs[GB][kTile];
+  // int8 rows of even NC score against int16 queries in integers (see scores_rows_i16).
+  constexpr bool kIntScores = PAGODA_INT16_SCORES && kQuantized<C> && NC % 2 == 0;
+  constexpr int NW = kIntScores ? NC / 2 : 1;
+  __m512i qi[GB * NW];
+  float q_scale[GB] = {};
+  if constexpr (kIntScores) quantize_queries_i16<NC, GB>(q, qi, q_scale);
   const int64_t bs = job.block_size;
   RowCursor cursor{table, bs, lo / bs, lo % bs};
   int64_t ahead_pos = std::min(hi, lo + kPrefetchRows);  // rows prefetched so far (as TileWalker)
@@ -165,13 +284,24 @@ void span_wide(const Job& job, HeadRows<C> head, const int64_t* table, int64_t l
     const C* krows[kTile];
     for (int i = 0; i < kTile; ++i) krows[i] = k_head + offsets[i];
     __m512 scores[GB];
-    scores_rows<C, NC, GB>(krows, q, scores);
     const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
     __m512 v_scales = _mm512_setzero_ps();
-    if constexpr (kQuantized<C>) {
+    if constexpr (kIntScores) {
+#if PAGODA_INT16_SCORES
+      __m512i dots[GB];
+      scores_rows_i16<NW, GB>(krows, qi, dots);
       const __m512 k_scales = tile_scales<D>(head.k_scale, tile_start, offsets, count, valid);
       v_scales = tile_scales<D>(head.v_scale, tile_start, offsets, count, valid);
-      for (int g = 0; g < GB; ++g) scores[g] = _mm512_mul_ps(scores[g], k_scales);
+      for (int g = 0; g < GB; ++g)
+        scores[g] = _mm512_mul_ps(_mm512_cvtepi32_ps(dots[g]), _mm512_mul_ps(k_scales, _mm512_set1_ps(q_scale[g])));
+#endif
+    } else {
+      scores_rows<C, NC, GB>(krows, q, scores);
+      if constexpr (kQuantized<C>) {
+        const __m512 k_scales = tile_scales<D>(head.k_scale, tile_start, offsets, count, valid);
+        v_scales = tile_scales<D>(head.v_scale, tile_start, offsets, count, valid);
+        for (int g = 0; g < GB; ++g) scores[g] = _mm512_mul_ps(scores[g], k_scales);
+      }
     }
     for (int g = 0; g < GB; ++g) {
       if constexpr (CAP) scores[g] = pagoda::softcap16(scores[g], job.softcap);
@@ -187,12 +317,20 @@ void span_wide(const Job& job, HeadRows<C> head, const int64_t* table, int64_t l
       sum[g] = _mm512_add_ps(sum[g], p);
       _mm512_store_ps(probs[g], kQuantized<C> ? _mm512_mul_ps(p, v_scales) : p);  // P.V weights
     }
+    if constexpr (kIntScores) {  // rows past the count repeat the last one, with weight 0
+#if PAGODA_INT16_SCORES
+      const C* vrows[kTile];
+      for (int i = 0; i < kTile; ++i) vrows[i] = v_head + offsets[i];
+      weighted_rows_i16<NW, GB>(vrows, probs, acc);
+#endif
+    } else {
 #pragma GCC unroll 16
-    for (int i = 0; i < kTile; ++i) {  // rows past the count repeat the last one, with weight 0
-      __m512 value[NC];
-      widen_regs<C, NC>(v_head + offsets[i], value);
-      for (int c = 0; c < NC; ++c)
-        for (int g = 0; g < GB; ++g) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g][i]), value[c], acc[g][c]);
+      for (int i = 0; i < kTile; ++i) {
+        __m512 value[NC];
+        widen_regs<C, NC>(v_head + offsets[i], value);
+        for (int c = 0; c < NC; ++c)
+          for (int g = 0; g < GB; ++g) acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g][i]), value[c], acc[g][c]);
+      }
     }
   }
   for (int g = 0; g < GB; ++g) {

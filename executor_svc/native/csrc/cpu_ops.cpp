@@ -80,8 +80,8 @@ inline void silu_mul16(const BF16* gate, const BF16* up, BF16* out) {
 }
 #endif
 
-// Rows per parallel chunk so that small (decode) inputs stay on one thread.
-inline int64_t grain_rows(int64_t row_elements) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elements)); }
+// Rows per parallel chunk: about 4K elements, so that decode batches of a few dozen rows split across threads too.
+inline int64_t grain_rows(int64_t row_elements) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, row_elements)); }
 
 // One row: out = weight * round(x * rsqrt(mean(x^2) + eps)), x already rounded.
 template <typename T>
@@ -92,6 +92,27 @@ inline void norm_row(const float* x, const T* weight, T* out, int64_t hidden, fl
   for (int64_t i = 0; i < hidden; ++i) out[i] = from_float<T>(to_float(weight[i]) * round_to<T>(x[i] * inv));
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// norm_row of a bf16 row (hidden % 16 == 0), 16 values at a time: the same roundings, the sum of squares in 16
+// lanes (another order of the sum, as torch's own reduction). With res: res = round(res + in) first.
+inline void norm_row_bf16(const BF16* in, BF16* res, const BF16* weight, BF16* out, int64_t hidden, float eps) {
+  __m512 squares = _mm512_setzero_ps();
+  for (int64_t i = 0; i < hidden; i += 16) {
+    __m512 v = load_bf16x16(in + i);
+    if (res) {
+      v = round_bf16x16(_mm512_add_ps(load_bf16x16(res + i), v));
+      store_bf16x16(res + i, v);
+    }
+    squares = _mm512_fmadd_ps(v, v, squares);
+  }
+  const float inv = 1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(hidden) + eps);
+  const __m512 scale = _mm512_set1_ps(inv);
+  const BF16* x = res ? res : in;
+  for (int64_t i = 0; i < hidden; i += 16)
+    store_bf16x16(out + i, _mm512_mul_ps(load_bf16x16(weight + i), round_bf16x16(_mm512_mul_ps(load_bf16x16(x + i), scale))));
+}
+#endif
+
 template <typename T>
 void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, double eps,
                    at::Tensor* residual) {
@@ -100,6 +121,18 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, at::Tensor& ou
   const T* w = weight.data_ptr<T>();
   T* dst = out.data_ptr<T>();
   T* res = residual ? residual->data_ptr<T>() : nullptr;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, BF16>) {
+    if (hidden % 16 == 0) {
+      pagoda::parallel_for(rows, grain_rows(hidden), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+          norm_row_bf16(src + r * hidden, res ? res + r * hidden : nullptr, w, dst + r * hidden, hidden,
+                        static_cast<float>(eps));
+      });
+      return;
+    }
+  }
+#endif
   pagoda::parallel_for(rows, grain_rows(hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> row(hidden);
     for (int64_t r = begin; r < end; ++r) {

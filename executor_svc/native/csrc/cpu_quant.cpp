@@ -355,7 +355,7 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t group, bool with_sums) 
   const int64_t ldx = xc.stride(0);
   AT_DISPATCH_V2(xc.scalar_type(), "quantize_rows", AT_WRAP([&] {
     const scalar_t* xd = xc.data_ptr<scalar_t>();
-    pagoda::parallel_for(m, 64, [&](int64_t begin, int64_t end) {
+    pagoda::parallel_for(m, 8, [&](int64_t begin, int64_t end) {  // a decode batch's rows split too
       for (int64_t r = begin; r < end; ++r)
         quantize_row(xd + r * ldx, k, kp, group, q + r * kp, scale + r * groups, sum ? sum + r * groups : nullptr);
     });
