@@ -7,8 +7,8 @@ tests/integration/test_draft_model_e2e.py's), a scheduler and an executor as
 processes, the executor drafting with the model itself (``--draft-model`` the
 same folder) and the scheduler on ``--speculative ngram+draft``: n-gram drafts
 where the tokens repeat, the draft model's elsewhere. The KV pool holds 40
-blocks of 4 tokens (both models' KV), too few for the five concurrent requests,
-so sequences are preempted and recomputed with their drafts; before them, the
+blocks of 4 tokens (both models' KV), too few for any two of the five concurrent
+requests, so sequences are preempted and recomputed with their drafts; before them, the
 first request alone, twice (the second from the prefix cache). Every output equals transformers' greedy
 generate (which plain decoding equals: test_e2e_families), the draft model's
 drafts are accepted, and the pool is whole afterwards.
@@ -34,7 +34,9 @@ pytestmark = pytest.mark.integration
 VOCAB = 384
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
-NUM_OUTPUT = 40
+# Each request needs 20-25 blocks (a 20-40 token prompt and 60 outputs): any two running together outgrow
+# the pool, so sequences are preempted however the five requests' arrivals interleave.
+NUM_OUTPUT = 60
 # Plain Llama runs in test_draft_model_e2e.py and test_speculative_e2e.py.
 FAMILY_ARCHS = [arch for arch in ARCHS if arch != "llama"]
 
