@@ -6,7 +6,9 @@ Usage:
 
 SmolLM2-135M's attention shape (9 query heads, 3 kv heads, head_dim 64, bf16 queries); each cache is
 ``dtype/block_size`` with random rows (int8: quantized by ``kv_cache.quantize_rows``), one per layer, so a
-call per layer walks as many bytes as a model step does. Decode cases are ``batch x context``, prefill ones
+call per layer walks as many bytes as a model step does. Decode cases are ``batch x context``, or ``batch x
+low-high`` for contexts drawn uniformly from [low, high] (seed 1) and ordered by length as the executor orders
+its decode rows (64x16-768: W-mixed's 64 sequences of 16-512 prompt and up to 256 output tokens), prefill ones
 ``chunk + cached prefix`` tokens (one sequence). Prints the best of ``--repeats`` for all layers, and each
 cache's time against the first one's. The caches take turns case by case.
 """
@@ -50,13 +52,14 @@ def best_of(fn: Callable[[], None], repeats: int) -> float:
     return best
 
 
-def decode_case(ops, kind: str, block_size: int, batch: int, context: int, args) -> float:
-    blocks_per_seq = -(-context // block_size)
+def decode_case(ops, kind: str, block_size: int, batch: int, context: tuple[int, int], args) -> float:
+    low, high = context
+    blocks_per_seq = -(-high // block_size)
     caches = make_caches(kind, args.layers, batch * blocks_per_seq + 1, block_size)
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
     tables = torch.randperm(batch * blocks_per_seq, generator=gen).view(batch, blocks_per_seq)
-    lens = torch.full((batch,), context, dtype=torch.int64)
+    lens = torch.randint(low, high + 1, (batch,), generator=gen).sort().values
 
     def run() -> None:
         for c in caches:
@@ -84,7 +87,7 @@ def prefill_case(ops, kind: str, block_size: int, chunk: int, cached: int, args)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--caches", default="bf16/32,int8/64,int8/32", help="dtype/block_size, the first the base")
-    parser.add_argument("--decode", default="1x400,8x400,48x400,128x400,8x2000,48x2000", help="batch x context")
+    parser.add_argument("--decode", default="1x400,8x400,48x400,128x400,8x2000,48x2000,64x16-768", help="batch x context")
     parser.add_argument("--prefill", default="2048+0,512+1536", help="chunk + cached tokens (needs AMX)")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=7)
@@ -93,7 +96,9 @@ def main() -> None:
     caches = [(kind, int(size)) for kind, size in (c.split("/") for c in args.caches.split(","))]
     cases: list[tuple[str, Callable[[str, int], float]]] = []
     for case in filter(None, args.decode.split(",")):
-        batch, context = (int(x) for x in case.split("x"))
+        batch_text, context_text = case.split("x")
+        batch, (low, _, high) = int(batch_text), context_text.partition("-")
+        context = (int(low), int(high or low))
         cases.append((f"decode {case}", lambda k, s, b=batch, c=context: decode_case(ops, k, s, b, c, args)))
     if ops.amx_ready():
         for case in filter(None, args.prefill.split(",")):
