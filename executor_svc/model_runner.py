@@ -258,7 +258,7 @@ class ModelRunner:
         masks = self.constraints.start(batch.sample_states) if self.constraints is not None else None
         prepared_ns = time.perf_counter_ns()
         hidden = self._forward(batch)
-        logits = self.model.compute_logits(hidden[batch.sample_rows]).float()  # [N, V]
+        logits = self.model.compute_logits(hidden[batch.sample_rows])  # [N, V]; the sampler widens what it needs
         scored = prompt_logprobs(self.model, hidden, batch.prompt_spans) if batch.prompt_spans else {}
         if logits.is_cuda:
             torch.cuda.synchronize()
