@@ -87,7 +87,11 @@ def prefill_case(ops, kind: str, block_size: int, chunk: int, cached: int, args)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--caches", default="bf16/32,int8/64,int8/32", help="dtype/block_size, the first the base")
-    parser.add_argument("--decode", default="1x400,8x400,48x400,128x400,8x2000,48x2000,64x16-768", help="batch x context")
+    parser.add_argument(
+        "--decode",
+        default="1x400,8x400,48x400,128x400,8x2000,48x2000,64x16-768",
+        help="batch x context, or batch x low-high",
+    )
     parser.add_argument("--prefill", default="2048+0,512+1536", help="chunk + cached tokens (needs AMX)")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=7)
