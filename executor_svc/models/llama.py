@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from executor_svc.model_config import LayerConfig, ModelConfig, base_fields
+from executor_svc.models import fused_decode
 from executor_svc.models.attention_layer import (
     AttentionWeights,
     TensorGetter,
@@ -80,6 +81,9 @@ class LlamaModel:
         self.mlp_path = feed_forward_path([layer.mlp for layer in self.layers])
         self.rope = RotaryEmbedding(config, max_len, dtype, device)
         self.scale = config.head_dim**-0.5
+        # Decode-only steps through all layers in one C++ call where every piece is one it chains (else None,
+        # and decode_path says why): models/fused_decode.py.
+        self.fused_decode, self.decode_path = fused_decode.prepare(self)
 
     def _layer(self, tensors: dict[str, torch.Tensor], index: int, feed_forward: FeedForwardLoader) -> LayerWeights:
         get, has = layer_tensors(tensors, index, self.dtype, self.device)
@@ -106,6 +110,8 @@ class LlamaModel:
         rotary = ops.rotary_for(self.rope, positions)
         hidden = F.embedding(input_ids, self.embed)  # [T, hidden], the residual stream (updated in place)
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
+        if self.fused_decode is not None and self.fused_decode.applies(attn_states):
+            return self.fused_decode.run(hidden, normed, rotary, kv_cache, attn_states[0])
         for index, layer in enumerate(layers):
             cache = kv_cache.layer(index)
             attn_out = attend(ops, config, normed, layer.attn, rotary, cache, backend, attn_states[index], scale)

@@ -9,6 +9,8 @@ the ``pagoda_executor_kernel_info`` metric:
   quantized paths, e.g. amx-int8, joined with ``+`` when the weights run several);
 - ``layer_ops``: the norms, rotary and SiLU (cpp, torch);
 - ``mlp``: the feed-forward blocks (dense, moe-grouped: experts grouped over the step's tokens, or both);
+- ``decode``: how decode-only steps pass the layers (fused-layers: one C++ call for all of them,
+  models/fused_decode.py; layer-loop: the model's Python loop);
 - ``variant``: the C++ kernel build loaded (native, amx, ..., or none).
 """
 
@@ -21,7 +23,7 @@ from executor_svc.models.layer_ops import PackedWeight, PanelWeight
 from executor_svc.native import loader
 from executor_svc.quant.layer_ops import QuantizedLayerOps
 
-KERNEL_KEYS = ("attention", "prefill", "gemm", "layer_ops", "mlp", "variant")
+KERNEL_KEYS = ("attention", "prefill", "gemm", "layer_ops", "mlp", "decode", "variant")
 
 
 def active_kernels(runner) -> dict[str, str]:
@@ -34,8 +36,16 @@ def active_kernels(runner) -> dict[str, str]:
         "gemm": gemm_path(ops, runner.dtype, runner.device),
         "layer_ops": ops.name,
         "mlp": runner.model.mlp_path,
+        "decode": decode_path(runner),
         "variant": kernels.variant if kernels is not None else "none",
     }
+
+
+def decode_path(runner) -> str:
+    """``fused-layers`` where the model's decode-only steps on this backend run as one C++ call, else
+    ``layer-loop``."""
+    fused = getattr(runner.model, "fused_decode", None) is not None and runner.backend.name == "cpp"
+    return "fused-layers" if fused else "layer-loop"
 
 
 def gemm_path(ops, dtype: torch.dtype, device: torch.device) -> str:

@@ -113,6 +113,7 @@ SOURCES = (
     "cpu_prefill.cpp",
     "cpu_quant.cpp",
     "cpu_qblocks.cpp",
+    "cpu_layers.cpp",
 )
 HEADERS = (
     "cpu_common.h",
@@ -121,6 +122,7 @@ HEADERS = (
     "cpu_kernel_avx512.h",
     "cpu_prefill_pack.h",
     "cpu_quant.h",
+    "cpu_layer_ops.h",
 )
 
 

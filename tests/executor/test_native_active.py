@@ -44,10 +44,12 @@ def test_fp32_runner_reports_its_backend_layer_ops_and_variant(checkpoints, cpp_
         "gemm": "avx512-panel" if "avx512" in loader.kernels().features else "torch",
         "layer_ops": "cpp",
         "mlp": "dense",
+        "decode": "fused-layers",
         "variant": loader.kernels().variant,
     }
     assert tuple(kernels) == active.KERNEL_KEYS
-    assert active.active_kernels(_runner(checkpoints["llama"], "float32", "torch"))["attention"] == "torch"
+    on_torch = active.active_kernels(_runner(checkpoints["llama"], "float32", "torch"))
+    assert on_torch["attention"] == "torch" and on_torch["decode"] == "layer-loop"
 
 
 @pytest.mark.parametrize(("arch", "mlp"), [("mixtral", "moe-grouped"), ("qwen3_moe", "moe-grouped+dense")])

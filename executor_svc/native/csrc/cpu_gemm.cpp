@@ -19,6 +19,7 @@
 // with the panels of a group kept in L2. fp32 accumulation, rounded to bf16
 // once (as oneDNN and F.linear do).
 #include "amx.h"
+#include "cpu_layer_ops.h"
 
 namespace {
 

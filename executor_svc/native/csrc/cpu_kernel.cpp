@@ -20,6 +20,7 @@
 // sums use the unscaled ones). store_kv quantizes the step's rows.
 #include "cpu_kernel_common.h"
 #include "cpu_kernel_avx512.h"
+#include "cpu_layer_ops.h"
 
 namespace {
 

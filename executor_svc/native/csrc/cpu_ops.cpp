@@ -8,6 +8,7 @@
 // dtype at the same points as the Hugging Face modules round them (so bf16
 // outputs equal theirs bit for bit up to the order of a sum).
 #include "cpu_common.h"
+#include "cpu_layer_ops.h"
 #include <cmath>
 #include <cstring>
 #include <type_traits>

@@ -17,6 +17,7 @@
 // into bf16 (never the whole weight) for the bf16 AMX blocks, x rounded to
 // bf16.
 #include "cpu_quant.h"
+#include "cpu_layer_ops.h"
 
 #include <cmath>
 #include <vector>

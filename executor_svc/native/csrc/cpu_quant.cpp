@@ -16,6 +16,7 @@
 // L2 while every row tile of x passes over it, so decode batches read each
 // weight once per step.
 #include "cpu_quant.h"
+#include "cpu_layer_ops.h"
 
 #include <cmath>
 #include <vector>

@@ -2,7 +2,8 @@
 // the Python side calls as torch.ops.pagoda.*), plus what this build can do.
 // The CPU implementations are registered next to their code
 // (TORCH_LIBRARY_IMPL in cpu_ops.cpp, cpu_gemm.cpp, cpu_kernel.cpp,
-// cpu_prefill.cpp). `(a!)` marks a tensor the op writes in place.
+// cpu_prefill.cpp, cpu_quant.cpp, cpu_qblocks.cpp, cpu_layers.cpp). `(a!)`
+// marks a tensor the op writes in place.
 #include "cpu_quant.h"
 
 #include <string>
@@ -81,4 +82,11 @@ TORCH_LIBRARY(pagoda, m) {
   m.def(
       "paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor spans, float scale, "
       "Tensor(a!) out, int window=0, float softcap=0., Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+  // Every decoder layer of a decode-only step in one call (cpu_layers.cpp); hidden is updated in place.
+  m.def(
+      "decode_layers(Tensor(a!) hidden, Tensor normed, Tensor positions, Tensor cos_table, Tensor sin_table, "
+      "Tensor[] weights, Tensor?[] scales, Tensor?[] column_sums, Tensor?[] biases, int[] kinds, int[] out_features, "
+      "int widen_above, Tensor[] norms, Tensor[] k_caches, Tensor[] v_caches, Tensor?[] k_scales, Tensor?[] v_scales, "
+      "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, int num_kv_heads, "
+      "float attn_scale, int window, float softcap, float eps) -> ()");
 }
