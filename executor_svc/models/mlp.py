@@ -35,15 +35,20 @@ class GatedMlp:
 
     path = "dense"
 
-    def __init__(self, ops: LayerOps, gate_up: Any, down: Any, act: GatedActivation):
+    def __init__(self, ops: LayerOps, gate_up: Any, down: Any, act: GatedActivation, silu: bool = False):
         self.linear = ops.linear
         self.gate_up = gate_up  # [2 * I, hidden], maybe packed
         self.down = down  # [hidden, I], maybe packed
         self.act = act
+        # SwiGLU with a gate/up layer that computes act(gate_up(x)) in one pass itself (int8 on AMX), else None.
+        self.fused_act = getattr(gate_up, "silu_and_mul", None) if silu else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
-        return self.linear(self.act(self.linear(x, self.gate_up)), self.down)
+        hidden = self.fused_act(x) if self.fused_act is not None else None
+        if hidden is None:
+            hidden = self.act(self.linear(x, self.gate_up))
+        return self.linear(hidden, self.down)
 
 
 def feed_forward_path(blocks: list[FeedForward]) -> str:
@@ -57,9 +62,9 @@ def load_gated_mlp(config: ModelConfig, index: int, get: TensorGetter, has: Tens
         gate_up = get("mlp.gate_up_proj.weight")
     else:
         gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
-    return GatedMlp(
-        ops, ops.pack(gate_up), ops.pack(get("mlp.down_proj.weight")), gated_activation(config.hidden_act, ops)
-    )
+    act = gated_activation(config.hidden_act, ops)
+    silu = config.hidden_act in ("silu", "swish")
+    return GatedMlp(ops, ops.pack(gate_up), ops.pack(get("mlp.down_proj.weight")), act, silu)
 
 
 def gated_mlp_shapes(hidden: int, intermediate: int, prefix: str, fused: bool = False) -> dict[str, tuple[int, ...]]:

@@ -24,6 +24,7 @@ import dataclasses
 
 import torch
 
+from executor_svc.native import loader
 from executor_svc.quant.base import QuantizedLinear
 
 # Input features per activation scale: one AMX-INT8 tile product (K is padded to it).
@@ -92,6 +93,8 @@ class Int8Linear(QuantizedLinear):
     widen_above: int
     column_sums: torch.Tensor | None = None
     kernels: object = None  # the ops of the loaded kernel library (C++ paths)
+    # Whether silu_and_mul runs (the AMX-INT8 path of a build with the fused gate/up kernel, whole panels).
+    fused_silu: bool = False
 
     @property
     def format(self) -> str:  # type: ignore[override]
@@ -112,6 +115,17 @@ class Int8Linear(QuantizedLinear):
                 flat, self.packed, self.scales, self.out_features, bias, self.column_sums, self.widen_above
             )
         return y.view(*x.shape[:-1], self.out_features)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up [..., out_features / 2] of this fused gate/up layer in one kernel pass, the same bits
+        as silu_and_mul of its output; None where that kernel does not run it (then the caller runs both)."""
+        if not self.fused_silu or x.dtype != torch.bfloat16:
+            return None
+        flat = x.reshape(-1, x.shape[-1])
+        y = self.kernels.linear_int8_silu(  # type: ignore[attr-defined]
+            flat, self.packed, self.scales, self.out_features, self.widen_above
+        )
+        return y.view(*x.shape[:-1], self.out_features // 2)
 
     def _wq(self) -> torch.Tensor:
         """wq [N, K] int8 (unpacked from the panels when a C++ path holds it)."""
@@ -145,4 +159,12 @@ def int8_linear(weight: torch.Tensor, path: str, kernels, widen_above: int) -> I
         return Int8Linear(path, wq, ws, n, k, widen_above)
     packed = kernels.pack_int8(wq)
     sums = kernels.int8_column_sums(packed) if path == "vnni-int8" else None
-    return Int8Linear(path, packed, ws, n, k, widen_above, sums, kernels)
+    fused_silu = path == "amx-int8" and n % 32 == 0 and _has_fused_silu()
+    return Int8Linear(path, packed, ws, n, k, widen_above, sums, kernels, fused_silu)
+
+
+def _has_fused_silu() -> bool:
+    """Whether the loaded kernels have the fused gate/up kernel (AMX-INT8 and AMX-BF16 with AVX-512-BF16)."""
+    loaded = loader.kernels()
+    needs = {"amx_int8", "amx", "avx512_bf16"}
+    return loaded is not None and needs <= loaded.features and hasattr(loaded.ops, "linear_int8_silu")

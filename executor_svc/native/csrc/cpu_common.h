@@ -124,6 +124,21 @@ PAGODA_INLINE __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+#if defined(__AVX512BF16__)
+// 16 fp32 values rounded to bf16 (nearest even) and widened back.
+PAGODA_INLINE __m512 round_bf16x16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+// SiLU-and-multiply of 16 bf16 gate and up values (widened): round(silu(gate)) * up, to be rounded by the store.
+// The one definition silu_and_mul and the fused int8 gate/up kernel share.
+PAGODA_INLINE __m512 silu_mul_bf16x16(__m512 gate, __m512 up) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
+  const __m512 silu = _mm512_div_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+  return _mm512_mul_ps(round_bf16x16(silu), up);
+}
+#endif
+
 // Attention soft-cap of 16 scores: cap * tanh(x / cap), tanh as 1 - 2 / (e^(2x / cap) + 1) (exp16
 // saturates, so it stays in [-1, 1]; absolute error ~cap * 1e-7).
 PAGODA_INLINE __m512 softcap16(__m512 x, float cap) {

@@ -24,6 +24,8 @@ namespace pagoda::quant {
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
                        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& column_sums,
                        int64_t widen_above);
+at::Tensor linear_int8_silu(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
+                            int64_t widen_above);
 }  // namespace pagoda::quant
 
 namespace pagoda::qblocks {

@@ -33,6 +33,7 @@ struct Linears {
   const c10::List<std::optional<at::Tensor>>& biases;
   at::IntArrayRef kinds, out_features;
   int64_t widen_above;
+  bool fused_silu;  // this build has linear_int8_silu
 
   at::Tensor operator()(const at::Tensor& x, int64_t j) const {
     const int64_t n = out_features[j], kind = kinds[j];
@@ -45,6 +46,15 @@ struct Linears {
       default:
         return pagoda::qblocks::linear_qblocks(x, weights[j], *scales.get(j), kind - kBlocks, n, bias, widen_above);
     }
+  }
+
+  // silu_and_mul(linear(x, j)): int8 gate/up weights on AMX in one pass (linear_int8_silu, the same bits), as
+  // Int8Linear.silu_and_mul runs them in the Python loop.
+  at::Tensor gated(const at::Tensor& x, int64_t j) const {
+    if (kinds[j] == kInt8 && !column_sums.get(j).has_value() && x.scalar_type() == at::kBFloat16 &&
+        out_features[j] % 32 == 0 && fused_silu)
+      return pagoda::quant::linear_int8_silu(x, weights[j], *scales.get(j), out_features[j], widen_above);
+    return silu_and_mul((*this)(x, j));
   }
 
   void check(int64_t count) const {
@@ -77,7 +87,12 @@ void decode_layers(at::Tensor hidden, at::Tensor normed, at::Tensor positions, a
   TORCH_CHECK(layers > 0 && int64_t(v_caches.size()) == layers && int64_t(k_scales.size()) == layers &&
                   int64_t(v_scales.size()) == layers && int64_t(norms.size()) == 2 * layers,
               "decode_layers: per layer one K and one V cache, their scales (or None) and two norms");
-  const Linears linear{weights, scales, column_sums, biases, kinds, out_features, widen_above};
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+  constexpr bool fused_silu = true;
+#else
+  constexpr bool fused_silu = false;
+#endif
+  const Linears linear{weights, scales, column_sums, biases, kinds, out_features, widen_above, fused_silu};
   linear.check(4 * layers);
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && normed.sizes() == hidden.sizes(),
               "decode_layers: hidden and normed must be [T, hidden], hidden contiguous");
@@ -94,7 +109,7 @@ void decode_layers(at::Tensor hidden, at::Tensor normed, at::Tensor positions, a
     const at::Tensor attn = paged_decode(heads.narrow(1, 0, num_heads), k_caches[i], v_caches[i], block_tables,
                                          context_lens, attn_scale, window, softcap, k_scale, v_scale);
     x = add_rms_norm(linear(attn.view({tokens, num_heads * head_dim}), 4 * i + 1), hidden, norms[2 * i + 1], eps);
-    const at::Tensor mlp = linear(silu_and_mul(linear(x, 4 * i + 2)), 4 * i + 3);
+    const at::Tensor mlp = linear(linear.gated(x, 4 * i + 2), 4 * i + 3);
     if (i + 1 < layers) {
       x = add_rms_norm(mlp, hidden, norms[2 * i + 2], eps);
     } else {

@@ -57,10 +57,7 @@ inline __m512 load_bf16x16(const BF16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-inline __m512 widen_bf16x16(__m256bh v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)v), 16));
-}
-inline __m512 round_bf16x16(__m512 v) { return widen_bf16x16(_mm512_cvtneps_pbh(v)); }
+using pagoda::round_bf16x16;
 inline void store_bf16x16(BF16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
 }
@@ -74,10 +71,7 @@ inline void rotate16(BF16* x1, BF16* x2, const BF16* c, const BF16* s) {
 
 // 16 outputs of round(round(silu(gate)) * up) in bf16 (vcvtneps2bf16 rounds to nearest even).
 inline void silu_mul16(const BF16* gate, const BF16* up, BF16* out) {
-  const __m512 g = load_bf16x16(gate);
-  const __m512 e = pagoda::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-  const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-  store_bf16x16(out, _mm512_mul_ps(round_bf16x16(silu), load_bf16x16(up)));
+  store_bf16x16(out, pagoda::silu_mul_bf16x16(load_bf16x16(gate), load_bf16x16(up)));
 }
 #endif
 

@@ -19,6 +19,7 @@
 #include "cpu_layer_ops.h"
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace pagoda::quant {
@@ -204,6 +205,7 @@ struct Int8Problem {
   const int8_t* w;
   const float* ws;
   const int32_t* column_sums;  // VNNI only
+  bool gated = false;  // linear_int8_silu: y [m, n / 2] = silu(gate) * up of the two halves of the outputs
 };
 
 #if defined(PAGODA_AMX_INT8)
@@ -219,16 +221,56 @@ PAGODA_INLINE void amx_rows(const Int8Problem& pr, int64_t row0, int64_t p0, int
 }
 #endif
 
+#if defined(PAGODA_AMX_INT8) && defined(__AVX512BF16__)
+// The fused gate/up layer (linear_int8_silu): rows [row0, row0 + ROWS) of y [m, n / 2] for gate panels [p0, p1),
+// each with its up panel (half further on): y = silu(gate) * up, the gate and up values rounded to bf16 as the
+// layer's own output would be (store_rows without bias), then silu_and_mul's math.
+template <int ROWS>
+PAGODA_INLINE void amx_rows_gated(const Int8Problem& pr, int64_t row0, int64_t p0, int64_t p1, BF16* y) {
+  const int64_t half = pr.panels / 2, width = pr.n / 2, rows = std::min<int64_t>(ROWS, pr.m - row0);
+  __m512 acc[ROWS];
+  alignas(64) float gate[ROWS][kCols];
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t p = p0; p < p1; ++p) {
+    const int8_t* xq = pr.xq + row0 * pr.kp;
+    const float* xs = pr.xs + row0 * pr.groups;
+    amx_tile_rows<ROWS>(xq, pr.kp, xs, pr.groups, pr.w + p * pr.kp * kCols, acc);
+    const __m512 gate_scale = _mm512_loadu_ps(pr.ws + p * kCols);
+    for (int64_t r = 0; r < rows; ++r) _mm512_store_ps(gate[r], _mm512_fmadd_ps(acc[r], gate_scale, zero));
+    amx_tile_rows<ROWS>(xq, pr.kp, xs, pr.groups, pr.w + (p + half) * pr.kp * kCols, acc);
+    const __m512 up_scale = _mm512_loadu_ps(pr.ws + (p + half) * kCols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 g = pagoda::round_bf16x16(_mm512_load_ps(gate[r]));
+      const __m512 u = pagoda::round_bf16x16(_mm512_fmadd_ps(acc[r], up_scale, zero));
+      store16(y + (row0 + r) * width + p * kCols, pagoda::silu_mul_bf16x16(g, u), __mmask16(0xFFFF));
+    }
+  }
+}
+#endif
+
 template <typename T>
 void run_amx(const Int8Problem& pr, const T* bias, T* y) {
 #if defined(PAGODA_AMX_INT8)
   // One row tile (decode batches of up to 16): tiles as tall as the rows, rounded up to 4.
   const int rows = pr.mp > kRows ? int(kRows) : int(round_up(pr.m, 4));
-  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+  pagoda::parallel_for(pr.gated ? pr.panels / 2 : pr.panels, 1, [&](int64_t begin, int64_t end) {
     configure_int8_tiles(rows);
     for (int64_t p0 = begin; p0 < end; p0 += kPanelGroup) {
       const int64_t p1 = std::min(end, p0 + kPanelGroup);
       for (int64_t row0 = 0; row0 < pr.mp; row0 += kRows) {
+#if defined(__AVX512BF16__)
+        if constexpr (std::is_same_v<T, BF16>) {
+          if (pr.gated) {
+            switch (rows) {
+              case 4: amx_rows_gated<4>(pr, row0, p0, p1, y); break;
+              case 8: amx_rows_gated<8>(pr, row0, p0, p1, y); break;
+              case 12: amx_rows_gated<12>(pr, row0, p0, p1, y); break;
+              default: amx_rows_gated<16>(pr, row0, p0, p1, y); break;
+            }
+            continue;
+          }
+        }
+#endif
         switch (rows) {
           case 4: amx_rows<4>(pr, row0, p0, p1, bias, y); break;
           case 8: amx_rows<8>(pr, row0, p0, p1, bias, y); break;
@@ -263,6 +305,41 @@ void widen_panel(const int8_t* panel, int64_t kp, BF16* out) {
   }
 }
 
+#if defined(__AVX512BF16__)
+// run_widened of the fused gate/up layer for gate panels [begin, end) (each with its up panel half further
+// on), y [m, n / 2]: the sums of a gate and its up panel side by side in one 32 x 32 block, rounded to bf16 as
+// the layer's own output would be, then silu_and_mul's math. `wide` holds 16 widened panels.
+inline void gated_widened(const BF16* xd, int64_t mp, const Int8Problem& pr, int64_t begin, int64_t end, BF16* wide,
+                          float* out, BF16* y) {
+  constexpr int64_t kPairs = 8;
+  const int64_t half = pr.panels / 2, width = pr.n / 2, chunks = pr.kp / 32, panel = pr.kp * kCols;
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t g0 = begin; g0 < end; g0 += kPairs) {
+    const int64_t g1 = std::min(end, g0 + kPairs);
+    for (int64_t p = g0; p < g1; ++p) {
+      widen_panel(pr.w + p * panel, pr.kp, wide + 2 * (p - g0) * panel);
+      widen_panel(pr.w + (p + half) * panel, pr.kp, wide + (2 * (p - g0) + 1) * panel);
+    }
+    for (int64_t row0 = 0; row0 < mp; row0 += 2 * kRows) {
+      const bool two_rows = row0 + 2 * kRows <= mp;
+      const int64_t rows = std::min((two_rows ? 2 : 1) * kRows, pr.m - row0);
+      for (int64_t p = g0; p < g1; ++p) {
+        const BF16* gate = wide + 2 * (p - g0) * panel;
+        if (two_rows) pagoda::amx_block<2, 2>(xd + row0 * pr.kp, pr.kp, gate, gate + panel, chunks, out);
+        else pagoda::amx_block<1, 2>(xd + row0 * pr.kp, pr.kp, gate, gate + panel, chunks, out);
+        const __m512 gate_scale = _mm512_loadu_ps(pr.ws + p * kCols);
+        const __m512 up_scale = _mm512_loadu_ps(pr.ws + (p + half) * kCols);
+        for (int64_t r = 0; r < rows; ++r) {
+          const __m512 g = pagoda::round_bf16x16(_mm512_fmadd_ps(_mm512_load_ps(out + 32 * r), gate_scale, zero));
+          const __m512 u = pagoda::round_bf16x16(_mm512_fmadd_ps(_mm512_load_ps(out + 32 * r + 16), up_scale, zero));
+          store16(y + (row0 + r) * width + p * kCols, pagoda::silu_mul_bf16x16(g, u), __mmask16(0xFFFF));
+        }
+      }
+    }
+  }
+}
+#endif
+
 // Large batches (prefill): x rounded to bf16 times the weights widened to bf16 a group of panels at a time
 // (never the whole weight), on the bf16 AMX blocks; the channel scales multiply the fp32 sums.
 template <typename T>
@@ -275,7 +352,7 @@ void run_widened(const at::Tensor& x, const Int8Problem& pr, const T* bias, T* y
     xb.slice(0, 0, pr.m).slice(1, 0, k).copy_(x);
   }
   const BF16* xd = xb.data_ptr<BF16>();
-  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+  pagoda::parallel_for(pr.gated ? pr.panels / 2 : pr.panels, 1, [&](int64_t begin, int64_t end) {
     pagoda::configure_square_tiles();
     thread_local std::vector<BF16> wide;  // reused across calls: a fresh one would be mapped and faulted in each time
     wide.resize(std::max<size_t>(wide.size(), kGroup * pr.kp * kCols));
@@ -288,6 +365,15 @@ void run_widened(const at::Tensor& x, const Int8Problem& pr, const T* bias, T* y
       for (int64_t r = 0; r < std::min(rows, pr.m - row0); ++r)
         store16(y + (row0 + r) * pr.n + col0, _mm512_fmadd_ps(_mm512_load_ps(tile + 32 * r), w_scale, add), mask);
     };
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, BF16>) {
+      if (pr.gated) {  // gate panels [begin, end), each with its up panel: kGroup / 2 pairs widened at a time
+        gated_widened(xd, mp, pr, begin, end, wide.data(), out, y);
+        _tile_release();
+        return;
+      }
+    }
+#endif
     for (int64_t g0 = begin; g0 < end; g0 += kGroup) {
       const int64_t g1 = std::min(end, g0 + kGroup);
       for (int64_t p = g0; p < g1; ++p)
@@ -479,6 +565,38 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::
   return y;
 }
 
+// The fused gate/up layer of a SwiGLU block: silu_and_mul(linear_int8(x, packed, scales, n, None, None,
+// widen_above)) in one pass, the same bits. packed holds the gate rows then the up rows (n / 2 each, a whole
+// number of 16-output panels); x bf16 [M, K] -> [M, n / 2] bf16. AMX-INT8 only.
+at::Tensor linear_int8_silu(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
+                            int64_t widen_above) {
+  check_packed(packed, "packed weight");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be a 2-D bfloat16 CPU tensor");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), kp = packed.size(1) * 4;
+  TORCH_CHECK(kp == round_up(k, kDepth), "x has ", k, " features, the weight expects ", kp, " (padded)");
+  TORCH_CHECK(n == panels * kCols && panels % 2 == 0,
+              "out_features ", n, " must be gate and up halves of whole 16-output panels");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == n && scales.is_contiguous(),
+              "scales must be float32 [", n, "]");
+  TORCH_CHECK(amx_int8_ready(), "the fused gate/up layer needs AMX-INT8");
+  auto y = at::empty({m, n / 2}, x.options());
+  if (m == 0) return y;
+#if defined(PAGODA_AMX_INT8) && defined(PAGODA_AMX) && defined(__AVX512BF16__)
+  const bool widen = m > widen_above;
+  const QuantizedRows rows = widen ? QuantizedRows{} : quantize_rows(x, kDepth, false);
+  Int8Problem problem{widen ? nullptr : rows.q.data_ptr<int8_t>(), widen ? nullptr : rows.scale.data_ptr<float>(),
+                      m, widen ? 0 : rows.mp, kp, kp / kDepth, n, panels, packed.data_ptr<int8_t>(),
+                      scales.data_ptr<float>(), nullptr};
+  problem.gated = true;
+  BF16* yd = y.data_ptr<BF16>();
+  if (widen) run_widened<BF16>(x, problem, nullptr, yd);
+  else run_amx<BF16>(problem, nullptr, yd);
+#else
+  TORCH_CHECK(false, "this build has no fused gate/up kernel (needs AMX-INT8, AMX-BF16 and AVX-512-BF16)");
+#endif
+  return y;
+}
+
 }  // namespace pagoda::quant
 
 // linear_int8 needs amx_int8_ready() (AMX path) or "avx512_vnni" in cpu_features() (VNNI path).
@@ -487,4 +605,5 @@ TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
   m.impl("pack_int8", &pagoda::quant::pack_int8);
   m.impl("int8_column_sums", &pagoda::quant::int8_column_sums);
   m.impl("linear_int8", &pagoda::quant::linear_int8);
+  m.impl("linear_int8_silu", &pagoda::quant::linear_int8_silu);
 }
