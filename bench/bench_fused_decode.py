@@ -18,37 +18,19 @@ import argparse
 import statistics
 import time
 
-from executor_svc.model_runner import ModelRunner
-from pagoda import step as t
-from pagoda.params import SamplingParams
-from pagoda.runtime.flags import parse_size
+from bench_executor import decode_plan, start_decode
 
-GREEDY = SamplingParams(temperature=0.0)
+from executor_svc.model_runner import ModelRunner
+from pagoda.runtime.flags import parse_size
 
 
 def decode_steps(runner: ModelRunner, batch: int, context: int, steps: int) -> tuple[float, list]:
     """Median seconds of ``steps`` decode steps of ``batch`` sequences at ``context``, and their tokens."""
-    runner.reset()
-    num_blocks = -(-(context + steps + 1) // runner.block_size)
-    new = tuple(
-        t.NewSequence(
-            i,
-            f"b{i}",
-            tuple((7 * i + j) % 1000 + 10 for j in range(context)),
-            context,
-            GREEDY,
-            tuple(range(i * num_blocks, (i + 1) * num_blocks)),
-            context - 1,
-            1,
-        )
-        for i in range(batch)
-    )
-    runner.execute(t.StepPlan(0, new_seqs=new))
+    start_decode(runner, batch, context, steps)
     times, tokens = [], []
     for step in range(steps):
-        plan = t.StepPlan(step + 1, scheduled_seqs=tuple(t.ScheduledSequence(i, 1) for i in range(batch)))
         start = time.perf_counter()
-        out = runner.execute(plan)
+        out = runner.execute(decode_plan(step + 1, batch))
         times.append(time.perf_counter() - start)
         assert not out.errors, out.errors[0]
         tokens.append([o.token_ids for o in out.outputs])
