@@ -301,7 +301,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
     if (mp > kAmxRowTiles * kAmxRows) {
       // Prefill: panel groups that stay in L2, 32-row blocks of x that stay
       // in L1 across the group's panel pairs.
-      constexpr int64_t kGroup = 16;
+      const int64_t kGroup = pagoda::prefill_panel_group(kp);
       for (int64_t g0 = begin; g0 < end; g0 += kGroup) {
         const int64_t g1 = std::min(end, g0 + kGroup);
         for (int64_t row0 = 0; row0 < mp; row0 += 2 * kAmxRows) {

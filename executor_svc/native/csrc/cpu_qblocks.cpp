@@ -229,9 +229,9 @@ void widen_panel(const Problem& pr, int64_t p, BF16* out) {
 
 template <typename T>
 void run_widened(const at::Tensor& x, const Problem& pr, const T* bias, T* y) {
-  constexpr int64_t kGroup = 16;
   constexpr int64_t kRows = quant::kRows;
   const int64_t k = x.size(1), mp = round_up(pr.m, kRows), chunks = k / 32;
+  const int64_t kGroup = pagoda::prefill_panel_group(k);
   at::Tensor xb = x;
   if (x.scalar_type() != at::kBFloat16 || mp != pr.m || !x.is_contiguous()) {
     xb = at::zeros({mp, k}, x.options().dtype(at::kBFloat16));

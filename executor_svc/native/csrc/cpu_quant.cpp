@@ -308,10 +308,10 @@ void widen_panel(const int8_t* panel, int64_t kp, BF16* out) {
 #if defined(__AVX512BF16__)
 // run_widened of the fused gate/up layer for gate panels [begin, end) (each with its up panel half further
 // on), y [m, n / 2]: the sums of a gate and its up panel side by side in one 32 x 32 block, rounded to bf16 as
-// the layer's own output would be, then silu_and_mul's math. `wide` holds 16 widened panels.
-inline void gated_widened(const BF16* xd, int64_t mp, const Int8Problem& pr, int64_t begin, int64_t end, BF16* wide,
-                          float* out, BF16* y) {
-  constexpr int64_t kPairs = 8;
+// the layer's own output would be, then silu_and_mul's math, `pairs` panel pairs widened into `wide` at a time.
+inline void gated_widened(const BF16* xd, int64_t mp, const Int8Problem& pr, int64_t begin, int64_t end,
+                          int64_t pairs, BF16* wide, float* out, BF16* y) {
+  const int64_t kPairs = pairs;
   const int64_t half = pr.panels / 2, width = pr.n / 2, chunks = pr.kp / 32, panel = pr.kp * kCols;
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t g0 = begin; g0 < end; g0 += kPairs) {
@@ -344,7 +344,7 @@ inline void gated_widened(const BF16* xd, int64_t mp, const Int8Problem& pr, int
 // (never the whole weight), on the bf16 AMX blocks; the channel scales multiply the fp32 sums.
 template <typename T>
 void run_widened(const at::Tensor& x, const Int8Problem& pr, const T* bias, T* y) {
-  constexpr int64_t kGroup = 16;
+  const int64_t kGroup = pagoda::prefill_panel_group(pr.kp);
   const int64_t mp = round_up(pr.m, kRows), k = x.size(1), chunks = pr.kp / 32;
   at::Tensor xb = x;  // bf16 rows of kp elements, mp of them (zeros past m)
   if (x.scalar_type() != at::kBFloat16 || mp != pr.m || k != pr.kp || !x.is_contiguous()) {
@@ -368,7 +368,7 @@ void run_widened(const at::Tensor& x, const Int8Problem& pr, const T* bias, T* y
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, BF16>) {
       if (pr.gated) {  // gate panels [begin, end), each with its up panel: kGroup / 2 pairs widened at a time
-        gated_widened(xd, mp, pr, begin, end, wide.data(), out, y);
+        gated_widened(xd, mp, pr, begin, end, kGroup / 2, wide.data(), out, y);
         _tile_release();
         return;
       }
