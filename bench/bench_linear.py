@@ -6,7 +6,8 @@ weights, so the weights come from memory as in a real step, and prints the
 time per step for each path side by side:
 
 - fp32: our AVX-512 panel GEMM vs ``F.linear`` (MKL sgemm) and oneDNN packed;
-- bf16: our AMX panel GEMM vs oneDNN packed (what runs without AMX), and the quantized layers of
+- bf16: our panel GEMM (AMX tiles, or AVX512-BF16 dot products) vs oneDNN packed (what runs without
+  either), and the quantized layers of
   ``--quantized`` (``--quantization`` modes: int8, q8_0, q4_0; q4_1 as a GGUF file stores it) with bf16 inputs,
   each as the executor builds it (``executor_svc.quant``): ``bf16/X`` is the bf16 GEMM's time over X's.
 
@@ -45,7 +46,7 @@ def _paths(gemm, dtype):
             "onednn": onednn,
         }
     paths = {"onednn": onednn}
-    if gemm.amx_ready():
+    if gemm.bf16_panels_ready():
         paths["pagoda"] = (gemm.pack_bf16, lambda x, p, n: gemm.linear_bf16(x, p, n, None))
     return paths
 

@@ -5,8 +5,8 @@ the ``pagoda_executor_kernel_info`` metric:
 
 - ``attention``: the attention backend (cpp, torch, triton);
 - ``prefill``: what prompt chunks run (amx-flash, sdpa, triton);
-- ``gemm``: how linear layers multiply (amx-panel, avx512-panel, onednn, torch; with ``--quantization`` the
-  quantized paths, e.g. amx-int8, joined with ``+`` when the weights run several);
+- ``gemm``: how linear layers multiply (amx-panel, avx512bf16-panel, avx512-panel, onednn, torch; with
+  ``--quantization`` the quantized paths, e.g. amx-int8, joined with ``+`` when the weights run several);
 - ``layer_ops``: the norms, rotary and SiLU (cpp, torch);
 - ``mlp``: the feed-forward blocks (dense, moe-grouped: experts grouped over the step's tokens, or both);
 - ``decode``: how decode-only steps pass the layers (fused-layers: one C++ call for all of them,
@@ -55,7 +55,7 @@ def gemm_path(ops, dtype: torch.dtype, device: torch.device) -> str:
         return "+".join(ops.gemm_paths)
     packed = ops.pack(torch.zeros(16, 64, dtype=dtype, device=device))  # [out, in]: one panel in every layout
     if isinstance(packed, PanelWeight):
-        return "amx-panel" if packed.panels.dtype == torch.bfloat16 else "avx512-panel"
+        return packed.path
     if isinstance(packed, PackedWeight):
         return "onednn"
     return "torch"

@@ -118,6 +118,7 @@ SOURCES = (
 HEADERS = (
     "cpu_common.h",
     "amx.h",
+    "bf16_dot.h",
     "cpu_kernel_common.h",
     "cpu_kernel_avx512.h",
     "cpu_prefill_pack.h",

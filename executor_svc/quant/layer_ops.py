@@ -25,7 +25,7 @@ def packed_path(packed: Any) -> str:
     if isinstance(packed, QuantizedLinear):
         return packed.path
     if isinstance(packed, PanelWeight):
-        return "amx-panel" if packed.panels.dtype == torch.bfloat16 else "avx512-panel"
+        return packed.path
     if isinstance(packed, PackedWeight):
         return "onednn"
     return "torch"

@@ -59,10 +59,11 @@ class Target:
         kernels = self.kernels
         if kernels is None or self.device.type != "cpu" or "avx512_vnni" not in kernels.features:
             return None, int8.ALWAYS  # the torch code is weight-only whatever widen_above says
-        amx = "amx" in kernels.features and kernels.ops.amx_ready()
+        # Widened steps run on the bf16 AMX blocks, or without AMX on AVX512-BF16 dot products.
+        widens = "avx512_bf16" in kernels.features or ("amx" in kernels.features and kernels.ops.amx_ready())
         if self.activations == "bf16":
-            return (kernels.ops, 0) if amx else (None, int8.ALWAYS)
-        if self.activations == "int8" or not amx:
+            return (kernels.ops, 0) if widens else (None, int8.ALWAYS)
+        if self.activations == "int8" or not widens:
             return kernels.ops, int8.ALWAYS
         return kernels.ops, gguf_blocks.WIDEN_ABOVE_ROWS
 

@@ -142,7 +142,7 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
     bias = torch.randn(96, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
     packed = ops.pack(weight)
-    assert isinstance(packed, PanelWeight if ops.gemm is not None and ops.gemm.amx_ready() else PackedWeight)
+    assert isinstance(packed, PanelWeight if ops.gemm is not None and ops.gemm.bf16_panels_ready() else PackedWeight)
     expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
     for b in (None, bias):
         out = ops.linear(x, packed, b)
@@ -210,14 +210,15 @@ def test_fp32_panel_linear_rejects_mismatched_inputs(gemm):
 
 @pytest.fixture(scope="module")
 def amx(gemm):
-    if not gemm.amx_ready():
-        pytest.skip("needs AMX (and a kernel that grants it)")
+    """The bf16 panel GEMM: AMX tiles, or AVX512-BF16 dot products on CPUs without AMX."""
+    if not gemm.bf16_panels_ready():
+        pytest.skip("needs AMX (and a kernel that grants it) or AVX512-BF16")
     return gemm
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 17, 48, 64, 65, 100, 300])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 17, 48, 64, 65, 100, 300])
 @pytest.mark.parametrize("shape", [(16, 64), (100, 40), (960, 576)])
-def test_amx_bf16_linear_rounds_the_fp32_product_once(amx, rows, shape):
+def test_bf16_panel_linear_rounds_the_fp32_product_once(amx, rows, shape):
     """Decode (<= 64 rows) and prefill blocking, row / panel / depth tails: each
     output is the fp32 sum of bf16 products rounded once, so it is within one
     bf16 step of the exactly rounded product and equals oneDNN almost always."""
@@ -237,7 +238,7 @@ def test_amx_bf16_linear_rounds_the_fp32_product_once(amx, rows, shape):
         assert (out != reference).float().mean().item() < 0.01
 
 
-def test_amx_bf16_linear_takes_strided_rows_and_rejects_mismatches(amx):
+def test_bf16_panel_linear_takes_strided_rows_and_rejects_mismatches(amx):
     gen = torch.Generator().manual_seed(11)
     weight = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
     panels = amx.pack_bf16(weight)

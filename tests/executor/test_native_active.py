@@ -31,7 +31,9 @@ def test_gemm_path_is_what_pack_makes_of_a_weight(cpp_kernel):
     assert active.gemm_path(packing, torch.float32, cpu) == (
         "avx512-panel" if "avx512" in kernels.features else "torch"
     )
-    bf16 = "amx-panel" if packing.gemm is not None and packing.gemm.amx_ready() else "onednn"
+    bf16 = "onednn"
+    if packing.gemm is not None and packing.gemm.bf16_panels_ready():
+        bf16 = "amx-panel" if packing.gemm.amx_ready() else "avx512bf16-panel"
     assert active.gemm_path(packing, torch.bfloat16, cpu) == bf16
     assert active.gemm_path(packing, torch.float16, cpu) == "torch"
 

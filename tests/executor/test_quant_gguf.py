@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as QT
 
 from executor_svc.model_runner import ModelRunner
 from executor_svc.native.active import active_kernels
-from executor_svc.quant import gguf_blocks
+from executor_svc.quant import gguf_blocks, int8
 from executor_svc.quant.base import QuantizedLinear
 from executor_svc.quant.layer_ops import ConcatLinear
 from tests.executor.conftest import install_recorder, native_ops
@@ -49,7 +49,8 @@ def _blocks(qtype: QT, out_features: int, in_features: int, seed: int) -> tuple[
 
 
 def _widens(kernels) -> bool:
-    return "amx" in kernels.cpu_features() and kernels.amx_ready()
+    features = kernels.cpu_features()
+    return "avx512_bf16" in features or ("amx" in features and kernels.amx_ready())
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
@@ -58,7 +59,7 @@ def _widens(kernels) -> bool:
 def test_block_gemm_matches_dequantize_then_matmul(kernels, qtype, rows, shape):
     out_features, in_features = shape
     data, dequantized = _blocks(qtype, out_features, in_features, rows + out_features)
-    widen_above = gguf_blocks.WIDEN_ABOVE_ROWS if _widens(kernels) else gguf_blocks.int8.ALWAYS
+    widen_above = gguf_blocks.WIDEN_ABOVE_ROWS if _widens(kernels) else int8.ALWAYS
     layer = gguf_blocks.block_linear(gguf_blocks.GgufWeight(qtype, data, shape), kernels, widen_above)
     gen = torch.Generator().manual_seed(rows)
     for dtype in (torch.float32, torch.bfloat16):

@@ -17,8 +17,11 @@
 // keep 4 row tiles of y per panel, so each weight tile is read once per step
 // and the weights stream at memory speed; prefill blocks 32 rows x 2 panels
 // with the panels of a group kept in L2. fp32 accumulation, rounded to bf16
-// once (as oneDNN and F.linear do).
+// once (as oneDNN and F.linear do). Without AMX, on AVX512-BF16 CPUs, the
+// same panels run on dot-product blocks of 6 rows x 4 panels (bf16_dot.h),
+// in panel groups that stay in L2 while the row blocks pass over them.
 #include "amx.h"
+#include "bf16_dot.h"
 #include "cpu_layer_ops.h"
 
 namespace {
@@ -229,8 +232,6 @@ using pagoda::amx_block;
 
 #endif
 
-}  // namespace
-
 // W [N, K] bf16 -> [ceil(N / 16), Kp / 2, 16, 2] (zero-padded).
 at::Tensor pack_bf16(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
@@ -252,10 +253,53 @@ at::Tensor pack_bf16(const at::Tensor& weight) {
   return packed;
 }
 
+#if defined(PAGODA_BF16_DOT)
+// linear_bf16 on AVX512-BF16 dot products: x [m, kp] bf16 (rows ldx = kp apart) times the panels.
+void dot_linear_bf16(const BF16* xd, int64_t m, int64_t kp, const BF16* wd, int64_t panels, int64_t n,
+                     const BF16* bd, BF16* yd) {
+  const int64_t group = pagoda::bf16_dot_panel_group(kp), panel_elems = kp * kAmxCols;
+  pagoda::parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+    __m512 acc[pagoda::kDotRows * pagoda::kDotPanels];
+    for (int64_t g0 = begin; g0 < end; g0 += group) {
+      const int64_t g1 = std::min(end, g0 + group);
+      for (int64_t row0 = 0; row0 < m; row0 += pagoda::kDotRows) {
+        const int64_t rows = std::min<int64_t>(pagoda::kDotRows, m - row0);
+        for (int64_t p = g0; p < g1; p += pagoda::kDotPanels) {
+          const int64_t count = std::min<int64_t>(pagoda::kDotPanels, g1 - p);
+          pagoda::bf16_dot(xd + row0 * kp, kp, rows, wd + p * panel_elems, panel_elems, kp / 2, count, acc);
+          for (int64_t j = 0; j < count; ++j) {
+            const int64_t col0 = (p + j) * kAmxCols, cols = std::min(kAmxCols, n - col0);
+            const __mmask16 mask = cols == 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+            const __m512 add =
+                bd ? _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(mask, bd + col0)) : _mm512_setzero_ps();
+            for (int64_t r = 0; r < rows; ++r)
+              _mm256_mask_storeu_epi16(yd + (row0 + r) * n + col0, mask,
+                                       (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r * count + j], add)));
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+// Whether linear_bf16 runs here: AMX tiles this process may use, or AVX512-BF16 dot products.
+bool bf16_panels_ready() {
+#if defined(PAGODA_BF16_DOT)
+  return true;
+#elif defined(PAGODA_AMX)
+  return request_amx();
+#else
+  return false;
+#endif
+}
+
 // x [M, K] bf16 @ W^T (+ bias [N] bf16) -> [M, N] bf16, W from pack_bf16.
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                           const std::optional<at::Tensor>& bias) {
-#if defined(PAGODA_AMX)
+#if defined(PAGODA_AMX) || defined(PAGODA_BF16_DOT)
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
               "x must be a 2-D bfloat16 CPU tensor");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kAmxCols && packed.size(3) == 2 &&
@@ -270,9 +314,27 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
     b = bias->contiguous();
     TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias must be bfloat16 [", n, "]");
   }
-  TORCH_CHECK(request_amx(), "the kernel does not allow AMX for this process");
+  TORCH_CHECK(bf16_panels_ready(), "the kernel does not allow AMX for this process");
   auto y = at::empty({m, n}, x.options());
   if (m == 0) return y;
+#if defined(PAGODA_BF16_DOT)
+#if defined(PAGODA_AMX)
+  const bool dot = !request_amx();
+#else
+  constexpr bool dot = true;
+#endif
+  if (dot) {
+    at::Tensor xk = x;
+    if (kp != k || x.stride(1) != 1 || x.stride(0) != k) {
+      xk = at::zeros({m, kp}, x.options());
+      xk.slice(1, 0, k).copy_(x);
+    }
+    const BF16* bd = b.defined() ? b.data_ptr<BF16>() : nullptr;
+    dot_linear_bf16(xk.data_ptr<BF16>(), m, kp, packed.data_ptr<BF16>(), panels, n, bd, y.data_ptr<BF16>());
+    return y;
+  }
+#endif
+#if defined(PAGODA_AMX)
   // x padded to whole tiles: rows to 16, columns to Kp (zeros contribute nothing).
   const int64_t mp = (m + kAmxRows - 1) / kAmxRows * kAmxRows;
   at::Tensor xp = x;
@@ -340,15 +402,16 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
     }
     _tile_release();
   });
+#endif
   return y;
 #else
-  TORCH_CHECK(false, "this build has no AMX kernel");
+  TORCH_CHECK(false, "this build has no bf16 panel kernel (needs AMX-BF16 or AVX512-BF16)");
 #endif
 }
 
 // Without AVX-512 (cpu_features() lacks "avx512") linear_f32 runs a scalar
 // loop that only keeps the op defined: callers then use sgemm instead.
-// linear_bf16 needs amx_ready() (library.cpp).
+// linear_bf16 needs bf16_panels_ready().
 TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
   m.impl("pack_f32", &pack_f32);
   m.impl("linear_f32", &linear_f32);

@@ -14,8 +14,9 @@
 //   y = sum_b xs[r, b] * (d[c, b] * (xq . u)_b + m[c, b] * xsum[r, b]) (+ bias)
 // with the dot product exact in int32 (vpdpbusd: unsigned u x signed xq).
 // Steps of more than widen_above rows dequantize a group of panels at a time
-// into bf16 (never the whole weight) for the bf16 AMX blocks, x rounded to
-// bf16.
+// into bf16 (never the whole weight) for the bf16 AMX blocks, or without AMX
+// the AVX512-BF16 dot-product blocks (bf16_dot.h), x rounded to bf16.
+#include "bf16_dot.h"
 #include "cpu_quant.h"
 #include "cpu_layer_ops.h"
 
@@ -182,7 +183,7 @@ void run_vnni(const Problem& pr, const T* bias, T* y) {
   });
 }
 
-#if defined(PAGODA_AMX)
+#if defined(PAGODA_BF16_DOT)
 // One panel dequantized to the bf16 AMX kernel's layout ([K / 2, 16, 2]): d * u + m rounded to bf16. A
 // 64-byte quant row holds, per column, 4 consecutive elements (8-bit) or two such runs (4-bit nibbles): its
 // 16-bit units 2c and 2c + 1 are column c's first and second k-pair, so splitting even and odd units gives
@@ -227,16 +228,56 @@ void widen_panel(const Problem& pr, int64_t p, BF16* out) {
   }
 }
 
+// x as bf16 rows: x itself where it is bf16 and contiguous, else a copy rounded to bf16 with `mp` rows
+// (the rows past x's zero).
+inline at::Tensor bf16_rows(const at::Tensor& x, int64_t mp) {
+  if (x.scalar_type() == at::kBFloat16 && mp == x.size(0) && x.is_contiguous()) return x;
+  at::Tensor xb = at::zeros({mp, x.size(1)}, x.options().dtype(at::kBFloat16));
+  xb.slice(0, 0, x.size(0)).copy_(x);
+  return xb;
+}
+
+// run_widened without AMX: the same widened panels multiplied on AVX512-BF16 dot-product blocks of 6 rows x 4
+// panels, a group of ~512 KiB of panels widened at a time.
+template <typename T>
+void run_widened_dot(const at::Tensor& x, const Problem& pr, const T* bias, T* y) {
+  const int64_t k = x.size(1), group = pagoda::bf16_dot_panel_group(k), panel_elems = k * kCols;
+  const at::Tensor xb = bf16_rows(x, pr.m);
+  const BF16* xd = xb.data_ptr<BF16>();
+  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<BF16> wide;  // reused across calls
+    wide.resize(std::max<size_t>(wide.size(), group * panel_elems));
+    __m512 acc[pagoda::kDotRows * pagoda::kDotPanels];
+    for (int64_t g0 = begin; g0 < end; g0 += group) {
+      const int64_t g1 = std::min(end, g0 + group);
+      for (int64_t p = g0; p < g1; ++p) widen_panel(pr, p, wide.data() + (p - g0) * panel_elems);
+      for (int64_t row0 = 0; row0 < pr.m; row0 += pagoda::kDotRows) {
+        const int64_t rows = std::min<int64_t>(pagoda::kDotRows, pr.m - row0);
+        for (int64_t p = g0; p < g1; p += pagoda::kDotPanels) {
+          const int64_t count = std::min<int64_t>(pagoda::kDotPanels, g1 - p);
+          pagoda::bf16_dot(xd + row0 * k, k, rows, wide.data() + (p - g0) * panel_elems, panel_elems, k / 2, count,
+                           acc);
+          for (int64_t j = 0; j < count; ++j) {
+            const int64_t col0 = (p + j) * kCols;
+            const __mmask16 mask = tail_mask(pr.n - col0);
+            const __m512 add = bias ? load16(bias + col0, mask) : _mm512_setzero_ps();
+            for (int64_t r = 0; r < rows; ++r)
+              store16(y + (row0 + r) * pr.n + col0, _mm512_add_ps(acc[r * count + j], add), mask);
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
+#if defined(PAGODA_AMX)
 template <typename T>
 void run_widened(const at::Tensor& x, const Problem& pr, const T* bias, T* y) {
   constexpr int64_t kRows = quant::kRows;
   const int64_t k = x.size(1), mp = round_up(pr.m, kRows), chunks = k / 32;
   const int64_t kGroup = pagoda::prefill_panel_group(k);
-  at::Tensor xb = x;
-  if (x.scalar_type() != at::kBFloat16 || mp != pr.m || !x.is_contiguous()) {
-    xb = at::zeros({mp, k}, x.options().dtype(at::kBFloat16));
-    xb.slice(0, 0, pr.m).copy_(x);
-  }
+  const at::Tensor xb = bf16_rows(x, mp);
   const BF16* xd = xb.data_ptr<BF16>();
   pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
     pagoda::configure_square_tiles();
@@ -275,11 +316,20 @@ void run_widened(const at::Tensor& x, const Problem& pr, const T* bias, T* y) {
 }
 #endif
 
-bool can_widen() {
+// Whether widened steps run on the bf16 AMX blocks (this build has them and Linux lets this process use AMX).
+bool amx_widens() {
 #if defined(PAGODA_AMX)
   return pagoda::request_amx();
 #else
   return false;
+#endif
+}
+
+bool can_widen() {
+#if defined(PAGODA_BF16_DOT)
+  return true;
+#else
+  return amx_widens();
 #endif
 }
 
@@ -374,7 +424,7 @@ at::Tensor linear_qblocks(const at::Tensor& x, const at::Tensor& quants, const a
     TORCH_CHECK(b.scalar_type() == x.scalar_type() && b.numel() == n, "bias must be ", x.scalar_type(), " [", n, "]");
   }
   const bool widen = m > widen_above;
-  TORCH_CHECK(!widen || can_widen(), "this build or process cannot widen GGUF blocks to bf16 (needs AMX-BF16)");
+  TORCH_CHECK(!widen || can_widen(), "this build or process cannot widen GGUF blocks to bf16 (needs AVX512-BF16 or AMX-BF16)");
   auto y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   const quant::QuantizedRows rows = widen ? quant::QuantizedRows{} : quant::quantize_rows(x, kBlock, true);
@@ -389,8 +439,14 @@ at::Tensor linear_qblocks(const at::Tensor& x, const at::Tensor& quants, const a
     const scalar_t* bd = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
     scalar_t* yd = y.data_ptr<scalar_t>();
 #if defined(PAGODA_AMX)
-    if (widen) {
+    if (widen && amx_widens()) {
       run_widened<scalar_t>(x, problem, bd, yd);
+      return;
+    }
+#endif
+#if defined(PAGODA_BF16_DOT)
+    if (widen) {
+      run_widened_dot<scalar_t>(x, problem, bd, yd);
       return;
     }
 #endif
@@ -404,7 +460,7 @@ at::Tensor linear_qblocks(const at::Tensor& x, const at::Tensor& quants, const a
 
 }  // namespace pagoda::qblocks
 
-// linear_qblocks needs "avx512_vnni" in cpu_features() (and "amx" to widen large steps).
+// linear_qblocks needs "avx512_vnni" in cpu_features() (and "avx512_bf16" or "amx" to widen large steps).
 TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
   m.impl("pack_qblocks", &pagoda::qblocks::pack_qblocks);
   m.impl("linear_qblocks", &pagoda::qblocks::linear_qblocks);
