@@ -1,4 +1,4 @@
-"""The C++ attention kernels alone over a bf16 and an int8 KV cache, side by side: decode and AMX prefill.
+"""The C++ attention kernels alone over a bf16 and an int8 KV cache, side by side: decode and bf16 prefill.
 
 Usage:
     python bench/bench_kv_kernels.py [--caches bf16/32,int8/64,int8/32] [--decode 1x400,8x400,48x400,128x400,8x2000]
@@ -92,7 +92,7 @@ def main() -> None:
         default="1x400,8x400,48x400,128x400,8x2000,48x2000,64x16-768",
         help="batch x context, or batch x low-high",
     )
-    parser.add_argument("--prefill", default="2048+0,512+1536", help="chunk + cached tokens (needs AMX)")
+    parser.add_argument("--prefill", default="2048+0,512+1536", help="chunk + cached tokens (needs AMX or AVX512-BF16)")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
@@ -104,7 +104,7 @@ def main() -> None:
         batch, (low, _, high) = int(batch_text), context_text.partition("-")
         context = (int(low), int(high or low))
         cases.append((f"decode {case}", lambda k, s, b=batch, c=context: decode_case(ops, k, s, b, c, args)))
-    if ops.amx_ready():
+    if ops.bf16_kernels_ready():
         for case in filter(None, args.prefill.split(",")):
             chunk, cached = (int(x) for x in case.split("+"))
             cases.append((f"prefill {case}", lambda k, s, n=chunk, c=cached: prefill_case(ops, k, s, n, c, args)))

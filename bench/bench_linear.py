@@ -46,7 +46,7 @@ def _paths(gemm, dtype):
             "onednn": onednn,
         }
     paths = {"onednn": onednn}
-    if gemm.bf16_panels_ready():
+    if gemm.bf16_kernels_ready():
         paths["pagoda"] = (gemm.pack_bf16, lambda x, p, n: gemm.linear_bf16(x, p, n, None))
     return paths
 

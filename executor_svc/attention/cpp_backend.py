@@ -2,9 +2,10 @@
 
 Decode tokens read K/V in place from the paged cache (no gather copy; one
 pass with an online softmax, see cpu_kernel.cpp). bf16 prefill chunks run the
-AMX flash-attention kernel (cpu_prefill.cpp) where the CPU has AMX, also
-reading K/V from the cache; other prefill chunks (fp32, head dims other than
-64, 128 and 256, no AMX) take the SDPA path shared with the torch backend
+flash-attention kernel (cpu_prefill.cpp) on AMX tiles, or on AVX512-BF16 dot
+products where the CPU has no AMX, also reading K/V from the cache; other
+prefill chunks (fp32, head dims other than 64, 128 and 256, neither) take
+the SDPA path shared with the torch backend
 (``sdpa_prefill``). Both kernels take the layer's sliding window and
 attention soft-cap (Gemma 2), as the SDPA path does. The step's K/V rows are
 stored by the kernel too (one small C++ loop instead of two index_copy_ of
@@ -27,14 +28,14 @@ from executor_svc.kv_cache import LayerKV
 
 
 def load_kernels(dtype: torch.dtype) -> tuple[Any, Any | None]:
-    """The decode kernels, and for bf16 models the AMX prefill kernel when the loaded variant has it and this
-    process may use AMX (else None: SDPA).
+    """The decode kernels, and for bf16 models the prefill kernel when the loaded variant has it and this
+    process may run it: AMX tiles, or AVX512-BF16 dot products without AMX (else None: SDPA).
 
     Raises:
         KernelsUnavailable: the kernels are not installed or do not load here (the message says why).
     """
     ops = cpu_kernel.load()
-    if dtype != torch.bfloat16 or not ops.amx_ready():
+    if dtype != torch.bfloat16 or not ops.bf16_kernels_ready():
         return ops, None
     return ops, ops
 
@@ -56,11 +57,11 @@ class CppStepState:
     sdpa: SdpaPrefill  # the prefill fallback
     block_tables: torch.Tensor  # [D, max_blocks] int64, contiguous
     context_lens: torch.Tensor  # [D] int64
-    prefill_spans: torch.Tensor | None  # [P, 4] int64 for the AMX prefill kernel (bf16 caches), else None
+    prefill_spans: torch.Tensor | None  # [P, 4] int64 for the prefill kernel (bf16 models), else None
 
 
 class CppAttentionBackend:
-    """CPU paged attention: C++ decode kernel, AMX prefill kernel or the shared SDPA prefill."""
+    """CPU paged attention: C++ decode kernel, C++ prefill kernel (AMX or AVX512-BF16) or the shared SDPA prefill."""
 
     name = "cpp"
 
@@ -110,6 +111,6 @@ class CppAttentionBackend:
 
 
 def _prefill_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """The AMX prefill kernel's shapes: bf16 queries, a bf16 or int8 cache, head_dim 64, 128 or 256 (Gemma)."""
+    """The prefill kernel's shapes: bf16 queries, a bf16 or int8 cache, head_dim 64, 128 or 256 (Gemma)."""
     cache_fits = k_cache.dtype in (torch.bfloat16, torch.int8)
     return q.dtype == torch.bfloat16 and cache_fits and q.shape[-1] in (64, 128, 256)

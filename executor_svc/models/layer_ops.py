@@ -132,7 +132,7 @@ class CppLayerOps:
         """
         if not self.pack_weights:
             return weight
-        if weight.dtype == torch.bfloat16 and self.gemm is not None and self.gemm.bf16_panels_ready():
+        if weight.dtype == torch.bfloat16 and self.gemm is not None and self.gemm.bf16_kernels_ready():
             path = "amx-panel" if self.gemm.amx_ready() else "avx512bf16-panel"
             return PanelWeight(self.gemm.pack_bf16(weight), weight.shape[0], path)
         if weight.dtype == torch.bfloat16:

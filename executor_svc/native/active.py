@@ -4,7 +4,7 @@ Reported by ``Describe`` (``ExecutorInfo.kernels``), the ready log line and
 the ``pagoda_executor_kernel_info`` metric:
 
 - ``attention``: the attention backend (cpp, torch, triton);
-- ``prefill``: what prompt chunks run (amx-flash, sdpa, triton);
+- ``prefill``: what prompt chunks run (amx-flash, avx512bf16-flash, sdpa, triton);
 - ``gemm``: how linear layers multiply (amx-panel, avx512bf16-panel, avx512-panel, onednn, torch; with
   ``--quantization`` the quantized paths, e.g. amx-int8, joined with ``+`` when the weights run several);
 - ``layer_ops``: the norms, rotary and SiLU (cpp, torch);
@@ -71,4 +71,4 @@ def prefill_path(runner) -> str:
     q = torch.empty(0, 1, runner.config.head_dim, dtype=runner.dtype, device="meta")  # [T, H, Dh]
     if kernel is None or not cpp_backend._prefill_fits(q, k_cache):
         return "sdpa"
-    return "amx-flash"  # sliding windows and soft-caps included
+    return "amx-flash" if kernel.amx_ready() else "avx512bf16-flash"  # sliding windows and soft-caps included

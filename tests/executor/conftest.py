@@ -206,10 +206,15 @@ def cpp_kernel():
 
 
 def native_ops(feature: str, reason: str):
-    """The kernels' ops, skipping the test unless the loaded variant has `feature` (avx512, avx512_bf16, amx)."""
+    """The kernels' ops, skipping the test unless the loaded variant has `feature` (avx512, avx512_bf16, amx; or
+    bf16: the bf16 panel GEMM and prefill kernel run here, on AMX tiles or AVX512-BF16 dot products)."""
     from executor_svc.native import loader
 
     kernels = loader.kernels()
+    if feature == "bf16":
+        if kernels is None or not kernels.ops.bf16_kernels_ready():
+            pytest.skip(reason)
+        return kernels.ops
     if kernels is None or feature not in kernels.features or (feature == "amx" and not kernels.ops.amx_ready()):
         pytest.skip(reason)
     return kernels.ops

@@ -1,4 +1,5 @@
-"""The AMX prefill attention kernel against exact attention over the same paged cache."""
+"""The bf16 prefill attention kernel (AMX tiles or AVX512-BF16 dot products) against exact attention over the
+same paged cache."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tests.executor.conftest import native_ops
 
 @pytest.fixture(scope="module")
 def prefill(cpp_kernel):
-    return native_ops("amx", "needs AMX (and a kernel that grants it)")
+    return native_ops("bf16", "needs AMX (and a kernel that grants it) or AVX512-BF16")
 
 
 def _case(gen, spans, num_heads, num_kv_heads, head_dim, block_size):

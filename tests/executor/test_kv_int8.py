@@ -149,7 +149,7 @@ def test_decode_int8_refuses_a_cache_without_scales(cpp_kernel):
 
 @pytest.fixture(scope="module")
 def prefill(cpp_kernel):
-    return native_ops("amx", "needs AMX (and a kernel that grants it)")
+    return native_ops("bf16", "needs AMX (and a kernel that grants it) or AVX512-BF16")
 
 
 @pytest.mark.parametrize(

@@ -142,7 +142,7 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
     bias = torch.randn(96, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
     packed = ops.pack(weight)
-    assert isinstance(packed, PanelWeight if ops.gemm is not None and ops.gemm.bf16_panels_ready() else PackedWeight)
+    assert isinstance(packed, PanelWeight if ops.gemm is not None and ops.gemm.bf16_kernels_ready() else PackedWeight)
     expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
     for b in (None, bias):
         out = ops.linear(x, packed, b)
@@ -211,7 +211,7 @@ def test_fp32_panel_linear_rejects_mismatched_inputs(gemm):
 @pytest.fixture(scope="module")
 def amx(gemm):
     """The bf16 panel GEMM: AMX tiles, or AVX512-BF16 dot products on CPUs without AMX."""
-    if not gemm.bf16_panels_ready():
+    if not gemm.bf16_kernels_ready():
         pytest.skip("needs AMX (and a kernel that grants it) or AVX512-BF16")
     return gemm
 

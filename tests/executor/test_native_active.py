@@ -32,7 +32,7 @@ def test_gemm_path_is_what_pack_makes_of_a_weight(cpp_kernel):
         "avx512-panel" if "avx512" in kernels.features else "torch"
     )
     bf16 = "onednn"
-    if packing.gemm is not None and packing.gemm.bf16_panels_ready():
+    if packing.gemm is not None and packing.gemm.bf16_kernels_ready():
         bf16 = "amx-panel" if packing.gemm.amx_ready() else "avx512bf16-panel"
     assert active.gemm_path(packing, torch.bfloat16, cpu) == bf16
     assert active.gemm_path(packing, torch.float16, cpu) == "torch"
@@ -63,12 +63,14 @@ def test_moe_runner_reports_its_feed_forward_path(checkpoints, arch, mlp):
 @pytest.mark.parametrize(
     "arch,head_dim", [("llama", 64), ("mistral_window", 64), ("llama", 16), ("llama", 256), ("llama", 24)]
 )
-def test_bf16_prefill_is_amx_flash_only_where_the_kernel_takes_the_model(tmp_path, cpp_kernel, arch, head_dim):
-    """The AMX kernel: bf16, head_dim 64, 128 or 256 (sliding windows and soft-caps included), and a CPU
-    that grants AMX."""
+def test_bf16_prefill_is_our_kernel_only_where_it_takes_the_model(tmp_path, cpp_kernel, arch, head_dim):
+    """The prefill kernel: bf16, head_dim 64, 128 or 256 (sliding windows and soft-caps included), on a CPU
+    that grants AMX (amx-flash) or has AVX512-BF16 (avx512bf16-flash)."""
     folder = make_tiny_checkpoint(tmp_path, arch, head_dim=head_dim, hidden_size=4 * head_dim)
-    amx = cpp_kernel.amx_ready() and head_dim in (64, 128, 256)
-    assert active.prefill_path(_runner(folder, "bfloat16")) == ("amx-flash" if amx else "sdpa")
+    expected = "sdpa"
+    if cpp_kernel.bf16_kernels_ready() and head_dim in (64, 128, 256):
+        expected = "amx-flash" if cpp_kernel.amx_ready() else "avx512bf16-flash"
+    assert active.prefill_path(_runner(folder, "bfloat16")) == expected
 
 
 def test_kernel_info_metric_carries_the_paths():

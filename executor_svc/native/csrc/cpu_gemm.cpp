@@ -285,8 +285,9 @@ void dot_linear_bf16(const BF16* xd, int64_t m, int64_t kp, const BF16* wd, int6
 
 }  // namespace
 
-// Whether linear_bf16 runs here: AMX tiles this process may use, or AVX512-BF16 dot products.
-bool bf16_panels_ready() {
+// Whether the bf16 kernels (linear_bf16, paged_prefill) run here: AMX tiles this process may use, or
+// AVX512-BF16 dot products.
+bool bf16_kernels_ready() {
 #if defined(PAGODA_BF16_DOT)
   return true;
 #elif defined(PAGODA_AMX)
@@ -314,7 +315,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
     b = bias->contiguous();
     TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias must be bfloat16 [", n, "]");
   }
-  TORCH_CHECK(bf16_panels_ready(), "the kernel does not allow AMX for this process");
+  TORCH_CHECK(bf16_kernels_ready(), "the kernel does not allow AMX for this process");
   auto y = at::empty({m, n}, x.options());
   if (m == 0) return y;
 #if defined(PAGODA_BF16_DOT)
@@ -411,7 +412,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 
 // Without AVX-512 (cpu_features() lacks "avx512") linear_f32 runs a scalar
 // loop that only keeps the op defined: callers then use sgemm instead.
-// linear_bf16 needs bf16_panels_ready().
+// linear_bf16 needs bf16_kernels_ready().
 TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
   m.impl("pack_f32", &pack_f32);
   m.impl("linear_f32", &linear_f32);

@@ -1,4 +1,5 @@
-// Paged prefill attention for the CPU with AMX tiles (bf16): every query of
+// Paged prefill attention for the CPU with AMX tiles (bf16), or without AMX
+// with AVX512-BF16 dot products on the same packed tiles: every query of
 // a chunk attends causally to its sequence's cached prefix and the chunk
 // itself, K/V read from the block-indexed cache (this step's rows are stored
 // there first).
@@ -19,13 +20,18 @@
 // the tiles: each row of S is multiplied by its keys' K scales (times the
 // softmax scale) in fp32, and P by the V scales before it is rounded to bf16
 // for P V (the softmax sums use the unscaled P). No dequantized copy exists.
+//
+// Without AMX (AMD Zen 4) the same passes run on `vdpbf16ps` (bf16_dot.h):
+// the K tile layout is a 16-key panel of dim pairs and the V layout four
+// 16-dim panels of key pairs, so S and P V are dot-product blocks of 6 query
+// rows; O stays in memory (L1) instead of tiles.
 #include "cpu_prefill_pack.h"
 #include <cmath>
 #include <vector>
 
 namespace {
 
-#if defined(PAGODA_AMX)
+#if defined(PAGODA_AMX) || defined(PAGODA_BF16_DOT)
 // Rescale a row's output only when its running max grows by more than this
 // (natural log units): until then probabilities are taken against the stale
 // max and may reach e^8, which fp32 sums and bf16 rounding (relative) take
@@ -62,6 +68,66 @@ PAGODA_INLINE void row_scores(const float* s, __m512 sc0, __m512 sc1, float soft
   s1 = _mm512_mask_mov_ps(neg, v1, s1);
 }
 
+// The key chunks a block of query positions [i0, i0 + rows) of a span visits: from the chunk of the first key
+// its first query sees (all of them without a window) to that of the last key its last query sees.
+struct ChunkRange {
+  int64_t first, last;
+};
+inline ChunkRange key_chunks(const Span& span, const Shape& shape, int64_t i0, int64_t rows) {
+  const int64_t last_key = span.num_cached + i0 + rows - 1;
+  const int64_t first_key = shape.window > 0 ? std::max<int64_t>(span.num_cached + i0 - shape.window + 1, 0) : 0;
+  return {first_key / kKeys, last_key / kKeys};
+}
+
+// The online softmax of one key chunk for the block's rows: s [kQ][kKeys] the raw scores in, pb the
+// probabilities out (bf16; times the V scales for an int8 cache), m / l / alpha each row's running max, sum
+// and the factor its output must be scaled by. Returns whether any row's output needs rescaling.
+template <bool OPTIONS, bool QUANT>
+PAGODA_INLINE bool chunk_softmax(const Span& span, const Shape& shape, int64_t i0, int64_t rows, int64_t chunk,
+                                 const Packed& packed, int64_t packed_chunk, float scale, float (*s)[kKeys],
+                                 BF16 (*pb)[kKeys], float* m, float* l, float* alpha) {
+  const int64_t window = shape.window;
+  __m512 sc0 = _mm512_set1_ps(scale), sc1 = sc0, vs0 = sc0, vs1 = sc0;
+  if constexpr (QUANT) {
+    sc0 = _mm512_loadu_ps(packed.k_scale + packed_chunk * kKeys);
+    sc1 = _mm512_loadu_ps(packed.k_scale + packed_chunk * kKeys + 16);
+    vs0 = _mm512_loadu_ps(packed.v_scale + packed_chunk * kKeys);
+    vs1 = _mm512_loadu_ps(packed.v_scale + packed_chunk * kKeys + 16);
+  }
+  bool rescale = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t visible = span.num_cached + i0 + r - chunk * kKeys;  // keys [0, visible] of the chunk
+    const int64_t oldest = window > 0 ? visible - window + 1 : -1;   // and keys [oldest, ...] of it
+    alpha[r] = 1.f;
+    if (visible < 0 || oldest >= kKeys) {
+      std::memset(pb[r], 0, sizeof(pb[r]));
+      continue;
+    }
+    __m512 s0, s1;
+    __mmask16 v0, v1;
+    row_scores<OPTIONS>(&s[r][0], sc0, sc1, shape.softcap, oldest, std::min<int64_t>(visible, kKeys), s0, s1, v0,
+                        v1);
+    const float top = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+    if (top > m[r] + kSlack) {
+      if (l[r] > 0.f) {
+        alpha[r] = std::exp(m[r] - top);
+        rescale = true;
+      }
+      m[r] = top;
+    }
+    const __m512 mx = _mm512_set1_ps(m[r]);
+    const __m512 p0 = _mm512_maskz_mov_ps(v0, pagoda::exp16(_mm512_sub_ps(s0, mx)));
+    const __m512 p1 = _mm512_maskz_mov_ps(v1, pagoda::exp16(_mm512_sub_ps(s1, mx)));
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+    if constexpr (QUANT)  // P V's weights: each key's probability times its V scale
+      _mm512_store_si512(pb[r], (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(p1, vs1), _mm512_mul_ps(p0, vs0)));
+    else
+      _mm512_store_si512(pb[r], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+  }
+  return rescale;
+}
+
+#if defined(PAGODA_AMX)
 // One query head over the query block: O (tiles 0-3, 64 dims) stays in the
 // tiles across the key chunks; S in tiles 4-5; 6: Q or P; 7: K or V.
 // dgroup selects dims [64 * dgroup, 64 * dgroup + 64) of the output (head_dim
@@ -84,11 +150,8 @@ void head_pass(const Span& span, const Shape& shape, int64_t i0, int64_t rows, c
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const int64_t last_key = span.num_cached + i0 + rows - 1;  // the block's last query sees keys <= this
-  const int64_t window = shape.window;
-  // The block's first query sees keys from this one on (all of them without a window).
-  const int64_t first_key = window > 0 ? std::max<int64_t>(span.num_cached + i0 - window + 1, 0) : 0;
-  for (int64_t chunk = first_key / kKeys; chunk * kKeys <= last_key; ++chunk) {
+  const ChunkRange range = key_chunks(span, shape, i0, rows);
+  for (int64_t chunk = range.first; chunk <= range.last; ++chunk) {
     const int64_t packed_chunk = chunk - span.base / kKeys;
     const BF16* kc = kt + packed_chunk * kKeys * d;
     _tile_zero(4);
@@ -102,43 +165,8 @@ void head_pass(const Span& span, const Shape& shape, int64_t i0, int64_t rows, c
     }
     _tile_stored(4, &s[0][0], 128);
     _tile_stored(5, &s[0][16], 128);
-    __m512 sc0 = _mm512_set1_ps(scale), sc1 = sc0, vs0 = sc0, vs1 = sc0;
-    if constexpr (QUANT) {
-      sc0 = _mm512_loadu_ps(packed.k_scale + packed_chunk * kKeys);
-      sc1 = _mm512_loadu_ps(packed.k_scale + packed_chunk * kKeys + 16);
-      vs0 = _mm512_loadu_ps(packed.v_scale + packed_chunk * kKeys);
-      vs1 = _mm512_loadu_ps(packed.v_scale + packed_chunk * kKeys + 16);
-    }
-    bool rescale = false;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t visible = span.num_cached + i0 + r - chunk * kKeys;  // keys [0, visible] of the chunk
-      const int64_t oldest = window > 0 ? visible - window + 1 : -1;   // and keys [oldest, ...] of it
-      alpha[r] = 1.f;
-      if (visible < 0 || oldest >= kKeys) {
-        std::memset(pb[r], 0, sizeof(pb[r]));
-        continue;
-      }
-      __m512 s0, s1;
-      __mmask16 v0, v1;
-      row_scores<OPTIONS>(&s[r][0], sc0, sc1, shape.softcap, oldest, std::min<int64_t>(visible, kKeys), s0, s1, v0,
-                          v1);
-      const float top = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
-      if (top > m[r] + kSlack) {
-        if (l[r] > 0.f) {
-          alpha[r] = std::exp(m[r] - top);
-          rescale = true;
-        }
-        m[r] = top;
-      }
-      const __m512 mx = _mm512_set1_ps(m[r]);
-      const __m512 p0 = _mm512_maskz_mov_ps(v0, pagoda::exp16(_mm512_sub_ps(s0, mx)));
-      const __m512 p1 = _mm512_maskz_mov_ps(v1, pagoda::exp16(_mm512_sub_ps(s1, mx)));
-      l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-      if constexpr (QUANT)  // P V's weights: each key's probability times its V scale
-        _mm512_store_si512(pb[r], (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(p1, vs1), _mm512_mul_ps(p0, vs0)));
-      else
-        _mm512_store_si512(pb[r], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
-    }
+    const bool rescale = chunk_softmax<OPTIONS, QUANT>(span, shape, i0, rows, chunk, packed, packed_chunk, scale, s,
+                                                       pb, m, l, alpha);
     if (rescale) {  // rare: out of the tiles, scale the rows, back in
       _tile_stored(0, o, 256);
       _tile_stored(1, o + 16, 256);
@@ -169,11 +197,76 @@ void head_pass(const Span& span, const Shape& shape, int64_t i0, int64_t rows, c
   _tile_stored(2, o + 32, 256);
   _tile_stored(3, o + 48, 256);
 }
+#endif
+
+#if defined(PAGODA_BF16_DOT)
+// head_pass on AVX512-BF16 dot products: S = Q K^T in blocks of 6 query rows x the chunk's two 16-key panels,
+// then O (in memory, [kQ][64] fp32) += P V in blocks of 6 rows x four 16-dim panels.
+template <bool OPTIONS, bool QUANT>
+void head_pass_dot(const Span& span, const Shape& shape, int64_t i0, int64_t rows, const BF16* qb, Packed packed,
+                   float scale, int64_t dgroup, float* o, float* l) {
+  const BF16 *kt = packed.kt, *vv = packed.vv;
+  const int64_t d = shape.head_dim;
+  alignas(64) float s[kQ][kKeys];
+  alignas(64) BF16 pb[kQ][kKeys];
+  float m[kQ], alpha[kQ];
+  __m512 acc[pagoda::kDotRows * pagoda::kDotPanels];
+  for (int64_t r = 0; r < kQ; ++r) {
+    m[r] = kNegBig;
+    l[r] = 0.f;
+  }
+  std::memset(pb, 0, sizeof(pb));
+  std::memset(o, 0, kQ * 64 * sizeof(float));
+  const ChunkRange range = key_chunks(span, shape, i0, rows);
+  for (int64_t chunk = range.first; chunk <= range.last; ++chunk) {
+    const int64_t packed_chunk = chunk - span.base / kKeys;
+    const BF16* kc = kt + packed_chunk * kKeys * d;  // keys 0-15: d / 2 dim pairs x 16 keys x 2, then keys 16-31
+    for (int64_t r0 = 0; r0 < rows; r0 += pagoda::kDotRows) {
+      const int64_t n = std::min<int64_t>(pagoda::kDotRows, rows - r0);
+      pagoda::bf16_dot(qb + r0 * kMaxDim, kMaxDim, n, kc, d * 16, d / 2, 2, acc);
+      for (int64_t r = 0; r < n; ++r) {
+        _mm512_store_ps(&s[r0 + r][0], acc[2 * r]);
+        _mm512_store_ps(&s[r0 + r][16], acc[2 * r + 1]);
+      }
+    }
+    if (chunk_softmax<OPTIONS, QUANT>(span, shape, i0, rows, chunk, packed, packed_chunk, scale, s, pb, m, l, alpha))
+      for (int64_t r = 0; r < rows; ++r)
+        if (alpha[r] != 1.f)
+          for (int64_t c = 0; c < 64; c += 16)
+            _mm512_store_ps(o + r * 64 + c, _mm512_mul_ps(_mm512_load_ps(o + r * 64 + c), _mm512_set1_ps(alpha[r])));
+    const BF16* vc = vv + packed_chunk * kKeys * d + dgroup * 4 * 512;  // 4 panels of 16 dims: 16 key pairs each
+    for (int64_t r0 = 0; r0 < rows; r0 += pagoda::kDotRows) {
+      const int64_t n = std::min<int64_t>(pagoda::kDotRows, rows - r0);
+      pagoda::bf16_dot(&pb[r0][0], kKeys, n, vc, 512, kKeys / 2, 4, acc);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t t = 0; t < 4; ++t) {
+          float* dst = o + (r0 + r) * 64 + 16 * t;
+          _mm512_store_ps(dst, _mm512_add_ps(_mm512_load_ps(dst), acc[r * 4 + t]));
+        }
+    }
+  }
+}
+#endif
+
+// head_pass on the AMX tiles (tiles: this thread configured them) or on AVX512-BF16 dot products.
+template <bool OPTIONS, bool QUANT>
+void any_head_pass(bool tiles, const Span& span, const Shape& shape, int64_t i0, int64_t rows, const BF16* qb,
+                   Packed packed, float scale, int64_t dgroup, float* o, float* l) {
+#if defined(PAGODA_AMX)
+  if (tiles) {
+    head_pass<OPTIONS, QUANT>(span, shape, i0, rows, qb, packed, scale, dgroup, o, l);
+    return;
+  }
+#endif
+#if defined(PAGODA_BF16_DOT)
+  head_pass_dot<OPTIONS, QUANT>(span, shape, i0, rows, qb, packed, scale, dgroup, o, l);
+#endif
+}
 
 // One block of up to 16 query positions [i0, i0 + rows) of a span for query
 // head `head` (of kv head h); writes its output rows.
-void query_block(const Span& span, const Shape& shape, int64_t h, int64_t head, int64_t i0, const BF16* q,
-                 Packed packed, float scale, BF16* out) {
+void query_block(bool tiles, const Span& span, const Shape& shape, int64_t h, int64_t head, int64_t i0,
+                 const BF16* q, Packed packed, float scale, BF16* out) {
   const int64_t d = shape.head_dim;
   const int64_t rows = std::min(kQ, span.num_query - i0);
   alignas(64) BF16 qb[kQ][kMaxDim];
@@ -188,13 +281,13 @@ void query_block(const Span& span, const Shape& shape, int64_t h, int64_t head, 
   for (int64_t dgroup = 0; dgroup < d / 64; ++dgroup) {
     const bool options = shape.window > 0 || shape.softcap > 0.f, quant = packed.k_scale != nullptr;
     if (options && quant)
-      head_pass<true, true>(span, shape, i0, rows, &qb[0][0], packed, scale, dgroup, &o[0][0], l);
+      any_head_pass<true, true>(tiles, span, shape, i0, rows, &qb[0][0], packed, scale, dgroup, &o[0][0], l);
     else if (options)
-      head_pass<true, false>(span, shape, i0, rows, &qb[0][0], packed, scale, dgroup, &o[0][0], l);
+      any_head_pass<true, false>(tiles, span, shape, i0, rows, &qb[0][0], packed, scale, dgroup, &o[0][0], l);
     else if (quant)
-      head_pass<false, true>(span, shape, i0, rows, &qb[0][0], packed, scale, dgroup, &o[0][0], l);
+      any_head_pass<false, true>(tiles, span, shape, i0, rows, &qb[0][0], packed, scale, dgroup, &o[0][0], l);
     else
-      head_pass<false, false>(span, shape, i0, rows, &qb[0][0], packed, scale, dgroup, &o[0][0], l);
+      any_head_pass<false, false>(tiles, span, shape, i0, rows, &qb[0][0], packed, scale, dgroup, &o[0][0], l);
     for (int64_t r = 0; r < rows; ++r) {
       const __m512 inv = _mm512_set1_ps(1.f / l[r]);
       BF16* dst = out + ((span.query_start + i0 + r) * shape.num_heads + head) * d + dgroup * 64;
@@ -206,8 +299,8 @@ void query_block(const Span& span, const Shape& shape, int64_t h, int64_t head, 
 }
 
 // Pass 2: (span, query head, query block) items, longest first, spread over the threads.
-void attend_all(const std::vector<Span>& list, const Shape& shape, const Repacked& packed, const BF16* q, float scale,
-                BF16* out) {
+void attend_all(bool tiles, const std::vector<Span>& list, const Shape& shape, const Repacked& packed, const BF16* q,
+                float scale, BF16* out) {
   struct Item {
     int64_t span, head, i0;
   };
@@ -222,16 +315,20 @@ void attend_all(const std::vector<Span>& list, const Shape& shape, const Repacke
   // Interleaved split: thread t takes items t, t + n, ... (balanced after the sort).
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items.size()));
   pagoda::parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
-    pagoda::configure_square_tiles();
+#if defined(PAGODA_AMX)
+    if (tiles) pagoda::configure_square_tiles();
+#endif
     for (int64_t t = begin; t < end; ++t)
       for (size_t j = t; j < items.size(); j += threads) {
         const Item& it = items[j];
         const Span& span = list[it.span];
         const int64_t h = it.head / shape.group;
         const Packed rows = packed.at(it.span * shape.num_kv_heads + h, packed_elems(span, shape.head_dim), shape.head_dim);
-        query_block(span, shape, h, it.head, it.i0, q, rows, scale, out);
+        query_block(tiles, span, shape, h, it.head, it.i0, q, rows, scale, out);
       }
-    _tile_release();
+#if defined(PAGODA_AMX)
+    if (tiles) _tile_release();
+#endif
   });
 }
 
@@ -249,7 +346,7 @@ void attend_all(const std::vector<Span>& list, const Shape& shape, const Repacke
 void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables, at::Tensor spans,
                    double scale, at::Tensor out, int64_t window, double softcap,
                    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
-#if defined(PAGODA_AMX)
+#if defined(PAGODA_AMX) || defined(PAGODA_BF16_DOT)
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kBFloat16 && q.stride(2) == 1, "q must be [T, H, D] bf16");
   const bool quantized = k_cache.scalar_type() == at::kChar;
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -271,7 +368,14 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
   TORCH_CHECK(d == 64 || d == 128 || d == kMaxDim, "head_dim must be 64, 128 or 256, got ", d);
   TORCH_CHECK(window >= 0 && softcap >= 0, "window and softcap must be >= 0 (0: none)");
   TORCH_CHECK(k_cache.size(3) == d && q.size(1) % k_cache.size(0) == 0, "head shapes do not match");
-  TORCH_CHECK(pagoda::request_amx(), "the kernel does not allow AMX for this process");
+#if defined(PAGODA_AMX)
+  const bool tiles = pagoda::request_amx();
+#else
+  constexpr bool tiles = false;
+#endif
+#if !defined(PAGODA_BF16_DOT)
+  TORCH_CHECK(tiles, "the kernel does not allow AMX for this process");
+#endif
   block_tables = block_tables.contiguous();
   spans = spans.contiguous();
   const Shape shape{q.size(1), k_cache.size(0), q.size(1) / k_cache.size(0), d, k_cache.size(2), k_cache.size(1),
@@ -282,11 +386,11 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
       quantized ? repack_all<int8_t>(list, shape, k_cache, v_cache, k_scale->data_ptr<float>(),
                                      v_scale->data_ptr<float>(), block_tables, fscale)
                 : repack_all<BF16>(list, shape, k_cache, v_cache, nullptr, nullptr, block_tables, fscale);
-  attend_all(list, shape, packed, q.data_ptr<BF16>(), fscale, out.data_ptr<BF16>());
+  attend_all(tiles, list, shape, packed, q.data_ptr<BF16>(), fscale, out.data_ptr<BF16>());
 #else
-  TORCH_CHECK(false, "this build has no AMX prefill kernel");
+  TORCH_CHECK(false, "this build has no bf16 prefill kernel (needs AMX-BF16 or AVX512-BF16)");
 #endif
 }
 
-// Runs where amx_ready() (library.cpp) is true.
+// Runs where bf16_kernels_ready() (cpu_gemm.cpp) is true.
 TORCH_LIBRARY_IMPL(pagoda, CPU, m) { m.impl("paged_prefill", &paged_prefill); }

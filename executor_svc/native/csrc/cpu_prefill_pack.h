@@ -1,8 +1,10 @@
-// The AMX prefill kernel's first pass (cpu_prefill.cpp): the spans, and K/V
+// The bf16 prefill kernel's first pass (cpu_prefill.cpp): the spans, and K/V
 // of each (span, kv head) repacked from the paged cache into tile layouts
-// (an int8 cache as the bf16 of its integers, with its scales beside them).
+// (an int8 cache as the bf16 of its integers, with its scales beside them),
+// which the AMX tiles and the AVX512-BF16 dot products read alike.
 #pragma once
 #include "amx.h"
+#include "bf16_dot.h"
 #include <vector>
 
 namespace {
@@ -41,7 +43,7 @@ struct Packed {
   float* v_scale;
 };
 
-#if defined(PAGODA_AMX)
+#if defined(PAGODA_AMX) || defined(PAGODA_BF16_DOT)
 // Elements of one (span, kv head) repack: K then V, each chunks x 32 keys x D, keys [base, context).
 int64_t packed_elems(const Span& span, int64_t head_dim) {
   return 2 * ((span.context() - span.base + kKeys - 1) / kKeys) * kKeys * head_dim;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-bool bf16_panels_ready();  // cpu_gemm.cpp
+bool bf16_kernels_ready();  // cpu_gemm.cpp
 
 namespace {
 
@@ -60,7 +60,7 @@ TORCH_LIBRARY(pagoda, m) {
   m.def("linear_f32(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.def("pack_bf16(Tensor weight) -> Tensor");
   m.def("linear_bf16(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
-  m.def("bf16_panels_ready() -> bool", &bf16_panels_ready);
+  m.def("bf16_kernels_ready() -> bool", &bf16_kernels_ready);
   // Quantized linear layers (cpu_quant.cpp: int8 weights).
   m.def("quantize_rows_int8(Tensor x, int group) -> (Tensor, Tensor, Tensor)");
   m.def("pack_int8(Tensor weight) -> Tensor");
