@@ -97,7 +97,10 @@ def test_killing_the_scheduler_mid_stream_loses_and_repeats_nothing(system):
         expected = run_streams(client, requests)
         killed: list[int] = []
         total = sum(len(record.token_ids) for record in expected)
-        kill = KillOnce(total // 4, lambda: killed.append(_kill_first_scheduler(system)))
+        # Every stream has a token first: the two schedulers' batches can start a second apart.
+        kill = KillOnce(
+            total // 4, lambda: killed.append(_kill_first_scheduler(system)), min_streams_started=NUM_STREAMS
+        )
         got = run_streams(client, requests, kill)
     assert kill.fired_at is not None and killed, "the scheduler was never killed"
     for i, (run, reference) in enumerate(zip(got, expected)):

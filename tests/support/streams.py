@@ -2,7 +2,8 @@
 
 ``run_streams`` runs requests concurrently through one client and records, per
 stream, the tokens, the text and when each delta arrived; ``KillOnce`` is a
-progress callback that fires an action once enough tokens have arrived;
+progress callback that fires an action once enough tokens have arrived (and,
+if asked, once enough streams have had their first token);
 ``gaps_after`` measures how long each stream waited for its next token after a
 moment (the kill).
 """
@@ -56,13 +57,17 @@ class StreamRecord:
 
 
 def run_streams(
-    client: Any, requests: Sequence[dict[str, Any]], on_progress: Callable[[int], None] | None = None
+    client: Any, requests: Sequence[dict[str, Any]], on_progress: Callable[[int, int], None] | None = None
 ) -> list[StreamRecord]:
-    """Run every request concurrently through ``client.stream``; ``on_progress(total tokens so far)`` per delta."""
+    """Run every request concurrently through ``client.stream``.
+
+    ``on_progress(total tokens so far, streams that have had a token)`` is called per delta.
+    """
     received = [0]
+    started: set[int] = set()
     lock = threading.Lock()
 
-    def one(request: dict[str, Any]) -> StreamRecord:
+    def one(index: int, request: dict[str, Any]) -> StreamRecord:
         record = StreamRecord()
         with client.stream(**request) as stream:
             for delta in stream:
@@ -72,28 +77,37 @@ def run_streams(
                 record.logprobs.extend(entry.sampled.logprob for entry in delta.logprobs)
                 with lock:
                     received[0] += len(delta.token_ids)
-                    total = received[0]
+                    if delta.token_ids:
+                        started.add(index)
+                    total, num_started = received[0], len(started)
                 if on_progress is not None:
-                    on_progress(total)
+                    on_progress(total, num_started)
             record.num_resumes = stream.num_resumes
         return record
 
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-        return list(pool.map(one, requests))
+        return list(pool.map(one, range(len(requests)), requests))
 
 
 class KillOnce:
-    """A progress callback that runs ``action`` once, when ``at_tokens`` tokens have arrived; records when."""
+    """A progress callback that runs ``action`` once; records when.
 
-    def __init__(self, at_tokens: int, action: Callable[[], None]) -> None:
+    It fires when ``at_tokens`` tokens have arrived and at least
+    ``min_streams_started`` streams have had a token. The second condition keeps
+    a kill mid-stream for every stream of a process that started late: on two
+    busy cores one scheduler's batch can begin a second after the other's.
+    """
+
+    def __init__(self, at_tokens: int, action: Callable[[], None], *, min_streams_started: int = 0) -> None:
         self.at_tokens = at_tokens
+        self.min_streams_started = min_streams_started
         self.action = action
         self.fired_at: float | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, total: int) -> None:
+    def __call__(self, total: int, num_started: int) -> None:
         with self._lock:
-            if self.fired_at is not None or total < self.at_tokens:
+            if self.fired_at is not None or total < self.at_tokens or num_started < self.min_streams_started:
                 return
             self.fired_at = time.monotonic()
         self.action()
