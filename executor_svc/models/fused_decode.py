@@ -28,7 +28,7 @@ from executor_svc.quant.gguf_blocks import BlockLinear
 from executor_svc.quant.int8 import Int8Linear
 
 # The weight kinds of cpu_layers.cpp.
-PANEL_BF16, PANEL_F32, INT8, BLOCKS = 0, 1, 2, 16
+PANEL_BF16, PANEL_F32, INT8, INT8_VNNI, BLOCKS = 0, 1, 2, 3, 16
 
 
 class FusedDecode:
@@ -39,9 +39,8 @@ class FusedDecode:
         self.kernels = kernels
         self.weights = [w[0] for w in linears]
         self.scales = [w[1] for w in linears]
-        self.column_sums = [w[2] for w in linears]
-        self.kinds = [w[3] for w in linears]
-        self.out_features = [w[4] for w in linears]
+        self.kinds = [w[2] for w in linears]
+        self.out_features = [w[3] for w in linears]
         self.biases = [bias for layer in model.layers for bias in (layer.attn.qkv_bias, None, None, None)]
         self.norms = [norm for layer in model.layers for norm in (layer.input_norm, layer.post_norm)]
         self.widen_above = widen_above
@@ -71,7 +70,6 @@ class FusedDecode:
             sin,
             self.weights,
             self.scales,
-            self.column_sums,
             self.biases,
             self.kinds,
             self.out_features,
@@ -129,21 +127,22 @@ def prepare(model: Any) -> tuple[FusedDecode | None, str]:
             if entry is None:
                 return None, f"a linear weight of type {type(weight).__name__}"
             linears.append(entry[:5])
-            if entry[5] is not None:
-                widen.add(entry[5])
+            if entry[4] is not None:
+                widen.add(entry[4])
     if len(widen) > 1:
         return None, "layers widen at different batch sizes"
     return FusedDecode(model, kernels.ops, linears, widen.pop() if widen else 0), "fused"
 
 
 def _linear(weight: Any) -> tuple[Any, ...] | None:
-    """(tensor, scales, column sums, kind, out features, widen_above or None) of a packed weight, or None."""
+    """(tensor, scales, kind, out features, widen_above or None) of a packed weight, or None."""
     if isinstance(weight, PanelWeight):
         kind = PANEL_BF16 if weight.panels.dtype == torch.bfloat16 else PANEL_F32
-        return weight.panels, None, None, kind, weight.out_features, None
+        return weight.panels, None, kind, weight.out_features, None
     if isinstance(weight, Int8Linear) and weight.path in ("amx-int8", "vnni-int8"):
-        return weight.packed, weight.scales, weight.column_sums, INT8, weight.out_features, weight.widen_above
+        kind = INT8_VNNI if weight.path == "vnni-int8" else INT8
+        return weight.packed, weight.scales, kind, weight.out_features, weight.widen_above
     if isinstance(weight, BlockLinear) and weight.kernels is not None:
         quants, scales = weight.tensors
-        return quants, scales, None, BLOCKS + int(weight.qtype), weight.out_features, weight.widen_above
+        return quants, scales, BLOCKS + int(weight.qtype), weight.out_features, weight.widen_above
     return None

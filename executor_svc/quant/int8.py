@@ -81,7 +81,7 @@ class Int8Linear(QuantizedLinear):
     """A linear layer with int8 weights: ``layer(x, bias)`` -> [..., out_features].
 
     ``path`` says what runs it: ``amx-int8`` / ``vnni-int8`` (the C++ kernels;
-    ``packed`` is their panel layout, ``column_sums`` VNNI's correction) or
+    ``packed`` is their panel layout) or
     ``torch-int8`` (``packed`` is wq [N, K], dequantized per call).
     """
 
@@ -91,7 +91,6 @@ class Int8Linear(QuantizedLinear):
     out_features: int
     in_features: int
     widen_above: int
-    column_sums: torch.Tensor | None = None
     kernels: object = None  # the ops of the loaded kernel library (C++ paths)
     # Whether silu_and_mul runs (the AMX-INT8 path of a build with the fused gate/up kernel, whole panels).
     fused_silu: bool = False
@@ -103,8 +102,7 @@ class Int8Linear(QuantizedLinear):
     @property
     def nbytes(self) -> int:
         """Bytes this layer holds."""
-        tensors = (self.packed, self.scales, self.column_sums)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales))
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # [M, K]
@@ -112,7 +110,7 @@ class Int8Linear(QuantizedLinear):
             y = int8_matmul(flat, self._wq(), self.scales, bias, self.widen_above)
         else:
             y = self.kernels.linear_int8(  # type: ignore[attr-defined]
-                flat, self.packed, self.scales, self.out_features, bias, self.column_sums, self.widen_above
+                flat, self.packed, self.scales, self.out_features, bias, self.path == "vnni-int8", self.widen_above
             )
         return y.view(*x.shape[:-1], self.out_features)
 
@@ -158,9 +156,8 @@ def int8_linear(weight: torch.Tensor, path: str, kernels, widen_above: int) -> I
     if path == "torch-int8":
         return Int8Linear(path, wq, ws, n, k, widen_above)
     packed = kernels.pack_int8(wq)
-    sums = kernels.int8_column_sums(packed) if path == "vnni-int8" else None
     fused_silu = path == "amx-int8" and n % 32 == 0 and _has_fused_silu()
-    return Int8Linear(path, packed, ws, n, k, widen_above, sums, kernels, fused_silu)
+    return Int8Linear(path, packed, ws, n, k, widen_above, kernels, fused_silu)
 
 
 def _has_fused_silu() -> bool:

@@ -128,7 +128,6 @@ def test_bad_arguments_are_refused_before_any_layer_runs(checkpoints, cpp_kernel
     lists = {
         "weights": fused.weights,
         "scales": fused.scales,
-        "column_sums": fused.column_sums,
         "biases": fused.biases,
         "kinds": fused.kinds,
         "out_features": fused.out_features,

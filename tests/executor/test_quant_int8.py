@@ -163,23 +163,22 @@ def test_int8_gemm_rejects_mismatched_inputs(kernels):
     packed = kernels.pack_int8(wq)
     assert tuple(packed.shape) == (3, 16, 16, 4)
     assert not packed[2, :, 8:].any()  # outputs past N are zero
-    sums = kernels.int8_column_sums(packed)
-    assert torch.equal(sums.sum(dim=1).flatten()[:40], wq.int().sum(dim=1))
     x = torch.randn(2, 64)
     with pytest.raises(RuntimeError, match="features"):
-        kernels.linear_int8(torch.randn(2, 96), packed, ws, 40, None, sums, int8.ALWAYS)
+        kernels.linear_int8(torch.randn(2, 96), packed, ws, 40, None, True, int8.ALWAYS)
     with pytest.raises(RuntimeError, match="out_features"):
-        kernels.linear_int8(x, packed, ws, 60, None, sums, int8.ALWAYS)
+        kernels.linear_int8(x, packed, ws, 60, None, True, int8.ALWAYS)
     with pytest.raises(RuntimeError, match="scales"):
-        kernels.linear_int8(x, packed, ws[:39], 40, None, sums, int8.ALWAYS)
+        kernels.linear_int8(x, packed, ws[:39], 40, None, True, int8.ALWAYS)
     with pytest.raises(RuntimeError, match="bias"):
-        kernels.linear_int8(x, packed, ws, 40, torch.randn(40).bfloat16(), sums, int8.ALWAYS)
-    with pytest.raises(RuntimeError, match="column_sums"):
-        kernels.linear_int8(x, packed, ws, 40, None, sums[:1], int8.ALWAYS)
+        kernels.linear_int8(x, packed, ws, 40, torch.randn(40).bfloat16(), True, int8.ALWAYS)
+    if not kernels.amx_int8_ready():
+        with pytest.raises(RuntimeError, match="AMX-INT8"):
+            kernels.linear_int8(x, packed, ws, 40, None, False, int8.ALWAYS)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        kernels.linear_int8(x.half(), packed, ws, 40, None, sums, int8.ALWAYS)
+        kernels.linear_int8(x.half(), packed, ws, 40, None, True, int8.ALWAYS)
     with pytest.raises(RuntimeError, match="pack_int8"):
-        kernels.linear_int8(x, packed.float(), ws, 40, None, sums, int8.ALWAYS)
+        kernels.linear_int8(x, packed.float(), ws, 40, None, True, int8.ALWAYS)
     with pytest.raises(RuntimeError, match="int8"):
         kernels.pack_int8(wq.float())
 
@@ -195,7 +194,7 @@ def test_fused_gate_up_is_silu_and_mul_of_the_layer_bit_for_bit(kernels, rows, s
     _, wq, ws = _weights(out_features, in_features, rows)
     packed = kernels.pack_int8(wq)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()
-    unfused = kernels.silu_and_mul(kernels.linear_int8(x, packed, ws, out_features, None, None, widen_above))
+    unfused = kernels.silu_and_mul(kernels.linear_int8(x, packed, ws, out_features, None, False, widen_above))
     fused = kernels.linear_int8_silu(x, packed, ws, out_features, widen_above)
     assert fused.shape == (rows, out_features // 2) and fused.dtype == torch.bfloat16
     assert torch.equal(fused, unfused)

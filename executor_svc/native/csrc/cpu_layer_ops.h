@@ -22,7 +22,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
 
 namespace pagoda::quant {
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
-                       const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& column_sums,
+                       const std::optional<at::Tensor>& bias, bool vnni,
                        int64_t widen_above);
 at::Tensor linear_int8_silu(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
                             int64_t widen_above);

@@ -22,14 +22,14 @@ namespace {
 enum LinearKind : int64_t {
   kPanelBf16 = 0,  // pack_bf16 panels
   kPanelF32 = 1,   // pack_f32 panels
-  kInt8 = 2,       // pack_int8 panels + per-channel scales (+ column sums: the VNNI path)
+  kInt8 = 2,       // pack_int8 panels + per-channel scales, on AMX-INT8
+  kInt8Vnni = 3,   // the same, on AVX512-VNNI
   kBlocks = 16,    // GGUF blocks: kBlocks + the GGUF type, quants + scales from pack_qblocks
 };
 
 struct Linears {
   at::TensorList weights;
   const c10::List<std::optional<at::Tensor>>& scales;
-  const c10::List<std::optional<at::Tensor>>& column_sums;
   const c10::List<std::optional<at::Tensor>>& biases;
   at::IntArrayRef kinds, out_features;
   int64_t widen_above;
@@ -42,7 +42,8 @@ struct Linears {
       case kPanelBf16: return linear_bf16(x, weights[j], n, bias);
       case kPanelF32: return linear_f32(x, weights[j], n, bias);
       case kInt8:
-        return pagoda::quant::linear_int8(x, weights[j], *scales.get(j), n, bias, column_sums.get(j), widen_above);
+      case kInt8Vnni:
+        return pagoda::quant::linear_int8(x, weights[j], *scales.get(j), n, bias, kind == kInt8Vnni, widen_above);
       default:
         return pagoda::qblocks::linear_qblocks(x, weights[j], *scales.get(j), kind - kBlocks, n, bias, widen_above);
     }
@@ -51,7 +52,7 @@ struct Linears {
   // silu_and_mul(linear(x, j)): int8 gate/up weights on AMX in one pass (linear_int8_silu, the same bits), as
   // Int8Linear.silu_and_mul runs them in the Python loop.
   at::Tensor gated(const at::Tensor& x, int64_t j) const {
-    if (kinds[j] == kInt8 && !column_sums.get(j).has_value() && x.scalar_type() == at::kBFloat16 &&
+    if (kinds[j] == kInt8 && x.scalar_type() == at::kBFloat16 &&
         out_features[j] % 32 == 0 && fused_silu)
       return pagoda::quant::linear_int8_silu(x, weights[j], *scales.get(j), out_features[j], widen_above);
     return silu_and_mul((*this)(x, j));
@@ -60,12 +61,12 @@ struct Linears {
   void check(int64_t count) const {
     TORCH_CHECK(int64_t(weights.size()) == count && int64_t(kinds.size()) == count &&
                     int64_t(out_features.size()) == count && int64_t(scales.size()) == count &&
-                    int64_t(column_sums.size()) == count && int64_t(biases.size()) == count,
-                "decode_layers: ", count, " linear weights expected (4 per layer), with a kind, size, scales, "
-                "column sums and bias entry each");
+                    int64_t(biases.size()) == count,
+                "decode_layers: ", count, " linear weights expected (4 per layer), with a kind, size, scales "
+                "and bias entry each");
     for (int64_t j = 0; j < count; ++j) {
       const int64_t kind = kinds[j];
-      TORCH_CHECK(kind == kPanelBf16 || kind == kPanelF32 || kind == kInt8 || kind > kBlocks,
+      TORCH_CHECK(kind == kPanelBf16 || kind == kPanelF32 || kind == kInt8 || kind == kInt8Vnni || kind > kBlocks,
                   "decode_layers: unknown linear kind ", kind);
       TORCH_CHECK(kind < kInt8 || scales.get(j).has_value(), "decode_layers: weight ", j, " needs its scales");
     }
@@ -76,7 +77,6 @@ struct Linears {
 
 void decode_layers(at::Tensor hidden, at::Tensor normed, at::Tensor positions, at::Tensor cos_table,
                    at::Tensor sin_table, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& scales,
-                   const c10::List<std::optional<at::Tensor>>& column_sums,
                    const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef kinds,
                    at::IntArrayRef out_features, int64_t widen_above, at::TensorList norms, at::TensorList k_caches,
                    at::TensorList v_caches, const c10::List<std::optional<at::Tensor>>& k_scales,
@@ -92,7 +92,7 @@ void decode_layers(at::Tensor hidden, at::Tensor normed, at::Tensor positions, a
 #else
   constexpr bool fused_silu = false;
 #endif
-  const Linears linear{weights, scales, column_sums, biases, kinds, out_features, widen_above, fused_silu};
+  const Linears linear{weights, scales, biases, kinds, out_features, widen_above, fused_silu};
   linear.check(4 * layers);
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && normed.sizes() == hidden.sizes(),
               "decode_layers: hidden and normed must be [T, hidden], hidden contiguous");

@@ -11,10 +11,10 @@
 // once at the end, and y is rounded to x's dtype once.
 //
 // AMX-INT8 (tdpbssd) where the CPU has it; otherwise AVX512-VNNI (vpdpbusd:
-// unsigned x signed, so x is shifted by 128 and 128 * the weights' column
-// sums taken off again). Threads split the panels; a group of panels stays in
-// L2 while every row tile of x passes over it, so decode batches read each
-// weight once per step.
+// unsigned x signed, so the weights are the unsigned operand, shifted by 128,
+// and 128 * each row's group sums of x taken off again once per row). Threads
+// split the panels; a group of panels stays in L2 while every row tile of x
+// passes over it, so decode batches read each weight once per step.
 #include "cpu_quant.h"
 #include "cpu_layer_ops.h"
 
@@ -151,37 +151,54 @@ PAGODA_INLINE void amx_tile_rows(const int8_t* xq, int64_t kp, const float* xs, 
 #endif
 
 #if defined(__AVX512VNNI__)
-// acc[r] for ROWS rows of x: VNNI dot products per 64-k group (x + 128 as unsigned bytes, then
-// 128 * column sums taken off), scaled into fp32.
-template <int ROWS>
-PAGODA_INLINE void vnni_rows(const int8_t* xq, int64_t kp, const float* xs, int64_t groups, const int8_t* panel,
-                             const int32_t* column_sums, __m512* acc) {
-  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
+// dot[r][p] += x . w for one 64-k group of R rows and P panels: vpdpbusd with the weights as its unsigned
+// operand (w ^ 0x80 is w + 128 as a byte) and x as the signed one, a dword of x broadcast per row for the P
+// panels, so dot = x . w + 128 * sum(x) (below 2^24 in magnitude: exact in fp32). The 128 * sum(x) term does
+// not depend on the output column: it is taken off once per row at the end (vnni_row_shift).
+template <int R, int P>
+PAGODA_INLINE void vnni_block(const int8_t* xq, int64_t kp, const float* xs, int64_t groups, const int8_t* panel,
+                              int64_t panel_stride, __m512 (&acc)[R][P]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 8
-  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i dot[ROWS];
+    __m512i dot[R][P];
 #pragma GCC unroll 8
-    for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) dot[r][p] = _mm512_setzero_si512();
     const int8_t* w = panel + g * kTileBytes;
     const int8_t* xg = xq + g * kDepth;
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int64_t j = 0; j < kDepth / 4; ++j) {
-      const __m512i wj = _mm512_load_si512(w + 64 * j);
+      __m512i wj[P];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) wj[p] = _mm512_xor_si512(_mm512_load_si512(w + p * panel_stride + 64 * j), flip);
 #pragma GCC unroll 8
-      for (int r = 0; r < ROWS; ++r) {
+      for (int r = 0; r < R; ++r) {
         int32_t quad;
         std::memcpy(&quad, xg + r * kp + 4 * j, 4);
-        dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_xor_si512(_mm512_set1_epi32(quad), flip), wj);
+        const __m512i xj = _mm512_set1_epi32(quad);
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], wj[p], xj);
       }
     }
-    const __m512i shift = _mm512_slli_epi32(_mm512_load_si512(column_sums + g * kCols), 7);
 #pragma GCC unroll 8
-    for (int r = 0; r < ROWS; ++r) {
-      const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], shift));
-      acc[r] = _mm512_fmadd_ps(exact, _mm512_set1_ps(xs[r * groups + g]), acc[r]);
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_set1_ps(xs[r * groups + g]);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][p]), scale, acc[r][p]);
     }
   }
+}
+
+// What vnni_block's sums of row r hold beyond x . w: 128 * sum_g xs[g] * sum(x of group g).
+inline float vnni_row_shift(const float* xs, const int32_t* xsum, int64_t groups) {
+  float shift = 0.f;
+  for (int64_t g = 0; g < groups; ++g) shift = std::fma(xs[g], 128.f * static_cast<float>(xsum[g]), shift);
+  return shift;
 }
 #endif
 
@@ -204,7 +221,7 @@ struct Int8Problem {
   int64_t m, mp, kp, groups, n, panels;
   const int8_t* w;
   const float* ws;
-  const int32_t* column_sums;  // VNNI only
+  const int32_t* xsum;  // VNNI: the sum of each row's group of xq [mp, groups]
   bool gated = false;  // linear_int8_silu: y [m, n / 2] = silu(gate) * up of the two halves of the outputs
 };
 
@@ -400,29 +417,54 @@ void run_widened(const at::Tensor& x, const Int8Problem& pr, const T* bias, T* y
 }
 #endif
 
+#if defined(__AVX512VNNI__)
+// Rows [row0, row0 + R) x panels [p, p + P) of y (P whole panels; rows past m not stored).
+template <int R, int P, typename T>
+PAGODA_INLINE void vnni_rows_panels(const Int8Problem& pr, int64_t row0, int64_t p, const float* shift, const T* bias,
+                                    T* y) {
+  __m512 acc[R][P];
+  const int64_t panel_stride = pr.kp * kCols;
+  vnni_block<R, P>(pr.xq + row0 * pr.kp, pr.kp, pr.xs + row0 * pr.groups, pr.groups, pr.w + p * panel_stride,
+                   panel_stride, acc);
+  const int64_t rows = std::min<int64_t>(R, pr.m - row0);
+  for (int q = 0; q < P; ++q) {
+    __m512 out[R];
+    for (int r = 0; r < R; ++r) out[r] = _mm512_sub_ps(acc[r][q], _mm512_set1_ps(shift[row0 + r]));
+    store_rows(out, rows, pr.ws, bias, y, pr.n, row0, p + q);
+  }
+}
+
+// Rows [row0, row0 + R) for panels [p0, p1): blocks of P panels (R x P sums in registers: 6 x 2 for prefill
+// steps, more panels for fewer rows), then one panel at a time for the rest.
+template <int R, typename T>
+PAGODA_INLINE void vnni_rows_span(const Int8Problem& pr, int64_t row0, int64_t p0, int64_t p1, const float* shift,
+                                  const T* bias, T* y) {
+  constexpr int P = R <= 4 ? 3 : 2;
+  int64_t p = p0;
+  for (; p + P <= p1; p += P) vnni_rows_panels<R, P>(pr, row0, p, shift, bias, y);
+  for (; p < p1; ++p) vnni_rows_panels<R, 1>(pr, row0, p, shift, bias, y);
+}
+#endif
+
 template <typename T>
 void run_vnni(const Int8Problem& pr, const T* bias, T* y) {
 #if defined(__AVX512VNNI__)
-  constexpr int64_t kMr = 4;  // rows per pass: 4 int32 + 4 fp32 accumulators
+  constexpr int64_t kMr = 6;  // rows per block
+  std::vector<float> shift(round_up(pr.m, kMr));  // 0 past m
+  for (int64_t r = 0; r < pr.m; ++r) shift[r] = vnni_row_shift(pr.xs + r * pr.groups, pr.xsum + r * pr.groups, pr.groups);
   pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
-    __m512 acc[kMr];
     for (int64_t p0 = begin; p0 < end; p0 += kPanelGroup) {
       const int64_t p1 = std::min(end, p0 + kPanelGroup);
-      for (int64_t row0 = 0; row0 < pr.m; row0 += kMr)
-        for (int64_t p = p0; p < p1; ++p) {
-          const int8_t* xq = pr.xq + row0 * pr.kp;
-          const float* xs = pr.xs + row0 * pr.groups;
-          const int8_t* panel = pr.w + p * pr.kp * kCols;
-          const int32_t* sums = pr.column_sums + p * pr.groups * kCols;
-          const int64_t rows = std::min(kMr, pr.m - row0);
-          switch (rows) {
-            case 4: vnni_rows<4>(xq, pr.kp, xs, pr.groups, panel, sums, acc); break;
-            case 3: vnni_rows<3>(xq, pr.kp, xs, pr.groups, panel, sums, acc); break;
-            case 2: vnni_rows<2>(xq, pr.kp, xs, pr.groups, panel, sums, acc); break;
-            default: vnni_rows<1>(xq, pr.kp, xs, pr.groups, panel, sums, acc); break;
-          }
-          store_rows(acc, rows, pr.ws, bias, y, pr.n, row0, p);
+      for (int64_t row0 = 0; row0 < pr.m; row0 += kMr) {
+        switch (std::min(kMr, pr.m - row0)) {
+          case 6: vnni_rows_span<6>(pr, row0, p0, p1, shift.data(), bias, y); break;
+          case 5: vnni_rows_span<5>(pr, row0, p0, p1, shift.data(), bias, y); break;
+          case 4: vnni_rows_span<4>(pr, row0, p0, p1, shift.data(), bias, y); break;
+          case 3: vnni_rows_span<3>(pr, row0, p0, p1, shift.data(), bias, y); break;
+          case 2: vnni_rows_span<2>(pr, row0, p0, p1, shift.data(), bias, y); break;
+          default: vnni_rows_span<1>(pr, row0, p0, p1, shift.data(), bias, y); break;
         }
+      }
     }
   });
 #else
@@ -501,25 +543,11 @@ at::Tensor pack_int8(const at::Tensor& weight) {
   return packed;
 }
 
-// Per panel, 64-k group and column: the sum of the packed weights ([P, Kp / 64, 16] int32), which the VNNI
-// path takes off its shifted dot products.
-at::Tensor int8_column_sums(const at::Tensor& packed) {
-  check_packed(packed, "packed");
-  const int64_t panels = packed.size(0), groups = packed.size(1) * 4 / kDepth;
-  auto sums = at::zeros({panels, groups, kCols}, packed.options().dtype(at::kInt));
-  const int8_t* w = packed.data_ptr<int8_t>();
-  int32_t* out = sums.data_ptr<int32_t>();
-  for (int64_t tile = 0; tile < panels * groups; ++tile)  // a tile: 16 k-quads x 16 columns x 4
-    for (int64_t i = 0; i < kTileBytes; ++i) out[tile * kCols + (i / 4) % kCols] += w[tile * kTileBytes + i];
-  return sums;
-}
-
-// x [M, K] fp32 / bf16 @ (packed * scales)^T (+ bias [N], x's dtype) -> [M, N] in x's dtype. With
-// column_sums (int8_column_sums of packed) the VNNI kernel runs (int8 activations at any M), else AMX-INT8
-// up to widen_above rows and the widened bf16 path past them.
+// x [M, K] fp32 / bf16 @ (packed * scales)^T (+ bias [N], x's dtype) -> [M, N] in x's dtype. With vnni the
+// AVX512-VNNI kernel runs (int8 activations at any M), else AMX-INT8 up to widen_above rows and the widened
+// bf16 path past them.
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
-                       const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& column_sums,
-                       int64_t widen_above) {
+                       const std::optional<at::Tensor>& bias, bool vnni, int64_t widen_above) {
   check_packed(packed, "packed weight");
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "x must be a 2-D float32 or bfloat16 CPU tensor");
@@ -533,27 +561,20 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::
     b = bias->contiguous();
     TORCH_CHECK(b.scalar_type() == x.scalar_type() && b.numel() == n, "bias must be ", x.scalar_type(), " [", n, "]");
   }
-  if (column_sums.has_value()) {
-    TORCH_CHECK(column_sums->scalar_type() == at::kInt && column_sums->is_contiguous() &&
-                    column_sums->numel() == panels * (kp / kDepth) * kCols,
-                "column_sums must come from int8_column_sums of this weight");
-  } else {
-    TORCH_CHECK(amx_int8_ready(), "the AMX-INT8 path needs AMX-INT8 (pass column_sums for the VNNI path)");
-  }
+  TORCH_CHECK(vnni || amx_int8_ready(), "the AMX-INT8 path needs AMX-INT8 (vnni=True for the VNNI path)");
   auto y = at::empty({m, n}, x.options());
   if (m == 0) return y;
-  const bool widen = !column_sums.has_value() && m > widen_above;
+  const bool widen = !vnni && m > widen_above;
   TORCH_CHECK(!widen || pagoda_amx_bf16(), "this build cannot widen int8 weights to bf16 (no AMX-BF16)");
-  const QuantizedRows rows = widen ? QuantizedRows{} : quantize_rows(x, kDepth, false);
-  const Int8Problem problem{widen ? nullptr : rows.q.data_ptr<int8_t>(), widen ? nullptr : rows.scale.data_ptr<float>(),
-                            m, widen ? 0 : rows.mp, kp, kp / kDepth, n, panels, packed.data_ptr<int8_t>(),
-                            scales.data_ptr<float>(),
-                            column_sums.has_value() ? column_sums->data_ptr<int32_t>() : nullptr};
+  const QuantizedRows rows = widen ? QuantizedRows{} : quantize_rows(x, kDepth, vnni);
+  Int8Problem problem{widen ? nullptr : rows.q.data_ptr<int8_t>(), widen ? nullptr : rows.scale.data_ptr<float>(),
+                      m, widen ? 0 : rows.mp, kp, kp / kDepth, n, panels, packed.data_ptr<int8_t>(),
+                      scales.data_ptr<float>(), vnni ? rows.sum.data_ptr<int32_t>() : nullptr};
 #if defined(__AVX512F__)
   AT_DISPATCH_V2(x.scalar_type(), "linear_int8", AT_WRAP([&] {
     const scalar_t* bd = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
     scalar_t* yd = y.data_ptr<scalar_t>();
-    if (column_sums.has_value()) run_vnni<scalar_t>(problem, bd, yd);
+    if (vnni) run_vnni<scalar_t>(problem, bd, yd);
 #if defined(PAGODA_AMX_INT8) && defined(PAGODA_AMX)
     else if (widen) run_widened<scalar_t>(x, problem, bd, yd);
 #endif
@@ -603,7 +624,6 @@ at::Tensor linear_int8_silu(const at::Tensor& x, const at::Tensor& packed, const
 TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
   m.impl("quantize_rows_int8", &pagoda::quant::quantize_rows_int8);
   m.impl("pack_int8", &pagoda::quant::pack_int8);
-  m.impl("int8_column_sums", &pagoda::quant::int8_column_sums);
   m.impl("linear_int8", &pagoda::quant::linear_int8);
   m.impl("linear_int8_silu", &pagoda::quant::linear_int8_silu);
 }

@@ -64,9 +64,8 @@ TORCH_LIBRARY(pagoda, m) {
   // Quantized linear layers (cpu_quant.cpp: int8 weights).
   m.def("quantize_rows_int8(Tensor x, int group) -> (Tensor, Tensor, Tensor)");
   m.def("pack_int8(Tensor weight) -> Tensor");
-  m.def("int8_column_sums(Tensor packed) -> Tensor");
   m.def(
-      "linear_int8(Tensor x, Tensor packed, Tensor scales, int out_features, Tensor? bias, Tensor? column_sums, "
+      "linear_int8(Tensor x, Tensor packed, Tensor scales, int out_features, Tensor? bias, bool vnni, "
       "int widen_above) -> Tensor");
   m.def("linear_int8_silu(Tensor x, Tensor packed, Tensor scales, int out_features, int widen_above) -> Tensor");
   // GGUF blocks kept as stored (cpu_qblocks.cpp: Q8_0, Q4_0, Q4_1).
@@ -89,7 +88,7 @@ TORCH_LIBRARY(pagoda, m) {
   // Every decoder layer of a decode-only step in one call (cpu_layers.cpp); hidden is updated in place.
   m.def(
       "decode_layers(Tensor(a!) hidden, Tensor normed, Tensor positions, Tensor cos_table, Tensor sin_table, "
-      "Tensor[] weights, Tensor?[] scales, Tensor?[] column_sums, Tensor?[] biases, int[] kinds, int[] out_features, "
+      "Tensor[] weights, Tensor?[] scales, Tensor?[] biases, int[] kinds, int[] out_features, "
       "int widen_above, Tensor[] norms, Tensor[] k_caches, Tensor[] v_caches, Tensor?[] k_scales, Tensor?[] v_scales, "
       "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, int num_kv_heads, "
       "float attn_scale, int window, float softcap, float eps) -> ()");
