@@ -92,7 +92,7 @@ class Int8Linear(QuantizedLinear):
     in_features: int
     widen_above: int
     kernels: object = None  # the ops of the loaded kernel library (C++ paths)
-    # Whether silu_and_mul runs (the AMX-INT8 path of a build with the fused gate/up kernel, whole panels).
+    # Whether silu_and_mul runs (a C++ path of a build with the fused gate/up kernel, whole panels).
     fused_silu: bool = False
 
     @property
@@ -121,7 +121,7 @@ class Int8Linear(QuantizedLinear):
             return None
         flat = x.reshape(-1, x.shape[-1])
         y = self.kernels.linear_int8_silu(  # type: ignore[attr-defined]
-            flat, self.packed, self.scales, self.out_features, self.widen_above
+            flat, self.packed, self.scales, self.out_features, self.path == "vnni-int8", self.widen_above
         )
         return y.view(*x.shape[:-1], self.out_features // 2)
 
@@ -156,12 +156,16 @@ def int8_linear(weight: torch.Tensor, path: str, kernels, widen_above: int) -> I
     if path == "torch-int8":
         return Int8Linear(path, wq, ws, n, k, widen_above)
     packed = kernels.pack_int8(wq)
-    fused_silu = path == "amx-int8" and n % 32 == 0 and _has_fused_silu()
+    fused_silu = n % 32 == 0 and _has_fused_silu(path)
     return Int8Linear(path, packed, ws, n, k, widen_above, kernels, fused_silu)
 
 
-def _has_fused_silu() -> bool:
-    """Whether the loaded kernels have the fused gate/up kernel (AMX-INT8 and AMX-BF16 with AVX-512-BF16)."""
+# What the fused gate/up kernel needs in the kernel build, per C++ int8 path.
+_FUSED_SILU_NEEDS = {"amx-int8": {"amx_int8", "amx", "avx512_bf16"}, "vnni-int8": {"avx512_vnni", "avx512_bf16"}}
+
+
+def _has_fused_silu(path: str) -> bool:
+    """Whether the loaded kernels have the fused gate/up kernel for ``path``."""
     loaded = loader.kernels()
-    needs = {"amx_int8", "amx", "avx512_bf16"}
-    return loaded is not None and needs <= loaded.features and hasattr(loaded.ops, "linear_int8_silu")
+    needs = _FUSED_SILU_NEEDS.get(path)
+    return loaded is not None and needs is not None and needs <= loaded.features

@@ -183,39 +183,55 @@ def test_int8_gemm_rejects_mismatched_inputs(kernels):
         kernels.pack_int8(wq.float())
 
 
+def _fused_paths(kernels) -> list[str]:
+    """The int8 paths with the fused gate/up kernel in this build (both need AVX-512-BF16)."""
+    if "avx512_bf16" not in kernels.cpu_features():
+        return []
+    return [path for path in _paths(kernels) if path == "vnni-int8" or "amx" in kernels.cpu_features()]
+
+
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("shape", [(64, 40), (3072, 576), (192, 1536)])  # (2I, K): SmolLM2's gate/up included
 @pytest.mark.parametrize("widen_above", [int8.WIDEN_ABOVE_ROWS, 0, int8.ALWAYS])
 def test_fused_gate_up_is_silu_and_mul_of_the_layer_bit_for_bit(kernels, rows, shape, widen_above):
-    """linear_int8_silu = silu_and_mul(linear_int8(x)) exactly, on the decode tiles and the widened prefill path."""
-    if not kernels.amx_int8_ready() or "avx512_bf16" not in kernels.cpu_features():
-        pytest.skip("the fused gate/up kernel needs AMX-INT8 and AVX-512-BF16")
+    """linear_int8_silu = silu_and_mul(linear_int8(x)) exactly: AMX-INT8's decode tiles and widened prefill
+    path, and VNNI's blocks (a gate panel with its up panel) at every row count."""
+    paths = _fused_paths(kernels)
+    if not paths:
+        pytest.skip("the fused gate/up kernel needs AVX-512-BF16 with AMX or VNNI")
     out_features, in_features = shape
     _, wq, ws = _weights(out_features, in_features, rows)
     packed = kernels.pack_int8(wq)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()
-    unfused = kernels.silu_and_mul(kernels.linear_int8(x, packed, ws, out_features, None, False, widen_above))
-    fused = kernels.linear_int8_silu(x, packed, ws, out_features, widen_above)
-    assert fused.shape == (rows, out_features // 2) and fused.dtype == torch.bfloat16
-    assert torch.equal(fused, unfused)
-    layer = int8.int8_linear(wq.float() * ws[:, None], "amx-int8", kernels, widen_above)
-    assert layer.fused_silu and torch.equal(layer.silu_and_mul(x.view(1, rows, in_features))[0], unfused)
+    for path in paths:
+        vnni = path == "vnni-int8"
+        unfused = kernels.silu_and_mul(kernels.linear_int8(x, packed, ws, out_features, None, vnni, widen_above))
+        fused = kernels.linear_int8_silu(x, packed, ws, out_features, vnni, widen_above)
+        assert fused.shape == (rows, out_features // 2) and fused.dtype == torch.bfloat16
+        assert torch.equal(fused, unfused), path
+        layer = int8.int8_linear(wq.float() * ws[:, None], path, kernels, widen_above)
+        assert layer.fused_silu and torch.equal(layer.silu_and_mul(x.view(1, rows, in_features))[0], unfused)
 
 
-def test_fused_gate_up_refuses_what_it_cannot_run(kernels):
+@pytest.mark.parametrize("vnni", [False, True])
+def test_fused_gate_up_refuses_what_it_cannot_run(kernels, vnni):
     """Halves that are not whole 16-output panels, fp32 rows, wrong scales: clear errors; the layer says None."""
-    if not kernels.amx_int8_ready() or "avx512_bf16" not in kernels.cpu_features():
-        pytest.skip("the fused gate/up kernel needs AMX-INT8 and AVX-512-BF16")
+    path = "vnni-int8" if vnni else "amx-int8"
+    if path not in _fused_paths(kernels):
+        pytest.skip(f"this build has no fused gate/up kernel for {path}")
     _, wq, ws = _weights(48, 64, 7)  # three panels: no whole halves
     packed = kernels.pack_int8(wq)
     x = torch.randn(2, 64).bfloat16()
     with pytest.raises(RuntimeError, match="halves"):
-        kernels.linear_int8_silu(x, packed, ws, 48, int8.WIDEN_ABOVE_ROWS)
+        kernels.linear_int8_silu(x, packed, ws, 48, vnni, int8.WIDEN_ABOVE_ROWS)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        kernels.linear_int8_silu(x.float(), packed, ws, 48, int8.WIDEN_ABOVE_ROWS)
+        kernels.linear_int8_silu(x.float(), packed, ws, 48, vnni, int8.WIDEN_ABOVE_ROWS)
     _, wq, ws = _weights(64, 64, 8)
     with pytest.raises(RuntimeError, match="scales"):
-        kernels.linear_int8_silu(x, kernels.pack_int8(wq), ws[:32], 64, int8.WIDEN_ABOVE_ROWS)
-    assert not int8.int8_linear(torch.randn(48, 64), "amx-int8", kernels, int8.WIDEN_ABOVE_ROWS).fused_silu
-    layer = int8.int8_linear(torch.randn(64, 64), "amx-int8", kernels, int8.WIDEN_ABOVE_ROWS)
+        kernels.linear_int8_silu(x, kernels.pack_int8(wq), ws[:32], 64, vnni, int8.WIDEN_ABOVE_ROWS)
+    if not kernels.amx_int8_ready():
+        with pytest.raises(RuntimeError, match="AMX-INT8"):
+            kernels.linear_int8_silu(x, kernels.pack_int8(wq), ws, 64, False, int8.WIDEN_ABOVE_ROWS)
+    assert not int8.int8_linear(torch.randn(48, 64), path, kernels, int8.WIDEN_ABOVE_ROWS).fused_silu
+    layer = int8.int8_linear(torch.randn(64, 64), path, kernels, int8.WIDEN_ABOVE_ROWS)
     assert layer.silu_and_mul(x.float()) is None  # fp32 rows: the caller runs the layer and silu_and_mul

@@ -25,7 +25,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::
                        const std::optional<at::Tensor>& bias, bool vnni,
                        int64_t widen_above);
 at::Tensor linear_int8_silu(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
-                            int64_t widen_above);
+                            bool vnni, int64_t widen_above);
 }  // namespace pagoda::quant
 
 namespace pagoda::qblocks {

@@ -27,13 +27,26 @@ enum LinearKind : int64_t {
   kBlocks = 16,    // GGUF blocks: kBlocks + the GGUF type, quants + scales from pack_qblocks
 };
 
+// Whether this build has linear_int8_silu for the AMX-INT8 and the VNNI int8 kinds.
+constexpr bool kFusedSiluAmx =
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    true;
+#else
+    false;
+#endif
+constexpr bool kFusedSiluVnni =
+#if defined(__AVX512VNNI__) && defined(__AVX512BF16__)
+    true;
+#else
+    false;
+#endif
+
 struct Linears {
   at::TensorList weights;
   const c10::List<std::optional<at::Tensor>>& scales;
   const c10::List<std::optional<at::Tensor>>& biases;
   at::IntArrayRef kinds, out_features;
   int64_t widen_above;
-  bool fused_silu;  // this build has linear_int8_silu
 
   at::Tensor operator()(const at::Tensor& x, int64_t j) const {
     const int64_t n = out_features[j], kind = kinds[j];
@@ -49,12 +62,14 @@ struct Linears {
     }
   }
 
-  // silu_and_mul(linear(x, j)): int8 gate/up weights on AMX in one pass (linear_int8_silu, the same bits), as
-  // Int8Linear.silu_and_mul runs them in the Python loop.
+  // silu_and_mul(linear(x, j)): int8 gate/up weights in one pass where this build has that kernel
+  // (linear_int8_silu, the same bits), as Int8Linear.silu_and_mul runs them in the Python loop.
   at::Tensor gated(const at::Tensor& x, int64_t j) const {
-    if (kinds[j] == kInt8 && x.scalar_type() == at::kBFloat16 &&
-        out_features[j] % 32 == 0 && fused_silu)
-      return pagoda::quant::linear_int8_silu(x, weights[j], *scales.get(j), out_features[j], widen_above);
+    const int64_t kind = kinds[j];
+    const bool fused = (kind == kInt8 && kFusedSiluAmx) || (kind == kInt8Vnni && kFusedSiluVnni);
+    if (fused && x.scalar_type() == at::kBFloat16 && out_features[j] % 32 == 0)
+      return pagoda::quant::linear_int8_silu(x, weights[j], *scales.get(j), out_features[j], kind == kInt8Vnni,
+                                             widen_above);
     return silu_and_mul((*this)(x, j));
   }
 
@@ -87,12 +102,7 @@ void decode_layers(at::Tensor hidden, at::Tensor normed, at::Tensor positions, a
   TORCH_CHECK(layers > 0 && int64_t(v_caches.size()) == layers && int64_t(k_scales.size()) == layers &&
                   int64_t(v_scales.size()) == layers && int64_t(norms.size()) == 2 * layers,
               "decode_layers: per layer one K and one V cache, their scales (or None) and two norms");
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-  constexpr bool fused_silu = true;
-#else
-  constexpr bool fused_silu = false;
-#endif
-  const Linears linear{weights, scales, biases, kinds, out_features, widen_above, fused_silu};
+  const Linears linear{weights, scales, biases, kinds, out_features, widen_above};
   linear.check(4 * layers);
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && normed.sizes() == hidden.sizes(),
               "decode_layers: hidden and normed must be [T, hidden], hidden contiguous");

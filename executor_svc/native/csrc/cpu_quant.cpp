@@ -434,11 +434,40 @@ PAGODA_INLINE void vnni_rows_panels(const Int8Problem& pr, int64_t row0, int64_t
   }
 }
 
+#if defined(__AVX512BF16__)
+// The fused gate/up layer on VNNI: rows [row0, row0 + R) of y [m, n / 2] for gate panel p, computed in one
+// block with its up panel (half further on), each rounded to bf16 as the layer's own output would be
+// (vnni_rows_panels' store without bias), then silu_and_mul's math.
+template <int R>
+PAGODA_INLINE void vnni_rows_gated(const Int8Problem& pr, int64_t row0, int64_t p, const float* shift, BF16* y) {
+  __m512 acc[R][2];
+  const int64_t panel_stride = pr.kp * kCols, half = pr.panels / 2, width = pr.n / 2;
+  vnni_block<R, 2>(pr.xq + row0 * pr.kp, pr.kp, pr.xs + row0 * pr.groups, pr.groups, pr.w + p * panel_stride,
+                   half * panel_stride, acc);
+  const __m512 gate_scale = _mm512_loadu_ps(pr.ws + p * kCols), up_scale = _mm512_loadu_ps(pr.ws + (p + half) * kCols);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t r = 0; r < std::min<int64_t>(R, pr.m - row0); ++r) {
+    const __m512 off = _mm512_set1_ps(shift[row0 + r]);
+    const __m512 g = pagoda::round_bf16x16(_mm512_fmadd_ps(_mm512_sub_ps(acc[r][0], off), gate_scale, zero));
+    const __m512 u = pagoda::round_bf16x16(_mm512_fmadd_ps(_mm512_sub_ps(acc[r][1], off), up_scale, zero));
+    store16(y + (row0 + r) * width + p * kCols, pagoda::silu_mul_bf16x16(g, u), __mmask16(0xFFFF));
+  }
+}
+#endif
+
 // Rows [row0, row0 + R) for panels [p0, p1): blocks of P panels (R x P sums in registers: 6 x 2 for prefill
 // steps, more panels for fewer rows), then one panel at a time for the rest.
 template <int R, typename T>
 PAGODA_INLINE void vnni_rows_span(const Int8Problem& pr, int64_t row0, int64_t p0, int64_t p1, const float* shift,
                                   const T* bias, T* y) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, BF16>) {
+    if (pr.gated) {  // [p0, p1) are gate panels
+      for (int64_t p = p0; p < p1; ++p) vnni_rows_gated<R>(pr, row0, p, shift, y);
+      return;
+    }
+  }
+#endif
   constexpr int P = R <= 4 ? 3 : 2;
   int64_t p = p0;
   for (; p + P <= p1; p += P) vnni_rows_panels<R, P>(pr, row0, p, shift, bias, y);
@@ -452,9 +481,11 @@ void run_vnni(const Int8Problem& pr, const T* bias, T* y) {
   constexpr int64_t kMr = 6;  // rows per block
   std::vector<float> shift(round_up(pr.m, kMr));  // 0 past m
   for (int64_t r = 0; r < pr.m; ++r) shift[r] = vnni_row_shift(pr.xs + r * pr.groups, pr.xsum + r * pr.groups, pr.groups);
-  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p0 = begin; p0 < end; p0 += kPanelGroup) {
-      const int64_t p1 = std::min(end, p0 + kPanelGroup);
+  // The fused gate/up layer splits its gate panels (each with its up panel): half the panels of a group.
+  const int64_t group = pr.gated ? kPanelGroup / 2 : kPanelGroup;
+  pagoda::parallel_for(pr.gated ? pr.panels / 2 : pr.panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p0 = begin; p0 < end; p0 += group) {
+      const int64_t p1 = std::min(end, p0 + group);
       for (int64_t row0 = 0; row0 < pr.m; row0 += kMr) {
         switch (std::min(kMr, pr.m - row0)) {
           case 6: vnni_rows_span<6>(pr, row0, p0, p1, shift.data(), bias, y); break;
@@ -586,11 +617,12 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::
   return y;
 }
 
-// The fused gate/up layer of a SwiGLU block: silu_and_mul(linear_int8(x, packed, scales, n, None, None,
+// The fused gate/up layer of a SwiGLU block: silu_and_mul(linear_int8(x, packed, scales, n, None, vnni,
 // widen_above)) in one pass, the same bits. packed holds the gate rows then the up rows (n / 2 each, a whole
-// number of 16-output panels); x bf16 [M, K] -> [M, n / 2] bf16. AMX-INT8 only.
+// number of 16-output panels); x bf16 [M, K] -> [M, n / 2] bf16. AMX-INT8 (vnni false) or AVX512-VNNI, with
+// AVX-512-BF16.
 at::Tensor linear_int8_silu(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,
-                            int64_t widen_above) {
+                            bool vnni, int64_t widen_above) {
   check_packed(packed, "packed weight");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be a 2-D bfloat16 CPU tensor");
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), kp = packed.size(1) * 4;
@@ -599,21 +631,24 @@ at::Tensor linear_int8_silu(const at::Tensor& x, const at::Tensor& packed, const
               "out_features ", n, " must be gate and up halves of whole 16-output panels");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == n && scales.is_contiguous(),
               "scales must be float32 [", n, "]");
-  TORCH_CHECK(amx_int8_ready(), "the fused gate/up layer needs AMX-INT8");
+  TORCH_CHECK(vnni || amx_int8_ready(), "the fused gate/up layer needs AMX-INT8 (vnni=True for the VNNI path)");
   auto y = at::empty({m, n / 2}, x.options());
   if (m == 0) return y;
-#if defined(PAGODA_AMX_INT8) && defined(PAGODA_AMX) && defined(__AVX512BF16__)
-  const bool widen = m > widen_above;
-  const QuantizedRows rows = widen ? QuantizedRows{} : quantize_rows(x, kDepth, false);
+#if defined(__AVX512BF16__) && (defined(__AVX512VNNI__) || (defined(PAGODA_AMX_INT8) && defined(PAGODA_AMX)))
+  const bool widen = !vnni && m > widen_above;
+  const QuantizedRows rows = widen ? QuantizedRows{} : quantize_rows(x, kDepth, vnni);
   Int8Problem problem{widen ? nullptr : rows.q.data_ptr<int8_t>(), widen ? nullptr : rows.scale.data_ptr<float>(),
                       m, widen ? 0 : rows.mp, kp, kp / kDepth, n, panels, packed.data_ptr<int8_t>(),
-                      scales.data_ptr<float>(), nullptr};
+                      scales.data_ptr<float>(), vnni ? rows.sum.data_ptr<int32_t>() : nullptr};
   problem.gated = true;
   BF16* yd = y.data_ptr<BF16>();
-  if (widen) run_widened<BF16>(x, problem, nullptr, yd);
+  if (vnni) run_vnni<BF16>(problem, nullptr, yd);
+#if defined(PAGODA_AMX_INT8) && defined(PAGODA_AMX)
+  else if (widen) run_widened<BF16>(x, problem, nullptr, yd);
   else run_amx<BF16>(problem, nullptr, yd);
+#endif
 #else
-  TORCH_CHECK(false, "this build has no fused gate/up kernel (needs AMX-INT8, AMX-BF16 and AVX-512-BF16)");
+  TORCH_CHECK(false, "this build has no fused gate/up kernel (needs AVX-512-BF16 with AVX512-VNNI or AMX)");
 #endif
   return y;
 }

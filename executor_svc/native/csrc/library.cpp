@@ -67,7 +67,9 @@ TORCH_LIBRARY(pagoda, m) {
   m.def(
       "linear_int8(Tensor x, Tensor packed, Tensor scales, int out_features, Tensor? bias, bool vnni, "
       "int widen_above) -> Tensor");
-  m.def("linear_int8_silu(Tensor x, Tensor packed, Tensor scales, int out_features, int widen_above) -> Tensor");
+  m.def(
+      "linear_int8_silu(Tensor x, Tensor packed, Tensor scales, int out_features, bool vnni, int widen_above) -> "
+      "Tensor");
   // GGUF blocks kept as stored (cpu_qblocks.cpp: Q8_0, Q4_0, Q4_1).
   m.def("pack_qblocks(Tensor data, int qtype, int in_features) -> (Tensor, Tensor)");
   m.def(
