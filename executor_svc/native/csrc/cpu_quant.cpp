@@ -418,10 +418,13 @@ void run_widened(const at::Tensor& x, const Int8Problem& pr, const T* bias, T* y
 #endif
 
 #if defined(__AVX512VNNI__)
-// Rows [row0, row0 + R) x panels [p, p + P) of y (P whole panels; rows past m not stored).
+// Rows [row0, row0 + R) x panels [p, p + P) of y (P whole panels; rows past m not stored). Not inlined: one
+// function per block shape keeps each one's registers its own. With every shape inlined into run_vnni, GCC
+// 12's code for the 2 x 4 block loaded from a garbage address (a pointer kept in a vector register); the same
+// block alone, and every shape out of line, run clean. A block is thousands of dot products: the call is free.
 template <int R, int P, typename T>
-PAGODA_INLINE void vnni_rows_panels(const Int8Problem& pr, int64_t row0, int64_t p, const float* shift, const T* bias,
-                                    T* y) {
+__attribute__((noinline)) void vnni_rows_panels(const Int8Problem& pr, int64_t row0, int64_t p, const float* shift,
+                                                const T* bias, T* y) {
   __m512 acc[R][P];
   const int64_t panel_stride = pr.kp * kCols;
   vnni_block<R, P>(pr.xq + row0 * pr.kp, pr.kp, pr.xs + row0 * pr.groups, pr.groups, pr.w + p * panel_stride,
@@ -439,7 +442,8 @@ PAGODA_INLINE void vnni_rows_panels(const Int8Problem& pr, int64_t row0, int64_t
 // block with its up panel (half further on), each rounded to bf16 as the layer's own output would be
 // (vnni_rows_panels' store without bias), then silu_and_mul's math.
 template <int R>
-PAGODA_INLINE void vnni_rows_gated(const Int8Problem& pr, int64_t row0, int64_t p, const float* shift, BF16* y) {
+__attribute__((noinline)) void vnni_rows_gated(const Int8Problem& pr, int64_t row0, int64_t p, const float* shift,
+                                               BF16* y) {
   __m512 acc[R][2];
   const int64_t panel_stride = pr.kp * kCols, half = pr.panels / 2, width = pr.n / 2;
   vnni_block<R, 2>(pr.xq + row0 * pr.kp, pr.kp, pr.xs + row0 * pr.groups, pr.groups, pr.w + p * panel_stride,
@@ -468,7 +472,7 @@ PAGODA_INLINE void vnni_rows_span(const Int8Problem& pr, int64_t row0, int64_t p
     }
   }
 #endif
-  constexpr int P = R <= 4 ? 3 : 2;
+  constexpr int P = R <= 2 ? 4 : R <= 4 ? 3 : 2;
   int64_t p = p0;
   for (; p + P <= p1; p += P) vnni_rows_panels<R, P>(pr, row0, p, shift, bias, y);
   for (; p < p1; ++p) vnni_rows_panels<R, 1>(pr, row0, p, shift, bias, y);
