@@ -45,7 +45,7 @@ $(TORCH_SPEC_FILE): FORCE
 	@mkdir -p $(VENV)
 	@echo '$(TORCH_SPEC)' | cmp -s - $@ || echo '$(TORCH_SPEC)' > $@
 
-$(PYTHON_STAMP): pyproject.toml $(TORCH_SPEC_FILE)
+$(PYTHON_STAMP): pyproject.toml setup.py $(TORCH_SPEC_FILE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"

@@ -28,6 +28,7 @@ class Service:
     address: str
     log_path: Path
     env: dict[str, str] | None = None
+    cwd: Path | None = None
     process: subprocess.Popen | None = None
 
     def start(self) -> Service:
@@ -37,6 +38,7 @@ class Service:
             self.process = subprocess.Popen(
                 self.argv,
                 env=self.env,
+                cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
