@@ -26,7 +26,7 @@ KERNELS_STAMP := $(VENV)/.kernels-built
 TORCH_SPEC_FILE := $(VENV)/.torch-spec
 STAMP := $(PYTHON_STAMP) $(KERNELS_STAMP)
 
-.PHONY: FORCE install proto proto-check run test unit-test integration-test model bench clean help lint
+.PHONY: FORCE install proto proto-check docs run test unit-test integration-test model bench clean help lint
 
 help:
 	@echo "make run               serve the default model (SmolLM2-135M-Instruct) on 127.0.0.1:$(PORT)"
@@ -66,6 +66,10 @@ $(KERNELS_STAMP): $(KERNEL_SOURCES) $(TORCH_SPEC_FILE) | $(PYTHON_STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m scripts.gen_proto
 	$(BIN)/python -m scripts.gen_client_options
+
+# docs/configuration.md's flag tables, rendered from the services' config dataclasses (a test checks them).
+docs: $(STAMP)
+	$(BIN)/python -m scripts.gen_config_docs
 
 model: $(STAMP)
 	$(BIN)/python -m executor_svc.model_cache

@@ -5,88 +5,139 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from pagoda.runtime.flags import parse_config, parse_size
-
-
-def _help(text: str, **extra) -> dict:
-    return {"help": text, **extra}
+from pagoda.runtime.flags import parse_config, parse_size, setting
+from pagoda.runtime.shared_settings import log_format_setting, otlp_endpoint_setting
 
 
 @dataclasses.dataclass(frozen=True)
 class ExecutorConfig:
     """Settings of one executor process (see docs/configuration.md)."""
 
-    host: str = dataclasses.field(default="127.0.0.1", metadata=_help("address to bind"))
-    port: int = dataclasses.field(default=50061, metadata=_help("gRPC port"))
-    model: str = dataclasses.field(default="default", metadata=_help("checkpoint folder, .gguf file, or 'default'"))
-    model_name: str = dataclasses.field(default="", metadata=_help("name reported to clients"))
-    model_cache_dir: str = dataclasses.field(default="", metadata=_help("cache for the default model"))
-    dtype: str = dataclasses.field(default="auto", metadata=_help("float32, bfloat16, float16 or auto"))
-    kv_cache_dtype: str = dataclasses.field(
-        default="auto", metadata=_help("auto (= dtype), float32, bfloat16, float16, or int8 (rows + scales)")
+    host: str = setting("127.0.0.1", "address to bind (`0.0.0.0` in a pod)")
+    port: int = setting(50061, "gRPC port (Executor API, health, reflection)")
+    model: str = setting(
+        "default",
+        "Hugging Face checkpoint folder, a `.gguf` file, or `default` (SmolLM2-135M-Instruct, prepared once into "
+        "the cache)",
+        serve=True,
     )
-    quantization: str = dataclasses.field(
-        default="auto",
-        metadata=_help("linear weights: auto (a .gguf file: gguf, else none), none, int8, gguf, q8_0, q4_0"),
+    model_name: str = setting("", "name reported to clients", doc_default="folder name")
+    model_cache_dir: str = setting(
+        "", "where the default model is prepared", doc_default="`~/.cache/pagoda` (`PAGODA_CACHE_DIR`)"
     )
-    quantized_activations: str = dataclasses.field(
-        default="auto", metadata=_help("int8 layers' activations: auto, int8 or bf16 (weight-only)")
+    dtype: str = setting(
+        "auto",
+        "`float32`, `bfloat16`, `float16`, `auto` (bf16 on a CPU with AMX/AVX-512-bf16 or CUDA, else fp32)",
+        serve=True,
     )
-    kv_cache_memory: int | None = dataclasses.field(
-        default=None, metadata=_help("bytes for the KV cache (default 1GiB on CPU)", parse=parse_size)
+    kv_cache_dtype: str = setting(
+        "auto",
+        "`auto` (= dtype), `float32`, `bfloat16`, `float16`, `int8` (each token's K and V row per kv head as int8 "
+        "with an fp32 scale: ~1.9x the tokens for the same `--kv-cache-memory`; docs/quantization.md)",
+        serve=True,
     )
-    kv_cache_memory_fraction: float = dataclasses.field(
-        default=0.85, metadata=_help("CUDA: fraction of free memory for the KV cache")
+    quantization: str = setting(
+        "auto",
+        "the linear layers' weights (docs/quantization.md): `none` (`--dtype`; a GGUF file dequantized at load), "
+        "`int8` (one scale per output channel, quantized at load from any checkpoint), `gguf` (a GGUF file's "
+        "Q8_0 / Q4_0 / Q4_1 blocks as stored; with `--model default`, the default model's Q4_1 file), `q8_0`, "
+        "`q4_0` (those GGUF blocks: kept as stored, or quantized at load); `auto`: `gguf` for a `.gguf` file, "
+        "else `none`",
+        serve=True,
     )
-    block_size: int = dataclasses.field(
-        default=0, metadata=_help("tokens per KV block; 0 = auto (CUDA 16; CPU one 4 KiB page per kv head)")
+    quantized_activations: str = setting(
+        "auto",
+        "activations of the quantized kernels: `int8` (dynamic: per row and 64 features for int8 weights, per 32 "
+        "for GGUF blocks), `bf16` (weight-only), `auto` (int8 in steps of up to 128 rows for int8 weights and 16 "
+        "for GGUF blocks where the C++ kernels run, bf16 in larger ones and on CUDA)",
+        serve=True,
     )
-    kv_offload_dir: str = dataclasses.field(
-        default="", metadata=_help("KV offload tier on disk: its directory, kept across restarts ('' = no disk tier)")
+    kv_cache_memory: int | None = setting(
+        None, "bytes for the KV cache", serve=True, doc_default="`1GiB` on CPU", parse=parse_size
     )
-    kv_offload_size: int = dataclasses.field(
-        default=10 * 2**30, metadata=_help("capacity of the disk tier (LRU beyond it)", parse=parse_size)
+    kv_cache_memory_fraction: float = setting(
+        0.85, "on CUDA when `--kv-cache-memory` is not given: fraction of free device memory after weights"
     )
-    kv_offload_memory: int = dataclasses.field(
-        default=0, metadata=_help("host-memory tier in front of the disk (pinned on CUDA); 0 = none", parse=parse_size)
+    block_size: int = setting(
+        0,
+        "tokens per KV block; auto: 16 on CUDA, on the CPU one 4 KiB page of K per kv head (SmolLM2: 16 in fp32, "
+        "32 in bf16, 64 in int8)",
+        serve=True,
+        doc_default="`0` (auto)",
     )
-    kv_offload_queue: int = dataclasses.field(
-        default=256 * 2**20, metadata=_help("blocks waiting to be stored, at most (more are dropped)", parse=parse_size)
+    kv_offload_dir: str = setting(
+        "",
+        "KV offload tier on disk (docs/kv-offload.md): full KV blocks kept in this directory across restarts; one "
+        "live process per directory (a held one fails the start, naming it and its holder's pid)",
+        doc_default="none (no disk tier)",
     )
-    kv_offload_dir_next_free: bool = dataclasses.field(
-        default=False, metadata=_help("--kv-offload-dir held by another process: use the first free DIR.N instead")
+    kv_offload_size: int = setting(
+        10 * 2**30,
+        "capacity of the disk tier; least recently used blocks are deleted beyond it",
+        parse=parse_size,
     )
-    max_model_len: int | None = dataclasses.field(default=None, metadata=_help("cap on context length"))
-    draft_model: str = dataclasses.field(
-        default="",
-        metadata=_help(
-            "draft model proposing speculative tokens (--speculative draft on the scheduler): a checkpoint "
-            "folder or .gguf with the model's tokenizer, or 'default'; empty: none"
-        ),
+    kv_offload_memory: int = setting(
+        0,
+        "host-memory tier in front of the disk (pinned on CUDA); also works alone, without a directory",
+        doc_default="`0` (none)",
+        parse=parse_size,
     )
-    device: str = dataclasses.field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
-    attention_backend: str = dataclasses.field(default="auto", metadata=_help("auto, cpp, torch or triton"))
-    layer_ops: str = dataclasses.field(default="auto", metadata=_help("auto, cpp or torch"))
-    num_threads: int | None = dataclasses.field(default=None, metadata=_help("torch intra-op threads"))
-    max_message_bytes: int = dataclasses.field(
-        default=64 * 2**20, metadata=_help("largest plan message accepted", parse=parse_size)
+    kv_offload_queue: int = setting(
+        256 * 2**20,
+        "blocks waiting to be written, at most; more are dropped and counted (a step never waits)",
+        parse=parse_size,
     )
-    metrics_port: int = dataclasses.field(default=0, metadata=_help("Prometheus port, 0 = off"))
-    log_format: str = dataclasses.field(default="auto", metadata=_help("json, console or auto"))
-    otlp_endpoint: str = dataclasses.field(
-        default="", metadata=_help("OTLP/gRPC collector for traces (default: OTEL_* variables; off)")
+    kv_offload_dir_next_free: bool = setting(
+        False,
+        "when `--kv-offload-dir` is held by another live process, take the first free `DIR.1`, `DIR.2`, ... (what "
+        "`pagoda serve` does for its default directories)",
     )
-    drain_timeout_s: float = dataclasses.field(default=30.0, metadata=_help("SIGTERM: time to finish work"))
-    tls_cert: str = dataclasses.field(default="", metadata=_help("server certificate (PEM)"))
-    tls_key: str = dataclasses.field(default="", metadata=_help("server private key (PEM)"))
-    tls_ca: str = dataclasses.field(default="", metadata=_help("CA that must sign client certificates (mTLS)"))
-    simulate: bool = dataclasses.field(
-        default=False, metadata=_help("no model: a cost-model step time and deterministic tokens (no torch)")
+    max_model_len: int | None = setting(None, "cap on context length", serve=True, doc_default="model's")
+    draft_model: str = setting(
+        "",
+        "a smaller model proposing speculative tokens for the scheduler's `--speculative draft` "
+        "(docs/speculative-decoding.md): a checkpoint folder, a `.gguf` file or `default`, with the model's "
+        "tokenizer (another vocabulary is refused at start); its KV cache takes its share of `--kv-cache-memory` "
+        "(the same blocks hold both)",
+        serve=True,
     )
-    simulate_kv_blocks: int = dataclasses.field(default=4096, metadata=_help("--simulate: KV blocks reported"))
-    simulate_vocab_size: int = dataclasses.field(default=512, metadata=_help("--simulate: tokenizer vocabulary size"))
-    simulate_time_scale: float = dataclasses.field(
-        default=1.0, metadata=_help("--simulate: multiplies the modelled step time (0: no sleep)")
+    device: str = setting("auto", "`cpu`, `cuda`, `cuda:N`, `auto`", serve=True)
+    attention_backend: str = setting(
+        "auto",
+        "`auto`, `cpp`, `torch`, `triton`; auto: Triton on CUDA (with the triton package), the C++ kernels on a CPU "
+        "where they are built, else torch",
+        serve=True,
+    )
+    layer_ops: str = setting(
+        "auto",
+        "`auto`, `cpp`, `torch`: the linear layers and elementwise ops; auto: the C++ ops on a CPU where they are "
+        "built, else torch",
+        serve=True,
+    )
+    num_threads: int | None = setting(None, "intra-op threads", serve=True, doc_default="torch default")
+    max_message_bytes: int = setting(64 * 2**20, "largest plan message accepted", parse=parse_size)
+    metrics_port: int = setting(0, "Prometheus `/metrics` port", doc_default="`0` (off)")
+    log_format: str = log_format_setting()
+    otlp_endpoint: str = otlp_endpoint_setting()
+    drain_timeout_s: float = setting(30.0, "on SIGTERM, time to finish work before exiting")
+    tls_cert: str = setting("", "serve TLS with this certificate (PEM), with `--tls-key`")
+    tls_key: str = setting("", "the private key of `--tls-cert` (PEM)")
+    tls_ca: str = setting("", "require client certificates signed by this CA (mTLS; PEM)")
+    simulate: bool = setting(
+        False,
+        "serve a simulated model instead (no weights, no torch imported): each step sleeps the time a cost model "
+        "fitted to SmolLM2-135M bf16 steps on this CPU gives it, and tokens are a hash of (seed, position, the four "
+        "previous tokens), never a special token; `--model`, `--dtype` and the KV-cache memory flags are ignored, "
+        "and `--max-model-len` defaults to 8192 (docs/durability.md, section 5)",
+    )
+    simulate_kv_blocks: int = setting(
+        4096, "with `--simulate`: KV blocks the executor reports (`--block-size` tokens each, 16 when auto)"
+    )
+    simulate_vocab_size: int = setting(
+        512, "with `--simulate`: size of the in-memory word-level tokenizer (53 to 4953)"
+    )
+    simulate_time_scale: float = setting(
+        1.0, "with `--simulate`: multiplies the modelled step time (`0`: no sleep; `0.1`: an executor 10x faster)"
     )
 
     def __post_init__(self) -> None:

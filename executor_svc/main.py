@@ -190,7 +190,7 @@ async def serve(config: ExecutorConfig) -> None:
     await grpc_server.set_live(health)
     metrics = ExecutorMetrics()
     servicer = ExecutorServicer(metrics)
-    tracer = setup_tracing("pagoda-executor", config.otlp_endpoint)
+    tracer = setup_tracing("pagoda-executor", config.otlp_endpoint, log=log)
     if tracer is not None:
         servicer.tracer = StepTracer(tracer, servicer.incarnation_id)
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server)

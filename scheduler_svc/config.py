@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
-from pagoda.runtime.flags import parse_config, parse_size
+from pagoda.runtime.flags import parse_config, parse_size, setting
+from pagoda.runtime.shared_settings import log_format_setting, otlp_endpoint_setting
 from pagoda.step import MAX_DRAFT_TOKENS
 from scheduler_svc.scheduler_types import SPECULATIVE_METHODS
 
@@ -14,65 +14,82 @@ from scheduler_svc.scheduler_types import SPECULATIVE_METHODS
 MAX_SPECULATIVE_TOKENS = MAX_DRAFT_TOKENS
 
 
-def _f(default: Any, text: str, **extra: Any) -> Any:
-    """A config field with its help text (and extra metadata, e.g. ``parse``)."""
-    return dataclasses.field(default=default, metadata={"help": text, **extra})
-
-
 @dataclasses.dataclass(frozen=True)
 class SchedulerServiceConfig:
     """Settings of the scheduler process (see docs/configuration.md)."""
 
-    host: str = _f("127.0.0.1", "address to bind")
-    port: int = _f(50051, "client gRPC port")
-    executors: str = _f("127.0.0.1:50061", "comma-separated executor host:port list")
-    scheduler_id: str = _f(
-        "", "this scheduler's id in executor leases (default <hostname>:<port>); unique per scheduler"
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(50051, "client gRPC port (Generation API, health, reflection)")
+    executors: str = setting(
+        "127.0.0.1:50061",
+        "comma-separated `host:port`; a host name resolving to several addresses (a headless Service) is one "
+        "executor per address, re-resolved every `--dns-refresh-s`",
     )
-    dns_refresh_s: float = _f(10.0, "executor address re-resolution period")
-    max_num_seqs: int = _f(256, "running sequences per executor")
-    max_num_batched_tokens: int = _f(2048, "token budget per step")
-    max_model_len: int | None = _f(None, "cap on prompt + output tokens")
-    max_prompt_tokens: int | None = _f(None, "longest accepted prompt (default max model len - 1)")
-    max_new_tokens: int = _f(4096, "cap on max_tokens")
-    default_max_tokens: int = _f(256, "max_tokens when a request leaves it unset")
-    max_waiting_requests: int = _f(1024, "waiting-queue bound")
-    max_message_bytes: int = _f(4 * 2**20, "largest client message", parse=parse_size)
-    max_stop_strings: int = _f(16, "most stop strings per request")
-    max_stop_string_len: int = _f(256, "longest stop string (characters)")
-    max_logprobs: int = _f(20, "most top logprobs per token")
-    request_timeout_s: float = _f(600.0, "deadline of a request without one")
-    enable_prefix_caching: bool = _f(True, "automatic prefix caching")
-    kv_offload: bool = _f(True, "use the KV offload tiers executors report: save blocks, load prefixes (false: never)")
-    speculative: str = _f(
-        "off",
-        "speculative decoding: off, ngram (prompt lookup), draft (the executors' --draft-model), "
-        "or ngram+draft (n-gram drafts, the draft model where none matches)",
+    scheduler_id: str = setting(
+        "",
+        "this scheduler's id in the executors' leases; unique per scheduler (Kubernetes: the pod name). Several "
+        "schedulers over the same executors share them out, one driver per executor (docs/durability.md)",
+        doc_default="`<hostname>:<port>`",
     )
-    num_speculative_tokens: int | None = _f(
-        None, "most draft tokens per sequence and step, of either source; unset: 8 for n-gram, 4 for the draft model"
-    )
-    speculative_max_batch: int = _f(8, "no drafts while more sequences than this run on an executor")
-    speculative_adaptive: bool = _f(
+    dns_refresh_s: float = setting(10.0, "executor re-resolution period")
+    max_num_seqs: int = setting(256, "running sequences per executor", serve=True)
+    max_num_batched_tokens: int = setting(2048, "token budget per step", serve=True)
+    max_model_len: int | None = setting(None, "cap on prompt + output tokens", doc_default="executor's")
+    max_prompt_tokens: int | None = setting(None, "longest accepted prompt", doc_default="max model len − 1")
+    max_new_tokens: int = setting(4096, "cap on max_tokens")
+    default_max_tokens: int = setting(256, "max_tokens when the request leaves it unset", serve=True)
+    max_waiting_requests: int = setting(1024, "waiting-queue bound; beyond it `RESOURCE_EXHAUSTED`")
+    max_message_bytes: int = setting(4 * 2**20, "largest client message accepted", parse=parse_size)
+    max_stop_strings: int = setting(16, "most stop strings per request")
+    max_stop_string_len: int = setting(256, "longest stop string (characters)")
+    max_logprobs: int = setting(20, "most top logprobs per token (`logprobs`, `top_logprobs`, `prompt_logprobs`)")
+    request_timeout_s: float = setting(600.0, "deadline for a request without one")
+    enable_prefix_caching: bool = setting(True, "automatic prefix caching", serve=True)
+    kv_offload: bool = setting(
         True,
-        "pause drafting where it does not pay, per sequence and for the draft model globally (false: always draft)",
+        "use the KV offload tiers the executors report: save full blocks to them, load prefixes and swapped-out "
+        "sequences from them (`false`: never; docs/kv-offload.md)",
     )
-    step_timeout_s: float = _f(60.0, "watchdog: longest step before the executor is unhealthy")
-    metrics_port: int = _f(0, "Prometheus port, 0 = off")
-    http_port: int = _f(0, "OpenAI-compatible HTTP port, 0 = off")
-    api_keys_file: str = _f("", "file with one API key per line")
-    api_keys: str = _f("", "comma-separated API keys")
-    log_format: str = _f("auto", "json, console or auto")
-    otlp_endpoint: str = _f(
-        "", "OTLP/gRPC collector for traces, e.g. http://127.0.0.1:4317 (default: OTEL_* variables; off)"
+    speculative: str = setting(
+        "off",
+        "speculative decoding, draft tokens verified in the same step (docs/speculative-decoding.md): `ngram` "
+        "(prompt lookup), `draft` (the executors' `--draft-model`), `ngram+draft` (n-gram drafts, the draft model "
+        "where no n-gram matches); an executor without a draft model gets what is left (`ngram`, or `off`), with a "
+        "warning",
+        serve=True,
     )
-    drain_timeout_s: float = _f(30.0, "SIGTERM: time for in-flight requests to finish")
-    tls_cert: str = _f("", "client API certificate (PEM)")
-    tls_key: str = _f("", "client API private key (PEM)")
-    executor_tls_ca: str = _f("", "CA of the executors' certificates")
-    executor_tls_cert: str = _f("", "client certificate presented to executors")
-    executor_tls_key: str = _f("", "key of that certificate")
-    executor_tls_server_name: str = _f("", "name to verify in executor certificates (executors are dialed by IP)")
+    num_speculative_tokens: int | None = setting(
+        None,
+        f"most draft tokens per sequence and step (1-{MAX_SPECULATIVE_TOKENS}); a value given applies to both sources",
+        serve=True,
+        doc_default="8 n-gram, 4 draft model",
+    )
+    speculative_max_batch: int = setting(
+        8, "no drafts while more sequences than this run on an executor (the step is compute-bound there)"
+    )
+    speculative_adaptive: bool = setting(
+        True,
+        "pause drafting where it does not pay, per sequence and for the draft model globally "
+        "(docs/speculative-decoding.md); `false`: always draft where the batch rule allows",
+    )
+    step_timeout_s: float = setting(60.0, "watchdog: a step longer than this marks the executor unhealthy")
+    metrics_port: int = setting(0, "Prometheus `/metrics` port", doc_default="`0` (off)")
+    http_port: int = setting(0, "OpenAI-compatible HTTP API port", doc_default="`0` (off)")
+    api_keys_file: str = setting("", "file with one API key per line; clients must present one of them")
+    api_keys: str = setting("", "comma-separated API keys (usually given as `PAGODA_API_KEYS`)")
+    log_format: str = log_format_setting()
+    otlp_endpoint: str = otlp_endpoint_setting()
+    drain_timeout_s: float = setting(30.0, "on SIGTERM, time for in-flight requests to finish")
+    tls_cert: str = setting("", "serve the client API over TLS with this certificate (PEM), with `--tls-key`")
+    tls_key: str = setting("", "the private key of `--tls-cert` (PEM)")
+    executor_tls_ca: str = setting("", "CA of the executors' certificates (mTLS to executors)")
+    executor_tls_cert: str = setting("", "client certificate presented to executors")
+    executor_tls_key: str = setting("", "key of that certificate")
+    executor_tls_server_name: str = setting(
+        "",
+        "name the executors' certificates must carry, checked instead of the IP address the scheduler dials (DNS "
+        "discovery yields pod IPs)",
+    )
 
     def __post_init__(self) -> None:
         for name in (

@@ -32,7 +32,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     executor_creds = grpc_server.channel_credentials(
         config.executor_tls_ca, config.executor_tls_cert, config.executor_tls_key
     )
-    tracer = setup_tracing("pagoda-scheduler", config.otlp_endpoint)
+    tracer = setup_tracing("pagoda-scheduler", config.otlp_endpoint, log=log)
     engine = Engine(config, metrics, executor_creds, RequestTracer(tracer) if tracer is not None else None)
     options = [*grpc_server.KEEPALIVE_OPTIONS, *grpc_server.message_size_options(config.max_message_bytes)]
     server = grpc.aio.server(options=options, interceptors=build_interceptors(config.api_keys, config.api_keys_file))

@@ -31,6 +31,7 @@ PACKAGES = (
     "pagoda.tracing",
     "pagoda.launch",
     "executor_svc.lease",
+    "executor_svc.config",
 )
 
 

@@ -13,24 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from support.services import read_until
 
 from pagoda.launch.launcher import free_port
 from pagoda_client import Client
 
 pytestmark = pytest.mark.integration
-
-
-def _read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if marker in line:
-            return "".join(lines)
-    raise AssertionError(f"no {marker!r} in output: {''.join(lines)}")
 
 
 def _serve(model: Path, port: int, log_dir: Path, flags: str = "") -> list[str]:
@@ -61,7 +49,7 @@ def test_serve_prints_ready_line_and_stops_children_on_sigint(client_tiny_model_
     argv = _serve(client_tiny_model_dir, port, tmp_path, "--executors 2 --dtype float32 --kv-cache-memory 256KiB")
     proc = subprocess.Popen([*argv, "--max-num-seqs", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        output = _read_until(proc, "Press Ctrl-C", 180)
+        output = read_until(proc, "Press Ctrl-C", 180)
         target = f"127.0.0.1:{port}"
         assert f'pagoda chat "What is the capital of France?" --target {target}' in output
         scheduler_pid = int(re.search(r"scheduler pid (\d+)", output).group(1))
@@ -127,7 +115,7 @@ def test_serve_stops_on_a_crash_loop_with_the_childs_last_lines(client_tiny_mode
     with open(tmp_path / "serve.err", "w+") as err:  # no --log-dir: the children's output is echoed here
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
         try:
-            output = _read_until(proc, "Press Ctrl-C", 180)
+            output = read_until(proc, "Press Ctrl-C", 180)
             assert "A child that exits is restarted." in output
             scheduler_pid = int(re.search(r"scheduler pid (\d+)", output).group(1))
             executor_pid = int(re.search(r"127\.0\.0\.1:\d+ \(pid (\d+)\)", output).group(1))

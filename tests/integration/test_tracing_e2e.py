@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from support.services import read_until
 from support.system import fp32_launcher
 
 from pagoda.launch.launcher import Launcher, free_port
@@ -214,3 +215,45 @@ def test_a_request_survives_an_executor_sigkill_with_the_event_in_its_trace(rece
     survivor = [s for s in trace if s.name == "executor.sequence"]
     assert survivor and all(s.parent_span_id == request.span_id for s in survivor)
     assert any((trace_id, request.span_id) in s.links for s in spans if s.name == "executor.step")
+
+
+def test_one_serve_flag_traces_the_scheduler_and_the_executors(tiny_model_dir, receiver, tmp_path):
+    """`pagoda serve --otlp-endpoint URL`: both services export, each says where at start, one request is one trace."""
+    port = free_port()
+    argv = [sys.executable, "-m", "pagoda_client.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
+    argv += ["--log-dir", str(tmp_path), "--kv-offload-dir", "", "--dtype", "float32", "--kv-cache-memory", "256KiB"]
+    argv += ["--otlp-endpoint", receiver.endpoint, "--log-format", "json", "--no-restart"]
+    env = {**os.environ, **FAST_EXPORT}
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
+        env.pop(name, None)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        read_until(proc, "Press Ctrl-C", 180)
+        with Client(f"127.0.0.1:{port}", timeout=60) as client:
+            result = client.generate(token_ids=[5, 6, 7, 8], max_tokens=4, ignore_eos=True, request_id="serve-traced")
+        assert len(result.token_ids) == 4
+        spans = receiver.wait_for(
+            lambda got: (
+                any(
+                    s.name == "executor.sequence" and s.attributes.get("pagoda.request_id") == "serve-traced"
+                    for s in got
+                )
+                and any(
+                    s.name == "pagoda.request" and s.attributes.get("pagoda.request_id") == "serve-traced" for s in got
+                )
+            ),
+            SPAN_WAIT_S,
+            "the scheduler's and the executor's spans of the request",
+        )
+        request = next(
+            s for s in spans if s.name == "pagoda.request" and s.attributes["pagoda.request_id"] == "serve-traced"
+        )
+        assert {s.service for s in _of_trace(spans, request.trace_id)} == {"pagoda-scheduler", "pagoda-executor"}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    address = receiver.endpoint.removeprefix("http://")
+    starts = _log_lines(tmp_path, "tracing_export")
+    assert sorted(x["service"] for x in starts) == ["pagoda-executor", "pagoda-scheduler"]
+    assert all(x["endpoint"] == address and x["tls"] is False and x["source"] == "--otlp-endpoint" for x in starts)
+    assert _log_lines(tmp_path, "otlp_collector_unreachable") == []

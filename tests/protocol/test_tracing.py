@@ -113,3 +113,79 @@ def test_with_nothing_configured_no_opentelemetry_module_is_imported():
     out = subprocess.run([sys.executable, "-c", OFF], capture_output=True, text=True, timeout=120, check=True)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == {"tracer": True, "metadata": [], "otel": []}
+
+
+@pytest.mark.parametrize(
+    ("flag", "environ", "expected"),
+    [
+        ("http://collector:4317", {}, ("collector:4317", False, "--otlp-endpoint")),
+        (
+            "https://collector:4317",
+            {"OTEL_EXPORTER_OTLP_INSECURE": "true"},
+            ("collector:4317", True, "--otlp-endpoint"),
+        ),
+        (
+            "",
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"},
+            ("collector:4317", True, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ),
+        (
+            "",
+            {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "c:1", "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"},
+            ("c:1", False, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        ),
+        ("", {"OTEL_TRACES_EXPORTER": "otlp"}, ("localhost:4317", False, "default")),
+    ],
+)
+def test_the_collector_and_its_transport_follow_the_opentelemetry_rules(flag, environ, expected):
+    target = tracing.otlp_target(flag, environ)
+    assert (target.address, target.tls, target.source) == expected
+
+
+@pytest.mark.parametrize("text", ["collector:4317", "127.0.0.1:4317", "grpc://collector:4317", "http://"])
+def test_the_flag_refuses_an_endpoint_that_does_not_say_plaintext_or_tls(text):
+    with pytest.raises(ValueError, match=r"http://HOST:PORT \(plaintext\) or https://HOST:PORT \(TLS\)"):
+        tracing.check_otlp_endpoint(text)
+    assert tracing.check_otlp_endpoint("http://c:4317") == "http://c:4317"
+
+
+class _Events:
+    """The lines an `EventLog` received, in order."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict]] = []
+
+    def info(self, event: str, **fields) -> None:
+        self.lines.append(("info", event, fields))
+
+    def warning(self, event: str, **fields) -> None:
+        self.lines.append(("warning", event, fields))
+
+
+def test_an_unreachable_collector_is_one_warning_per_outage():
+    from pagoda.launch.commands import free_port
+
+    events = _Events()
+    reporter = tracing._CollectorReporter(
+        tracing.OtlpTarget(f"127.0.0.1:{free_port()}", True, "--otlp-endpoint"), events
+    )
+    reporter.check_at_start(wait_s=0.5)  # nothing listens there
+    reporter.outcome(False, "an export of spans failed")
+    reporter.outcome(False, "an export of spans failed")
+    assert [(level, event) for level, event, _ in events.lines] == [("warning", "otlp_collector_unreachable")]
+    assert "a plaintext collector needs http://" in events.lines[0][2]["reason"]
+    reporter.outcome(True)
+    reporter.outcome(True)
+    reporter.outcome(False, "an export of spans failed")
+    assert [event for _, event, _ in events.lines[1:]] == ["otlp_collector_reachable", "otlp_collector_unreachable"]
+
+
+def test_a_reachable_collector_is_no_warning():
+    from support.otlp_receiver import OtlpReceiver
+
+    events = _Events()
+    with OtlpReceiver() as receiver:
+        target = tracing.otlp_target(receiver.endpoint, {})
+        assert not target.tls
+        tracing._CollectorReporter(target, events).check_at_start(wait_s=10)
+    assert events.lines == []

@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -143,3 +145,44 @@ def lease_overlaps(executor: Service) -> list[str]:
                 problems.append(f"released {entry['holder_id']}@{entry['epoch']} while {holder} held the lease")
             holder = None
     return problems
+
+
+def read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
+    """`proc`'s stdout up to the line holding `marker`; fails with what it printed when it ends or the time is up.
+
+    One reader thread per process moves its lines to a queue, so the wait is bounded even when it prints nothing.
+    """
+    lines_queue = _stdout_lines(proc)
+    deadline = time.monotonic() + timeout_s
+    lines = []
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines_queue.get(timeout=left)
+        except queue.Empty:
+            break  # nothing printed before the deadline
+        if line is None:
+            break  # its stdout closed
+        lines.append(line)
+        if marker in line:
+            return "".join(lines)
+    raise AssertionError(f"no {marker!r} within {timeout_s} s in output: {''.join(lines)}")
+
+
+_line_queues: dict[int, queue.Queue[str | None]] = {}
+
+
+def _stdout_lines(proc: subprocess.Popen[str]) -> queue.Queue[str | None]:
+    """The queue a daemon thread fills with `proc`'s stdout lines (None once it closes), made on first use."""
+    if proc.pid not in _line_queues:
+        lines: queue.Queue[str | None] = queue.Queue()
+        stdout = proc.stdout
+        assert stdout is not None
+
+        def pump() -> None:
+            for line in iter(stdout.readline, ""):
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, name=f"stdout-{proc.pid}", daemon=True).start()
+        _line_queues[proc.pid] = lines
+    return _line_queues[proc.pid]

@@ -20,6 +20,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from pagoda.launch.serve_flags import add_serve_flags, passthrough
+
 if TYPE_CHECKING:
     from pagoda.launch.commands import OffloadPlan
     from pagoda.launch.launcher import Launcher
@@ -39,19 +41,12 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``pagoda serve``; unknown ``--flags`` go to the scheduler."""
-    parser.add_argument("--model", default=None, help="checkpoint folder or .gguf (default: SmolLM2-135M-Instruct)")
+    """The flags of ``pagoda serve``: the launcher's own, then the services' it passes through
+    (``pagoda.launch.serve_flags``); unknown ``--flags`` go to the scheduler."""
     parser.add_argument("--executors", type=int, default=1, help="number of executor processes")
     parser.add_argument("--schedulers", type=int, default=1, help="number of schedulers, on ports from --port up")
     parser.add_argument("--port", type=int, default=50051, help="first scheduler's (client API) port")
     parser.add_argument("--host", default="127.0.0.1", help="scheduler bind address")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto")
-    parser.add_argument("--kv-cache-memory", default=None, help="KV cache bytes per executor, e.g. 1GiB")
-    parser.add_argument(
-        "--kv-cache-dtype", default=None, help="auto (the model dtype), float32, bfloat16, float16 or int8"
-    )
-    parser.add_argument("--quantization", default=None, help="linear weights: auto, none, int8, gguf, q8_0, q4_0")
-    parser.add_argument("--block-size", type=int, default=None)
     offload = parser.add_argument_group("KV offload tier (docs/kv-offload.md; on by default)")
     offload.add_argument(
         "--kv-offload-dir",
@@ -63,23 +58,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     offload.add_argument("--kv-offload-memory", default=None, help="host-memory tier per executor (default none)")
     parser.add_argument("--metrics-port", type=int, default=None, help="scheduler Prometheus port")
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port")
-    parser.add_argument(
-        "--draft-model",
-        default=None,
-        help="every executor's draft model (speculative decoding, docs/speculative-decoding.md; scheduler flags "
-        "pass through: --speculative off|ngram|draft|ngram+draft, --num-speculative-tokens K, unset: 8 for "
-        "n-gram, 4 for the draft model)",
-    )
     parser.add_argument("--executor-args", default="", help="extra executor flags, one quoted string")
-    parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+    parser.add_argument(
+        "--startup-timeout-s", type=float, default=900.0, help="how long the start waits for every child's health"
+    )
     parser.add_argument("--log-dir", default=None, help="write child logs here instead of the terminal")
     parser.add_argument("--stop-grace-s", type=float, default=35.0, help="drain time per group on Ctrl-C/SIGTERM")
     supervision = parser.add_argument_group("supervision (a child that exits is restarted on its port)")
     supervision.add_argument("--no-restart", action="store_true", help="stop everything when a child exits")
     supervision.add_argument("--restart-backoff-s", type=float, default=1.0, help="first delay; doubles per restart")
-    supervision.add_argument("--restart-backoff-max-s", type=float, default=30.0)
+    supervision.add_argument("--restart-backoff-max-s", type=float, default=30.0, help="longest delay")
     supervision.add_argument("--crash-loop-exits", type=int, default=5, help="this many exits of one child ...")
     supervision.add_argument("--crash-loop-window-s", type=float, default=60.0, help="... in this time stop all")
+    add_serve_flags(parser)
 
 
 def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> Launcher:
@@ -99,15 +90,10 @@ def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence
         num_schedulers=args.schedulers,
         port=args.port,
         host=args.host,
-        dtype=args.dtype,
-        kv_cache_memory=args.kv_cache_memory,
-        kv_cache_dtype=args.kv_cache_dtype,
-        block_size=args.block_size,
-        quantization=args.quantization,
         metrics_port=args.metrics_port,
         http_port=args.http_port,
-        extra_executor_args=_draft_model_args(args.draft_model) + shlex.split(args.executor_args),
-        extra_scheduler_args=list(scheduler_passthrough),
+        extra_executor_args=passthrough(args, "executor") + shlex.split(args.executor_args),
+        extra_scheduler_args=passthrough(args, "scheduler") + list(scheduler_passthrough),
         log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout_s,
         stop_grace_s=args.stop_grace_s,
@@ -134,10 +120,6 @@ def default_offload_root() -> Path:
     configured = os.environ.get("PAGODA_CACHE_DIR")
     cache = Path(configured).expanduser() if configured else Path.home() / ".cache" / "pagoda"
     return cache / "kv-offload"
-
-
-def _draft_model_args(draft_model: str | None) -> list[str]:
-    return ["--draft-model", draft_model] if draft_model else []
 
 
 def _pagoda_command() -> str:
