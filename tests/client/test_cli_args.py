@@ -164,10 +164,10 @@ def test_serve_flags_and_passthrough():
         "--kv-offload-dir-next-free",
         "--dtype",
         "float32",
-        "--kv-cache-memory",
-        "64MiB",
         "--kv-cache-dtype",
         "int8",
+        "--kv-cache-memory",
+        "64MiB",
         "--num-threads",
         "1",
     ]
