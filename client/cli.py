@@ -52,8 +52,13 @@ def _sampling_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``pagoda``; ``serve`` and ``bench`` bring their own flags."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``pagoda``; ``serve`` and ``bench`` bring their own flags.
+
+    Args:
+        command: the subcommand about to run; ``serve``'s service flags come from the services' configs and are
+            added only for ``serve`` (or None: every flag), so the client's commands import no service module.
+    """
     from pagoda.launch.serve import add_serve_arguments
     from pagoda_bench.cli import add_bench_arguments
 
@@ -72,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     status = commands.add_parser("status", parents=[connection], help="queues, KV usage, executors")
     status.add_argument("--json", action="store_true")
-    add_serve_arguments(commands.add_parser("serve", help="start a scheduler and N executors locally"))
+    serve = commands.add_parser("serve", help="start a scheduler and N executors locally")
+    add_serve_arguments(serve, service_flags=command in (None, "serve"))
     add_bench_arguments(commands.add_parser("bench", parents=[connection], help="serving benchmark"))
     return parser
 
@@ -219,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     own, passthrough = split_passthrough(argv)
-    parser = build_parser()
+    parser = build_parser(own[0] if own else "")
     args, unknown = parser.parse_known_args(own)
     if unknown and args.command != "serve":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -40,9 +40,10 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``pagoda serve``: the launcher's own, then the services' it passes through
-    (``pagoda.launch.serve_flags``); unknown ``--flags`` go to the scheduler."""
+def add_serve_arguments(parser: argparse.ArgumentParser, service_flags: bool = True) -> None:
+    """The flags of ``pagoda serve``: the launcher's own, then (with `service_flags`) the services' it passes
+    through (``pagoda.launch.serve_flags``, which imports the services' configs); unknown ``--flags`` go to the
+    scheduler."""
     parser.add_argument("--executors", type=int, default=1, help="number of executor processes")
     parser.add_argument("--schedulers", type=int, default=1, help="number of schedulers, on ports from --port up")
     parser.add_argument("--port", type=int, default=50051, help="first scheduler's (client API) port")
@@ -70,7 +71,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     supervision.add_argument("--restart-backoff-max-s", type=float, default=30.0, help="longest delay")
     supervision.add_argument("--crash-loop-exits", type=int, default=5, help="this many exits of one child ...")
     supervision.add_argument("--crash-loop-window-s", type=float, default=60.0, help="... in this time stop all")
-    add_serve_flags(parser)
+    if service_flags:
+        add_serve_flags(parser)
 
 
 def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence[str]) -> Launcher:
