@@ -108,8 +108,8 @@ def open_runner_tier(
     quant = runner.quantization
     extra = {} if quant.name == "none" else {"quantization": quant.name, "activations": quant.target.activations}
     if uses_longrope(runner.config):
-        # Its blocks are hashed by factor set (the long set's apart) since the sets are chosen per sequence;
-        # before, every block of a long-context executor was the long set's under the short set's hashes.
+        # LongRoPE's factor set is chosen per sequence and hashed with its blocks; a tier written before that
+        # holds long-factor blocks under the hashes short-factor blocks have now, so it is another namespace.
         extra["rope"] = "longrope-per-sequence"
     identity = model_identity(model_path, dtype_name(runner.dtype), **extra)
     on_store_s = metrics.tier_store_s.observe if metrics is not None else (lambda s: None)

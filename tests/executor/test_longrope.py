@@ -264,3 +264,18 @@ def test_plans_against_the_switch_fail_only_their_sequence(phi3_long, checkpoint
     (error,) = llama.execute(t.StepPlan(0, new_seqs=(new,))).errors
     assert "one RoPE factor set" in error.message
     assert llama.num_sequences() == 0
+
+
+def test_the_offload_tier_of_a_longrope_model_has_a_namespace_of_its_own(phi3_long, tmp_path):
+    """Blocks are hashed by factor set now; before, a long-context executor stored every block on the long
+    factors under the hashes short ones have now. Its tier directory is therefore another one."""
+    from executor_svc.config import ExecutorConfig
+    from executor_svc.kv_tier.identity import model_identity
+    from executor_svc.kv_tier.open_tier import lock_dir
+    from executor_svc.main import open_runner_tier
+
+    config = ExecutorConfig(kv_offload_dir=str(tmp_path))
+    tier = open_runner_tier(config, _runner(phi3_long), str(phi3_long), lock_dir(config), None)
+    assert "rope=longrope-per-sequence" in tier.store.ns.identity
+    assert tier.store.ns.identity != model_identity(phi3_long, "float32")
+    tier.close(10)
