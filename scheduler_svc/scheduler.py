@@ -235,6 +235,8 @@ class Scheduler(SchedulerState):
             if seq.num_computed_tokens >= switch and not seq.long_rope and self._num_wanted(seq)
         ]
         for seq in crossing:
+            if seq.trace is not None:
+                seq.trace.on_rope_switch(seq.num_computed_tokens)
             self._requeue(seq)
             self.num_rope_restarts += 1
         if crossing:
