@@ -51,6 +51,7 @@ from executor_svc.kv_cache import KVCache
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps
+from executor_svc.models.rope import rope_switch_len
 from executor_svc.runner import SequenceState
 from executor_svc.sampler import SampleRequest, sample
 from executor_svc.step_batch import build_step_batch
@@ -66,6 +67,9 @@ class DraftCheckpoint:
     name: str
     config: ModelConfig
     model: DecoderModel
+    # Rows of one factor set in its RoPE tables when it has a LongRoPE switch (else 0): a sequence the target
+    # runs on the long factors drafts on the draft model's long ones, so a block's draft KV has one set too.
+    rope_offset: int = 0
 
 
 def load_draft_checkpoint(
@@ -77,7 +81,8 @@ def load_draft_checkpoint(
     family = get_model_family(config.architecture)
     tensors = validate_tensors(config, checkpoint.tensors)
     model = family.build(config, tensors, dtype, device, max_model_len, ops)
-    return DraftCheckpoint(checkpoint.name, config, model)
+    rope_offset = max_model_len if rope_switch_len(config, max_model_len) else 0
+    return DraftCheckpoint(checkpoint.name, config, model, rope_offset)
 
 
 class DraftModel:
@@ -94,6 +99,7 @@ class DraftModel:
         self.name = checkpoint.name
         self.config = checkpoint.config
         self.model = checkpoint.model
+        self.rope_offset = checkpoint.rope_offset
         self.kv_cache = kv_cache
         self.backend = backend
         self.block_size = kv_cache.spec.block_size
@@ -193,6 +199,7 @@ class DraftModel:
             self._draft_sampling(state.sampling),
             state.block_table,
             num_computed,
+            long_rope=state.long_rope,
         )
 
     def _draft_sampling(self, params: SamplingParams) -> SamplingParams:
@@ -203,11 +210,11 @@ class DraftModel:
 
     def _run_pass(self, rows: list[tuple[SequenceState, int]]) -> list[tuple[int, int]]:
         """One forward of the draft model over ``rows``; (seq_id, sampled token) of each."""
-        batch = build_step_batch(rows, self.block_size, self.device)
+        batch = build_step_batch(rows, self.block_size, self.device, rope_offset=self.rope_offset)
         if self._clamp_input_ids:
             batch.input_ids.clamp_(max=self.config.vocab_size - 1)
         layer_states = self._layer_states.prepare(self.backend, batch.attn_meta)
-        hidden = self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, layer_states)
+        hidden = self.model.forward(batch.input_ids, batch.rope_rows, self.kv_cache, self.backend, layer_states)
         logits = self.model.compute_logits(hidden[batch.sample_rows])  # [N, V_draft]
         if logits.shape[-1] > self.vocab_size:
             logits = logits[:, : self.vocab_size]

@@ -102,10 +102,15 @@ def open_runner_tier(
     from executor_svc.kv_tier.identity import model_identity
     from executor_svc.kv_tier.open_tier import open_tier
     from executor_svc.kv_tier.step_io import TierStepIO
+    from executor_svc.models.rope import uses_longrope
 
     # Quantized weights give other KV: their blocks are another model's (unquantized ones keep their identity).
     quant = runner.quantization
     extra = {} if quant.name == "none" else {"quantization": quant.name, "activations": quant.target.activations}
+    if uses_longrope(runner.config):
+        # LongRoPE's factor set is chosen per sequence and hashed with its blocks; a tier written before that
+        # holds long-factor blocks under the hashes short-factor blocks have now, so it is another namespace.
+        extra["rope"] = "longrope-per-sequence"
     identity = model_identity(model_path, dtype_name(runner.dtype), **extra)
     on_store_s = metrics.tier_store_s.observe if metrics is not None else (lambda s: None)
     tier = open_tier(config, runner.kv_cache, identity, lock, on_store_s)

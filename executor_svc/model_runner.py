@@ -25,6 +25,7 @@ from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_
 from executor_svc.model_config import ModelConfig
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
+from executor_svc.models.rope import rope_switch_len
 from executor_svc.prompt_logprobs import prompt_logprobs, with_prompt_logprobs
 from executor_svc.quant.modes import resolve_quantization
 from executor_svc.runner import SequenceState, SequenceTable
@@ -83,6 +84,10 @@ class ModelRunner:
         self.max_model_len = max_model_len or self.config.max_position_embeddings
         self.model = self._build_model(validate_tensors(self.config, checkpoint.tensors), ops)
         del checkpoint.tensors
+        # LongRoPE: sequences longer than this run on the long factors (0: one set); the tables hold a set per
+        # max_model_len rows, so the long set's rows start there (models.rope).
+        self.rope_switch_len = rope_switch_len(self.config, self.max_model_len)
+        self._rope_offset = self.max_model_len if self.rope_switch_len else 0
         # Built before the KV cache is sized (on CUDA the budget is a fraction of the memory left); unquantized:
         # the model's quantization may be a GGUF file's own blocks, and a small draft gains little from it.
         draft = None
@@ -102,6 +107,7 @@ class ModelRunner:
             self.config.vocab_size,
             self.max_model_len,
             has_draft_model=self.draft is not None,
+            rope_switch_len=self.rope_switch_len,
         )
         self._seqs = self._table.seqs  # seq_id -> SequenceState
         # (sample function, request class); tests wrap it to record logits.
@@ -133,6 +139,7 @@ class ModelRunner:
             draft_model=self.draft.name if self.draft is not None else "",
             kv_cache_bytes=self.kv_cache.num_bytes,
             draft_kv_cache_bytes=self.draft.kv_cache.num_bytes if self.draft is not None else 0,
+            rope_switch_len=self.rope_switch_len,
         )
 
     def _build_model(self, tensors: dict[str, torch.Tensor], ops: LayerOps) -> DecoderModel:
@@ -253,7 +260,7 @@ class ModelRunner:
 
     def _run(self, step_id, scheduled, errors, start_ns) -> StepResult:
         draft_ns = self._propose_drafts(scheduled)
-        batch = build_step_batch(scheduled, self.block_size, self.device)
+        batch = build_step_batch(scheduled, self.block_size, self.device, rope_offset=self._rope_offset)
         # The masks of the constrained rows are computed while the forward runs (None: no row is constrained).
         masks = self.constraints.start(batch.sample_states) if self.constraints is not None else None
         prepared_ns = time.perf_counter_ns()
@@ -295,7 +302,7 @@ class ModelRunner:
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         layer_states = self._layer_states.prepare(self.backend, batch.attn_meta)  # [num_layers]
-        return self.model.forward(batch.input_ids, batch.positions, self.kv_cache, self.backend, layer_states)
+        return self.model.forward(batch.input_ids, batch.rope_rows, self.kv_cache, self.backend, layer_states)
 
     def _sample(
         self,

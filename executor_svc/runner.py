@@ -80,6 +80,8 @@ class SequenceState:
     # Leading tokens whose draft-model KV is in block_table (executor_svc.draft_model); at most num_computed_tokens
     # between steps.
     num_draft_computed: int = 0
+    # Its K and Q are rotated with LongRoPE's long factors (the plan's NewSequence.long_rope; models.rope).
+    long_rope: bool = False
 
     @property
     def num_sample_rows(self) -> int:
@@ -122,12 +124,21 @@ class SequenceTable:
     """The sequences a runner holds, updated by each plan and checked against its limits."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, vocab_size: int, max_model_len: int, has_draft_model: bool = False
+        self,
+        num_blocks: int,
+        block_size: int,
+        vocab_size: int,
+        max_model_len: int,
+        has_draft_model: bool = False,
+        rope_switch_len: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        # ExecutorInfo.rope_switch_len: a sequence on the short LongRoPE factors computes no position past it
+        # (0: the model has one factor set, and no sequence may ask for the long one).
+        self.rope_switch_len = rope_switch_len
         # Plans may ask for the draft model's proposals (num_model_draft_tokens).
         self.has_draft_model = has_draft_model
         self.seqs: dict[int, SequenceState] = {}
@@ -202,6 +213,8 @@ class SequenceTable:
         reason = out_of_range(entry.sampling)
         if reason is not None:
             raise PlanError(f"sampling: {reason}")
+        if entry.long_rope and not self.rope_switch_len:
+            raise PlanError("long_rope, but this model has one RoPE factor set (rope_switch_len 0)")
         return SequenceState(
             entry.seq_id,
             entry.request_id,
@@ -211,6 +224,7 @@ class SequenceTable:
             list(entry.block_ids),
             entry.num_computed_tokens,
             entry.structured,
+            long_rope=entry.long_rope,
         )
 
     def _check_loads(self, entry: NewSequence) -> None:
@@ -261,6 +275,7 @@ class SequenceTable:
         end = len(state.token_ids) + num_drafts
         if end > self.max_model_len:
             raise PlanError(f"drafts reach token {end}, beyond max_model_len {self.max_model_len}")
+        self._check_rope(state, end)
         if end > len(state.block_table) * self.block_size:
             raise PlanError(
                 f"{len(state.block_table)} blocks of {self.block_size} cannot hold {end} tokens with drafts"
@@ -276,3 +291,13 @@ class SequenceTable:
             raise PlanError(f"scheduled up to token {end}, beyond max_model_len {self.max_model_len}")
         if end > len(state.block_table) * self.block_size:
             raise PlanError(f"{len(state.block_table)} blocks of {self.block_size} cannot hold {end} tokens")
+        self._check_rope(state, end)
+
+    def _check_rope(self, state: SequenceState, end: int) -> None:
+        """A sequence on the short LongRoPE factors computes tokens within the switch length only: past it, its
+        logits are the long factors' (as transformers computes them), so it must come back on them."""
+        if 0 < self.rope_switch_len < end and not state.long_rope:
+            raise PlanError(
+                f"computes up to token {end} on the short RoPE factors, past their {self.rope_switch_len} tokens "
+                "(resend it with long_rope)"
+            )

@@ -1,7 +1,7 @@
 """The tensors of one step, built vectorised from the runner's sequence states.
 
-Everything a forward needs (input ids, positions, slot mapping, padded block
-tables) is computed here once per step, never per layer.
+Everything a forward needs (input ids, RoPE table rows, slot mapping, padded
+block tables) is computed here once per step, never per layer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ class StepBatch:
     """The flattened inputs of one forward."""
 
     input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
+    # [T] int64: each token's row in the model's RoPE tables, its position in its sequence (plus one factor set's
+    # rows for a sequence on LongRoPE's long factors: models.rope).
+    rope_rows: torch.Tensor
     attn_meta: AttentionMetadata
     sample_rows: torch.Tensor  # [N] int64, rows of the hidden states to sample
     # The sequences that sample, in sample_rows order: each has state.num_sample_rows consecutive entries
@@ -40,6 +42,7 @@ def build_step_batch(
     block_size: int,
     device: torch.device,
     sliding_window: int | None = None,
+    rope_offset: int = 0,
 ) -> StepBatch:
     """Lays out the scheduled tokens, decode (one token) rows first.
 
@@ -50,6 +53,9 @@ def build_step_batch(
     decode path plain decoding runs, and it samples at every one of them.
     ``sliding_window`` is the one the attention metadata carries (the runner
     leaves it None and sets each layer group's window on a copy).
+    ``rope_offset``: the rows of one factor set in the RoPE tables of a model
+    with a LongRoPE switch (``RotaryEmbedding.max_len``), added to the rows of
+    the sequences on the long factors; 0: the model has one set.
     """
     rows = _rows(scheduled)
     input_ids: list[int] = []
@@ -79,7 +85,7 @@ def build_step_batch(
     for count in counts:
         offsets.append(offsets[-1] + count)
     query_start_loc = torch.tensor(offsets, dtype=torch.int64)
-    positions, slot_mapping = _positions_and_slots(rows, num_decode, block_size)
+    rope_rows, slot_mapping = _rope_rows_and_slots(rows, num_decode, block_size, rope_offset)
     block_tables = _padded_block_tables(flat_blocks, block_counts)  # [S, MB]
     prefills = _prefill_spans(rows, num_decode, query_start_loc, block_counts)
     meta = AttentionMetadata(
@@ -94,7 +100,7 @@ def build_step_batch(
     )
     return StepBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device),
-        positions=positions.to(device),
+        rope_rows=rope_rows.to(device),
         attn_meta=meta,
         sample_rows=torch.tensor([r for _, rs in sampled.values() for r in rs], dtype=torch.int64).to(device),
         sample_states=[state for state, _ in sampled.values()],
@@ -133,22 +139,25 @@ def _padded_block_tables(flat_blocks: list[int], block_counts: list[int]) -> tor
     return torch.tensor(padded, dtype=torch.int64).view(len(block_counts), width)
 
 
-def _positions_and_slots(rows, num_decode: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's position and KV slot ([T] int64 each): decode rows in Python, each chunk with a few ops."""
-    positions: list[int] = []
+def _rope_rows_and_slots(rows, num_decode: int, block_size: int, rope_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's RoPE table row and KV slot ([T] int64 each): decode rows in Python, each chunk with a few ops.
+
+    The row is the token's position, plus rope_offset for a sequence on the long LongRoPE factors.
+    """
+    rope_rows: list[int] = []
     slots: list[int] = []
     for state, start, _ in rows[:num_decode]:
-        positions.append(start)
+        rope_rows.append(start + rope_offset if state.long_rope else start)
         slots.append(state.block_table[start // block_size] * block_size + start % block_size)
-    pos_parts, slot_parts = [torch.tensor(positions, dtype=torch.int64)], [torch.tensor(slots, dtype=torch.int64)]
+    row_parts, slot_parts = [torch.tensor(rope_rows, dtype=torch.int64)], [torch.tensor(slots, dtype=torch.int64)]
     for state, start, token_ids in rows[num_decode:]:
         chunk = torch.arange(start, start + len(token_ids), dtype=torch.int64)
         table = torch.tensor(state.block_table[: -(-(start + len(token_ids)) // block_size)], dtype=torch.int64)
-        pos_parts.append(chunk)
+        row_parts.append(chunk + rope_offset if state.long_rope else chunk)
         slot_parts.append(table[chunk // block_size] * block_size + chunk % block_size)
-    if len(pos_parts) == 1:
-        return pos_parts[0], slot_parts[0]
-    return torch.cat(pos_parts), torch.cat(slot_parts)
+    if len(row_parts) == 1:
+        return row_parts[0], slot_parts[0]
+    return torch.cat(row_parts), torch.cat(slot_parts)
 
 
 def _prefill_spans(rows, num_decode, query_start_loc, block_counts) -> tuple[PrefillSpan, ...]:

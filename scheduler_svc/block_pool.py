@@ -9,6 +9,23 @@ of the free list are all O(1); its order is the LRU eviction order.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
+
+
+class CacheRoot(NamedTuple):
+    """What a sequence's first block hangs off: the request's cache salt, and the RoPE factor set its KV is
+    computed with (LongRoPE's long factors; False: the short ones, or the model's only RoPE).
+
+    Two sequences share a prefix's KV only under the same root: the same tokens rotated with the other
+    factor set are other KV.
+    """
+
+    cache_salt: str
+    long_rope: bool = False
+
+
+# What a cached block's parent is: the prefix_id of the block before it, or the root of a first block.
+ParentKey = int | CacheRoot
 
 
 class KVBlock:
@@ -32,8 +49,8 @@ class KVBlock:
         self.block_hash: int | None = None
         # The block's own tokens, kept to confirm a hit against hash collisions.
         self.token_ids: tuple[int, ...] | None = None
-        # prefix_id of the block before it, or the cache salt for a first block.
-        self.parent_key: int | str | None = None
+        # prefix_id of the block before it, or the sequence's CacheRoot for a first block.
+        self.parent_key: ParentKey | None = None
         # Names the exact token prefix ending with this block; never reused
         # for different content, so children can verify their parent.
         self.prefix_id: int | None = None
@@ -166,14 +183,14 @@ class BlockPool:
             elif block.ref_cnt < 0:
                 raise RuntimeError(f"block {block.block_id} freed twice")
 
-    def lookup(self, block_hash: int, token_ids: tuple[int, ...], parent_key: int | str) -> KVBlock | None:
+    def lookup(self, block_hash: int, token_ids: tuple[int, ...], parent_key: ParentKey) -> KVBlock | None:
         """The cached block with this content, or None; a hash match alone is not enough."""
         block = self.cached.get(block_hash)
         if block is None or block.parent_key != parent_key or block.token_ids != token_ids:
             return None
         return block
 
-    def cache_block(self, block: KVBlock, block_hash: int, token_ids: tuple[int, ...], parent_key: int | str) -> bool:
+    def cache_block(self, block: KVBlock, block_hash: int, token_ids: tuple[int, ...], parent_key: ParentKey) -> bool:
         """Registers a full, computed block under its hash; True when it is the one registered now.
 
         When an equal block is registered already, this one takes its prefix_id

@@ -113,6 +113,7 @@ class Engine:
             speculative_max_batch=self.config.speculative_max_batch,
             speculative_adaptive=self.config.speculative_adaptive,
             kv_offload=self.config.kv_offload and bool(info.kv_offload),
+            rope_switch_len=info.rope_switch_len,
         )
 
     def _speculative(self, info: ExecutorInfo) -> str:

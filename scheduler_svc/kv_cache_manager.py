@@ -15,25 +15,34 @@ import sys
 from array import array
 from collections.abc import Callable, Sequence
 
-from scheduler_svc.block_pool import BlockPool, KVBlock
+from scheduler_svc.block_pool import BlockPool, CacheRoot, KVBlock, ParentKey
 from scheduler_svc.sequence import SchedulerSequence
 from scheduler_svc.tier_index import TierIndex
 
-# (parent block hash or None, the block's token ids, cache salt) -> hash.
-BlockHasher = Callable[[int | None, tuple[int, ...], str], int]
+# (parent block hash or None, the block's token ids, cache salt, long RoPE factors) -> hash; the salt and the
+# factor set are given for a first block only ("" and False after it: the chain carries them).
+BlockHasher = Callable[[int | None, tuple[int, ...], str, bool], int]
 # Domain of the block hash: a new scheme gets a new one, so no old tier entry can match it.
 _HASH_PERSON = b"pagoda-kv-1"
 
 
-def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...], cache_salt: str) -> int:
-    """Chained block hash: the parent's hash, this block's tokens, the salt (first block).
+def hash_block_tokens(
+    parent_hash: int | None, token_ids: tuple[int, ...], cache_salt: str, long_rope: bool = False
+) -> int:
+    """Chained block hash: the parent's hash, this block's tokens, the salt and the RoPE factor set (first block).
+
+    A first block on LongRoPE's long factors starts from another tag than one on the short factors (or on a
+    model's only RoPE), so the two kinds never share a hash, here or in an offload tier.
 
     A 64-bit BLAKE2b, the same in every process and on every host (Python's ``hash()`` is salted per
     process): the prefix cache, the router, the plan and the executors' offload tiers, which outlive
     processes, all key blocks by it.
     """
     digest = hashlib.blake2b(digest_size=8, person=_HASH_PERSON)
-    digest.update(b"\x00" if parent_hash is None else struct.pack("<BQ", 1, parent_hash))
+    if parent_hash is None:
+        digest.update(b"\x02" if long_rope else b"\x00")
+    else:
+        digest.update(struct.pack("<BQ", 1, parent_hash))
     salt = cache_salt.encode()
     digest.update(struct.pack("<I", len(salt)) + salt)
     tokens = array("q", token_ids)
@@ -96,7 +105,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        return self._match(seq.token_ids, seq.cache_salt, max_blocks, seq.block_hashes)
+        return self._match(seq.token_ids, _root(seq), max_blocks, seq.block_hashes)
 
     def count_tier_blocks(self, seq: SchedulerSequence, first_block: int) -> int:
         """How many blocks of seq from first_block on (after its device hits) the tier holds, in a row.
@@ -106,17 +115,21 @@ class KVCacheManager:
         if self.tier is None:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        return self._count_in_tier(seq.token_ids, seq.cache_salt, first_block, max_blocks, seq.block_hashes)
+        return self._count_in_tier(seq.token_ids, _root(seq), first_block, max_blocks, seq.block_hashes)
 
-    def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
-        """Tokens of token_ids the device cache and then the tier could serve now (for routing); no side effects."""
+    def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "", long_rope: bool = False) -> int:
+        """Tokens of token_ids the device cache and then the tier could serve now (for routing); no side effects.
+
+        ``long_rope``: of a sequence on LongRoPE's long factors (the blocks computed with them).
+        """
         if not self.enable_prefix_caching or not token_ids:
             return 0
+        root = CacheRoot(cache_salt, long_rope)
         max_blocks = (len(token_ids) - 1) // self.block_size
         hashes: list[int] = []
-        num_hits = len(self._match(token_ids, cache_salt, max_blocks, hashes))
+        num_hits = len(self._match(token_ids, root, max_blocks, hashes))
         if self.tier is not None:
-            num_hits += self._count_in_tier(token_ids, cache_salt, num_hits, max_blocks, hashes)
+            num_hits += self._count_in_tier(token_ids, root, num_hits, max_blocks, hashes)
         return num_hits * self.block_size
 
     def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
@@ -160,9 +173,10 @@ class KVCacheManager:
         start = seq.num_registered_blocks
         if num_full <= start:
             return
-        self._extend_hashes(seq.token_ids, seq.cache_salt, num_full, seq.block_hashes)
+        root = _root(seq)
+        self._extend_hashes(seq.token_ids, root, num_full, seq.block_hashes)
         blocks, table = self.pool.blocks, seq.block_ids
-        parent_key = seq.cache_salt if start == 0 else blocks[table[start - 1]].prefix_id
+        parent_key: ParentKey | None = root if start == 0 else blocks[table[start - 1]].prefix_id
         for i in range(start, num_full):
             if parent_key is None:
                 # Its parent is not identifiable (a hash collision): no child can be verified.
@@ -203,27 +217,27 @@ class KVCacheManager:
         self.tier.queue_save(block.block_id, block.block_hash, block.token_ids)
 
     def _count_in_tier(
-        self, token_ids: Sequence[int], cache_salt: str, first_block: int, max_blocks: int, hashes: list[int]
+        self, token_ids: Sequence[int], root: CacheRoot, first_block: int, max_blocks: int, hashes: list[int]
     ) -> int:
         """Blocks first_block.. (below max_blocks) whose hashes the tier holds, up to the first it lacks."""
         assert self.tier is not None
         num = 0
         for i in range(first_block, max_blocks):
             if i >= len(hashes):
-                self._extend_hashes(token_ids, cache_salt, i + 1, hashes)
+                self._extend_hashes(token_ids, root, i + 1, hashes)
             if hashes[i] not in self.tier:
                 break
             num += 1
         return num
 
-    def _match(self, token_ids: Sequence[int], cache_salt: str, max_blocks: int, hashes: list[int]) -> list[KVBlock]:
+    def _match(self, token_ids: Sequence[int], root: CacheRoot, max_blocks: int, hashes: list[int]) -> list[KVBlock]:
         """Walks the cache block by block, hashing lazily, until the first miss."""
         bs = self.block_size
         hits: list[KVBlock] = []
-        parent_key: int | str = cache_salt
+        parent_key: ParentKey = root
         for i in range(max_blocks):
             if i == len(hashes):
-                self._extend_hashes(token_ids, cache_salt, i + 1, hashes)
+                self._extend_hashes(token_ids, root, i + 1, hashes)
             block = self.pool.lookup(hashes[i], tuple(token_ids[i * bs : (i + 1) * bs]), parent_key)
             if block is None:
                 break
@@ -232,9 +246,17 @@ class KVCacheManager:
             parent_key = block.prefix_id
         return hits
 
-    def _extend_hashes(self, token_ids: Sequence[int], cache_salt: str, num_blocks: int, hashes: list[int]) -> None:
+    def _extend_hashes(self, token_ids: Sequence[int], root: CacheRoot, num_blocks: int, hashes: list[int]) -> None:
         """Appends the chained hashes of blocks len(hashes)..num_blocks-1."""
         bs = self.block_size
         for i in range(len(hashes), num_blocks):
-            parent = hashes[i - 1] if i else None
-            hashes.append(self._hasher(parent, tuple(token_ids[i * bs : (i + 1) * bs]), cache_salt if i == 0 else ""))
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            if i:
+                hashes.append(self._hasher(hashes[i - 1], tokens, "", False))
+            else:
+                hashes.append(self._hasher(None, tokens, root.cache_salt, root.long_rope))
+
+
+def _root(seq: SchedulerSequence) -> CacheRoot:
+    """The root of seq's blocks: its salt and its RoPE factor set (the set is chosen at admission)."""
+    return CacheRoot(seq.cache_salt, seq.long_rope)

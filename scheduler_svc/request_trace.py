@@ -138,6 +138,12 @@ class RequestTrace:
         self._end_prefill(None)
         self.on_queued("preempted")
 
+    def on_rope_switch(self, num_computed_tokens: int) -> None:
+        """The sequence outgrew LongRoPE's short factors: recomputed on the long ones (docs/architecture.md)."""
+        self._event_span().add_event("rope_switch", {"pagoda.num_computed_tokens": num_computed_tokens})
+        self._end_prefill(None)
+        self.on_queued("rope_switch")
+
     def on_executor_lost(self, executor: str, num_tokens: int) -> None:
         """The sequence's executor is gone: it is recomputed (`num_tokens`) where it is placed next."""
         attributes: Attributes = {"pagoda.executor": executor, "pagoda.num_tokens": num_tokens}

@@ -8,6 +8,11 @@ length. When blocks run out, the lowest-priority, most recently admitted
 running sequence is preempted and later recomputed (the prefix cache makes
 that cheap).
 
+LongRoPE models (Phi-3 128k) rotate a sequence within ``rope_switch_len``
+tokens with the short factors and a longer one with the long factors, as
+transformers does: the set is chosen at admission by the sequence's length,
+and a sequence that grows past the switch is recomputed on the long factors.
+
 Plans overlap with results: the engine sends plan N+1 before result N arrives.
 schedule() therefore advances num_computed_tokens when it plans, and a sequence
 whose chunk reaches its length gets a pending token that update() fills in.
@@ -53,6 +58,8 @@ class Scheduler(SchedulerState):
         An empty plan (no work, nothing dropped) does not use up its step_id.
         """
         self._compact_running()
+        if self.config.rope_switch_len:
+            self._restart_past_rope_switch()
         step = StepBuilder(self.config.max_num_batched_tokens)
         step.speculate = self._drafter is not None and self._drafter.speculates(self._running)
         self._schedule_running(step)
@@ -199,14 +206,41 @@ class Scheduler(SchedulerState):
         if seq.trace is not None:
             seq.trace.on_preempted(seq.num_computed_tokens)
         self._running.pop()
+        self._requeue(seq)
+        seq.num_preemptions += 1
+        self._num_preemptions += 1
+
+    def _requeue(self, seq: SchedulerSequence) -> None:
+        """Frees a sequence taken out of running (its full blocks stay cached) and puts it at the head of its
+        priority, to be recomputed; the executor drops it."""
         self._kv.free(seq)
         if seq.executor_holds:
             self._dropped.append(seq.seq_id)
         seq.reset_for_recompute()
         seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        self._num_preemptions += 1
         self._waiting.push(seq, front=True)
+
+    def _restart_past_rope_switch(self) -> None:
+        """Sequences on the short LongRoPE factors whose next token is past the switch restart on the long ones.
+
+        transformers computes each next token with the factors of the sequence's length, and recomputes its
+        cache when the length crosses original_max_position_embeddings; so the sequence is recomputed here too
+        (its short blocks stay cached for other short sequences). It resumes, on the long factors, once its
+        pending token is known (_admit chooses the set).
+        """
+        switch = self.config.rope_switch_len
+        crossing = [
+            seq
+            for seq in self._running
+            if seq.num_computed_tokens >= switch and not seq.long_rope and self._num_wanted(seq)
+        ]
+        for seq in crossing:
+            if seq.trace is not None:
+                seq.trace.on_rope_switch(seq.num_computed_tokens)
+            self._requeue(seq)
+            self.num_rope_restarts += 1
+        if crossing:
+            self._running = [seq for seq in self._running if seq.status is SequenceStatus.RUNNING]
 
     def _schedule_waiting(self, step: StepBuilder, now_s: float) -> None:
         """Admits waiting sequences in order while budget, seats and blocks last."""
@@ -220,6 +254,9 @@ class Scheduler(SchedulerState):
         """Starts (or resumes) a sequence from its cached prefix: device hits, then tier loads; False if blocks
         lack."""
         bs = self.config.block_size
+        long_rope = self.config.long_rope(seq.num_tokens)
+        if long_rope != seq.long_rope:  # its blocks' hashes are the other factor set's
+            seq.long_rope, seq.block_hashes = long_rope, []
         scored = seq.sampling.prompt_logprobs is not None  # every prompt token is computed (it is scored)
         hits = [] if scored else self._kv.get_computed_blocks(seq)
         tier = self._tier
@@ -254,6 +291,7 @@ class Scheduler(SchedulerState):
                 structured=seq.structured,
                 traceparent=seq.trace.traceparent if seq.trace is not None else "",
                 loads=loads,
+                long_rope=long_rope,
             )
         )
         step.num_loads += num_loads

@@ -52,6 +52,8 @@ class SchedulerState:
         self._next_step_id = 0
         self._next_admission = 0
         self._num_preemptions = 0
+        # Sequences recomputed on LongRoPE's long factors after growing past the switch length.
+        self.num_rope_restarts = 0
         # Offload tier: prompt tokens loaded instead of computed, preempted sequences resumed by loads
         # (swaps), and loads each plan in flight asked for (for the cost model).
         self._num_offload_hit_tokens = 0
@@ -163,7 +165,7 @@ class SchedulerState:
 
     def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
         """Prompt tokens the prefix cache would serve now (for the router); no side effects."""
-        return self._kv.peek_prefix_hit_tokens(token_ids, cache_salt)
+        return self._kv.peek_prefix_hit_tokens(token_ids, cache_salt, self.config.long_rope(len(token_ids)))
 
     # -- requests in and out ----------------------------------------------------
 

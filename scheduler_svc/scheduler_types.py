@@ -53,11 +53,17 @@ class SchedulerConfig:
     speculative_adaptive: bool = True
     # The executor has a KV offload tier (docs/kv-offload.md): save full blocks to it, load prefixes from it.
     kv_offload: bool = False
+    # LongRoPE (ExecutorInfo.rope_switch_len): a sequence longer than this runs on the long factors, one within
+    # it on the short ones, and one that grows past it is recomputed on the long ones (docs/architecture.md,
+    # model families); 0: the model has one factor set.
+    rope_switch_len: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.rope_switch_len < 0:
+            raise ValueError(f"rope_switch_len must not be negative, got {self.rope_switch_len}")
         if self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
 
@@ -66,6 +72,11 @@ class SchedulerConfig:
         if self.num_speculative_tokens is not None:
             return self.num_speculative_tokens
         return DEFAULT_DRAFT_TOKENS[source]
+
+    def long_rope(self, num_tokens: int) -> bool:
+        """Whether a sequence of num_tokens known tokens runs on LongRoPE's long factors (as transformers
+        computes the next token of a sequence that long)."""
+        return 0 < self.rope_switch_len < num_tokens
 
     @property
     def max_draft_tokens(self) -> int:

@@ -83,7 +83,10 @@ class SchedulerSequence:
         self.num_offloaded_tokens = 0
         self.recount_cached_tokens = False
         self.block_ids: list[int] = []
-        # Chained hashes of the full blocks of token_ids, computed once each.
+        # Its KV is rotated with LongRoPE's long factors: chosen at each admission by its length
+        # (SchedulerConfig.rope_switch_len), sent with it (NewSequence.long_rope), part of its blocks' hashes.
+        self.long_rope = False
+        # Chained hashes of the full blocks of token_ids (under its salt and factor set), computed once each.
         self.block_hashes: list[int] = []
         # Leading blocks of block_ids already offered to the prefix cache.
         self.num_registered_blocks = 0

@@ -207,6 +207,9 @@ class Drafter:
         """
         config = self.config
         max_tokens = min(step.budget - step.num_decodes_left - 1, config.max_model_len - len(seq.token_ids) - 1)
+        if config.rope_switch_len and not seq.long_rope:
+            # Verified rows stay within the short RoPE factors: past them the sequence restarts on the long ones.
+            max_tokens = min(max_tokens, config.rope_switch_len - len(seq.token_ids))
         proposal = self.propose(seq, max_tokens)
         if proposal is None:
             return False

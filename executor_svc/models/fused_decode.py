@@ -59,13 +59,13 @@ class FusedDecode:
     def run(self, hidden: torch.Tensor, normed: torch.Tensor, rotary: Any, kv_cache: Any, state: CppStepState):
         """Every layer over ``hidden`` [T, hidden] (updated in place); ``normed``: its first input norm."""
         model, config = self.model, self.model.config
-        positions, cos, sin = rotary
+        rope_rows, cos, sin = rotary  # [T] rows of the cos/sin tables (models.rope)
         k_caches, v_caches, k_scales, v_scales = self._layer_caches(kv_cache)
         meta = state.meta
         self.kernels.decode_layers(
             hidden,
             normed,
-            positions,
+            rope_rows,
             cos,
             sin,
             self.weights,

@@ -95,10 +95,11 @@ class GemmaModel:
             rope_index=rope_index,
         )
 
-    def forward(self, input_ids, positions, kv_cache, backend, attn_states: Sequence[Any]) -> torch.Tensor:
-        """Runs every layer over the flattened tokens [T]; returns hidden states [T, hidden] before the final norm."""
+    def forward(self, input_ids, rope_rows, kv_cache, backend, attn_states: Sequence[Any]) -> torch.Tensor:
+        """Runs every layer over the flattened tokens [T] (rope_rows: as LlamaModel.forward's); returns hidden
+        states [T, hidden] before the final norm."""
         ops, config, eps, layers = self.ops, self.config, self.config.rms_norm_eps, self.layers
-        rotaries = [ops.rotary_for(rope, positions) for rope in self.ropes]
+        rotaries = [ops.rotary_for(rope, rope_rows) for rope in self.ropes]
         hidden = F.embedding(input_ids, self.embed) * self.embed_scale  # [T, hidden], the residual stream
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):

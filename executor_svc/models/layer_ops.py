@@ -48,8 +48,8 @@ class LayerOps(Protocol):
         """[N, 2I] (gate then up) -> silu(gate) * up [N, I]."""
         ...
 
-    def rotary_for(self, rope: RotaryEmbedding, positions: torch.Tensor) -> Any:
-        """Per-step rotary state for ``rotate`` (looked up once, used by every layer)."""
+    def rotary_for(self, rope: RotaryEmbedding, rope_rows: torch.Tensor) -> Any:
+        """Per-step rotary state for ``rotate`` (looked up once, used by every layer) of the tokens' table rows."""
         ...
 
     def rotate(self, x: torch.Tensor, rotary: Any) -> torch.Tensor:
@@ -88,9 +88,9 @@ class TorchLayerOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def rotary_for(self, rope: RotaryEmbedding, positions: torch.Tensor):
-        """Per-step rotary state for ``rotate`` (looked up once, used by every layer)."""
-        return rope.lookup(positions)
+    def rotary_for(self, rope: RotaryEmbedding, rope_rows: torch.Tensor):
+        """Per-step rotary state for ``rotate`` (looked up once, used by every layer) of the tokens' table rows."""
+        return rope.lookup(rope_rows)
 
     def rotate(self, x: torch.Tensor, rotary) -> torch.Tensor:
         """x [T, N, Dh] rotated (a new tensor or x itself)."""
@@ -159,8 +159,8 @@ class CppLayerOps:
     def silu_and_mul(self, gate_up):
         return self.kernel.silu_and_mul(gate_up)
 
-    def rotary_for(self, rope, positions):
-        return positions, rope.cos, rope.sin
+    def rotary_for(self, rope, rope_rows):
+        return rope_rows, rope.cos, rope.sin  # the kernel indexes the tables by row
 
     def rotate(self, x, rotary):
         self.kernel.rotary_(x, *rotary)

@@ -94,12 +94,13 @@ class LlamaModel:
             mlp=feed_forward(self.config, index, get, has, self.ops),
         )
 
-    def forward(self, input_ids, positions, kv_cache, backend, attn_states: Sequence[Any]) -> torch.Tensor:
+    def forward(self, input_ids, rope_rows, kv_cache, backend, attn_states: Sequence[Any]) -> torch.Tensor:
         """Runs every layer over the flattened tokens.
 
         Args:
             input_ids: [T] token ids of all scheduled tokens, all sequences.
-            positions: [T] position of each token in its sequence.
+            rope_rows: [T] each token's row in the RoPE tables: its position in its sequence, plus the rows of
+                one factor set on LongRoPE's long factors (models.rope).
             kv_cache: executor_svc.kv_cache.KVCache, written at the step's slots.
             backend: attention backend; attn_states[i] is its per-step state for layer i.
 
@@ -107,7 +108,7 @@ class LlamaModel:
             Hidden states [T, hidden] before the final norm.
         """
         ops, config, eps, layers, scale = self.ops, self.config, self.config.rms_norm_eps, self.layers, self.scale
-        rotary = ops.rotary_for(self.rope, positions)
+        rotary = ops.rotary_for(self.rope, rope_rows)
         hidden = F.embedding(input_ids, self.embed)  # [T, hidden], the residual stream (updated in place)
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         if self.fused_decode is not None and self.fused_decode.applies(attn_states):

@@ -3,8 +3,9 @@
 Phi-3 keeps ``self_attn.qkv_proj`` and ``mlp.gate_up_proj`` as one matrix
 each, which is the layout Pagoda fuses Llama's into, so the shared loaders take
 them as they are. Long-context checkpoints scale RoPE with LongRoPE ("su"):
-short factors below ``original_max_position_embeddings``, long ones past it
-(decided per token, see ``models.rope``). A sliding window, when the config
+short factors for a sequence within ``original_max_position_embeddings``
+tokens, long ones past it (chosen per sequence by the scheduler, see
+``models.rope``). A sliding window, when the config
 gives one, applies to every layer, as transformers applies it.
 """
 

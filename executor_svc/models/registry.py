@@ -35,12 +35,15 @@ class DecoderModel(Protocol):
     def forward(
         self,
         input_ids: torch.Tensor,
-        positions: torch.Tensor,
+        rope_rows: torch.Tensor,
         kv_cache: KVCache,
         backend: Any,
         attn_states: Sequence[Any],
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] of the step's flattened tokens; attn_states[i] is layer i's backend state."""
+        """Hidden states [T, hidden] of the step's flattened tokens; attn_states[i] is layer i's backend state.
+
+        rope_rows [T]: each token's row in the model's RoPE tables (``StepBatch.rope_rows``, models.rope).
+        """
         ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

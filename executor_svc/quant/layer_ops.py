@@ -99,8 +99,8 @@ class QuantizedLayerOps:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.base.silu_and_mul(gate_up)
 
-    def rotary_for(self, rope: RotaryEmbedding, positions: torch.Tensor) -> Any:
-        return self.base.rotary_for(rope, positions)
+    def rotary_for(self, rope: RotaryEmbedding, rope_rows: torch.Tensor) -> Any:
+        return self.base.rotary_for(rope, rope_rows)
 
     def rotate(self, x: torch.Tensor, rotary: Any) -> torch.Tensor:
         return self.base.rotate(x, rotary)

@@ -73,6 +73,9 @@ class NewSequence:
     # Blocks to fill from the offload tier first: the last len(loads) blocks of the num_computed_tokens
     # prefix, in table order (the blocks before them are device prefix-cache hits).
     loads: tuple[BlockLoad, ...] = ()
+    # Rotate its K and Q with LongRoPE's long factors (ExecutorInfo.rope_switch_len; the scheduler decides, by
+    # its length at admission); False: the short ones, or the model's only RoPE.
+    long_rope: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,3 +247,6 @@ class ExecutorInfo:
     draft_model: str = ""
     kv_cache_bytes: int = 0
     draft_kv_cache_bytes: int = 0
+    # LongRoPE (Phi-3 128k, Phi-3.5): the sequence length past which a sequence runs on the long factors
+    # (original_max_position_embeddings); 0: the model has one factor set (or is served no longer than that).
+    rope_switch_len: int = 0

@@ -74,7 +74,8 @@ ARCHS = {
         ),
     ),
     # Phi-3: fused qkv and gate_up, GQA 3, head_dim 24, LongRoPE: every sequence here is past the original
-    # length (4), so transformers uses the long factors, as the executor does (it serves 256 > 4).
+    # length (4), so transformers uses the long factors, as the plans ask (``long_rope``; test_longrope: the
+    # short ones and the switch).
     "phi3": (
         "Phi3Config",
         dict(
@@ -178,6 +179,12 @@ class BlockAllocator:
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
+
+
+def long_rope(runner, num_tokens: int) -> bool:
+    """NewSequence.long_rope of a sequence of num_tokens known tokens, as the scheduler sets it: LongRoPE's long
+    factors past the runner's switch (the tiny Phi-3's 4 tokens: every test sequence), else the short ones."""
+    return 0 < runner.info.rope_switch_len < num_tokens
 
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -22,7 +22,7 @@ from executor_svc.runner import SequenceState
 from pagoda import step as t
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams
-from tests.executor.conftest import ARCHS, load_hf, make_tiny_checkpoint
+from tests.executor.conftest import ARCHS, load_hf, long_rope, make_tiny_checkpoint
 
 BLOCK_SIZE = 4
 PROMPT = [5, 9, 17, 33, 40, 41, 77, 90, 3]
@@ -81,7 +81,10 @@ class Blocks:
 
 def plain_tokens(runner: ModelRunner, sampling: SamplingParams, prompt=PROMPT, num_output=NUM_OUTPUT) -> list[int]:
     """One token per step, no drafts."""
-    new = t.NewSequence(1, "r1", tuple(prompt), len(prompt), sampling, tuple(range(16)), 0, len(prompt))
+    new = t.NewSequence(
+        1, "r1", tuple(prompt), len(prompt), sampling, tuple(range(16)), 0, len(prompt),
+        long_rope=long_rope(runner, len(prompt)),
+    )  # fmt: skip
     tokens = list(runner.execute(t.StepPlan(0, new_seqs=(new,))).outputs[0].token_ids)
     for step in range(1, num_output):
         tokens += runner.execute(t.StepPlan(step, scheduled_seqs=(t.ScheduledSequence(1, 1),))).outputs[0].token_ids
@@ -94,7 +97,10 @@ def drafted_tokens(
 ) -> tuple[list[int], float]:
     """(tokens, acceptance): every decode step (those ``drafts_at`` names) asks the draft model for k drafts."""
     blocks = Blocks(runner.kv_cache.num_blocks)
-    new = t.NewSequence(1, "r1", tuple(PROMPT), len(PROMPT), sampling, blocks.allocate(1, len(PROMPT)), 0, len(PROMPT))
+    new = t.NewSequence(
+        1, "r1", tuple(PROMPT), len(PROMPT), sampling, blocks.allocate(1, len(PROMPT)), 0, len(PROMPT),
+        long_rope=long_rope(runner, len(PROMPT)),
+    )  # fmt: skip
     tokens = list(runner.execute(t.StepPlan(0, new_seqs=(new,))).outputs[0].token_ids)
     num_computed, step, num_accepted, num_drafting = len(PROMPT), 1, 0, 0
     while len(tokens) < NUM_OUTPUT:

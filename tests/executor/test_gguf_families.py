@@ -28,6 +28,7 @@ from tests.executor.conftest import (
     blocks_needed,
     install_recorder,
     load_hf,
+    long_rope,
     make_tiny_checkpoint,
 )
 from tests.executor.test_gguf_loader import SPECIALS, byte_alphabet, llama_cpp_permute
@@ -160,9 +161,12 @@ def _assert_logits_match(path: pathlib.Path, folder: pathlib.Path) -> None:
     alloc = BlockAllocator(runner.info.num_kv_blocks)
     prompts = mixed_step_prompts()
     new = tuple(
-        t.NewSequence(i, f"r{i}", tuple(p), len(p), GREEDY, alloc.take(blocks_needed(len(p) + 1, 4)), 0, len(p))
+        t.NewSequence(
+            i, f"r{i}", tuple(p), len(p), GREEDY, alloc.take(blocks_needed(len(p) + 1, 4)), 0, len(p),
+            long_rope=long_rope(runner, len(p)),
+        )
         for i, p in enumerate(prompts)
-    )
+    )  # fmt: skip
     assert not runner.execute(t.StepPlan(1, new_seqs=new)).errors
     assert len(recorder.records) == len(prompts)
     for token_ids, logits in recorder.records:

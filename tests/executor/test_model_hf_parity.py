@@ -7,7 +7,15 @@ import torch
 
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
-from tests.executor.conftest import ARCHS, GREEDY, BlockAllocator, blocks_needed, install_recorder, load_hf
+from tests.executor.conftest import (
+    ARCHS,
+    GREEDY,
+    BlockAllocator,
+    blocks_needed,
+    install_recorder,
+    load_hf,
+    long_rope,
+)
 
 BLOCK_SIZE = 4
 
@@ -19,8 +27,18 @@ def _runner(folder, **kwargs) -> ModelRunner:
     return ModelRunner(str(folder), **{**options, **kwargs})
 
 
-def _new(seq_id, tokens, blocks, num_computed, num_scheduled) -> t.NewSequence:
-    return t.NewSequence(seq_id, f"r{seq_id}", tuple(tokens), len(tokens), GREEDY, blocks, num_computed, num_scheduled)
+def _new(runner, seq_id, tokens, blocks, num_computed, num_scheduled) -> t.NewSequence:
+    return t.NewSequence(
+        seq_id,
+        f"r{seq_id}",
+        tuple(tokens),
+        len(tokens),
+        GREEDY,
+        blocks,
+        num_computed,
+        num_scheduled,
+        long_rope=long_rope(runner, len(tokens)),
+    )
 
 
 def _hf_last_logits(hf, token_ids) -> torch.Tensor:
@@ -64,9 +82,9 @@ def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, reques
         t.StepPlan(
             1,
             new_seqs=(
-                _new(1, prompt_a, blocks_a, 0, 12),
-                _new(2, prompt_b, alloc.take(blocks_needed(14, BLOCK_SIZE)), 0, 13),
-                _new(3, prompt_c, alloc.take(blocks_needed(8, BLOCK_SIZE)), 0, 7),
+                _new(runner, 1, prompt_a, blocks_a, 0, 12),
+                _new(runner, 2, prompt_b, alloc.take(blocks_needed(14, BLOCK_SIZE)), 0, 13),
+                _new(runner, 3, prompt_c, alloc.take(blocks_needed(8, BLOCK_SIZE)), 0, 7),
             ),
         )
     )
@@ -76,7 +94,7 @@ def test_mixed_step_logits_match_transformers(arch, backend, checkpoints, reques
     out2 = runner.execute(
         t.StepPlan(
             2,
-            new_seqs=(_new(4, prompt_d, blocks_d, 16, 5),),
+            new_seqs=(_new(runner, 4, prompt_d, blocks_d, 16, 5),),
             scheduled_seqs=(
                 t.ScheduledSequence(1, 9),
                 t.ScheduledSequence(2, 1),
@@ -110,7 +128,7 @@ def _generate(runner, prompts, num_new, chunk):
             more = alloc.take(blocks_needed(computed[i] + n, BLOCK_SIZE) - len(tables[i]))
             tables[i] += more
             if step_id == 1:
-                new.append(_new(i, tokens[i], tables[i], 0, n))
+                new.append(_new(runner, i, tokens[i], tables[i], 0, n))
             else:
                 scheduled.append(t.ScheduledSequence(i, n, more))
             computed[i] += n

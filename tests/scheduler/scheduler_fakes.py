@@ -19,6 +19,13 @@ copy them into the named blocks before the step computes (a hash it lacks, or
 stored for other tokens, fails the sequence recoverably), and each result
 reports what the tier gained and lost. The slot check then proves every
 loaded block holds exactly the KV its tokens imply.
+
+With a LongRoPE switch (``rope_switch_len``), a sequence's "KV" and its next
+token also depend on the factor set it runs on (``NewSequence.long_rope``),
+as a real model's do: a block computed on one set and read by a sequence on
+the other fails the slot check, and a short-factor sequence computing a
+position past the switch is a protocol error. ``reference_output`` then
+gives transformers' rule: each next token on the set of the prefix's length.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from pagoda.step import FinishReason, SeqError, SeqOutput, StepPlan, StepResult
 from scheduler_svc.scheduler import Scheduler, SeqUpdate
 
 VOCAB_SIZE = 50
+# Where the digests of a sequence on the long LongRoPE factors start (the short ones start at 0).
+LONG_ROPE_SEED = 7919
 
 
 def next_token(prefix_digest: int) -> int:
@@ -71,8 +80,9 @@ class _ExecSeq:
     token_ids: list[int]
     block_ids: list[int]
     num_computed: int
-    # digests[p]: digest of token_ids[: p + 1].
+    # digests[p]: digest of token_ids[: p + 1] (on its factor set).
     digests: list[int]
+    long_rope: bool = False
 
 
 class FakeTier:
@@ -109,9 +119,17 @@ class FakeTier:
 class FakeExecutor:
     """Executes StepPlans against a slot -> value "KV cache" (and an offload tier, if given)."""
 
-    def __init__(self, num_blocks: int, block_size: int, model: Model = digest_model, tier: FakeTier | None = None):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        model: Model = digest_model,
+        tier: FakeTier | None = None,
+        rope_switch_len: int = 0,
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.rope_switch_len = rope_switch_len
         self.model = model
         self.tier = tier
         self.draft_model = noisy_draft_model(model)
@@ -130,11 +148,15 @@ class FakeExecutor:
         for new in plan.new_seqs:
             if new.seq_id in self.seqs:
                 raise ProtocolError(f"new seq {new.seq_id} already held")
+            if new.long_rope and not self.rope_switch_len:
+                raise ProtocolError(f"new seq {new.seq_id} on long RoPE factors the model does not have")
             missing = self._load(new)
             if missing:
                 errors.append(SeqError(new.seq_id, "tier miss", missing))
                 continue
-            self.seqs[new.seq_id] = _ExecSeq(list(new.token_ids), list(new.block_ids), new.num_computed_tokens, [])
+            self.seqs[new.seq_id] = _ExecSeq(
+                list(new.token_ids), list(new.block_ids), new.num_computed_tokens, [], new.long_rope
+            )
             work.append((new.seq_id, new.num_scheduled_tokens, ()))
         failed = {e.seq_id for e in errors}
         for sched in plan.scheduled_seqs:
@@ -203,9 +225,8 @@ class FakeExecutor:
     def _propose(self, seq_id: int, num_tokens: int) -> tuple[int, ...]:
         """The draft model's num_tokens drafts after the sequence's known tokens."""
         seq = self.seqs[seq_id]
-        tokens, digest = list(seq.token_ids), 0
-        for token in tokens:
-            digest = hash((digest, token))
+        tokens = list(seq.token_ids)
+        digest = prefix_digest(tokens, seq.long_rope)
         for _ in range(num_tokens):
             tokens.append(self.draft_model(tokens, digest))
             digest = hash((digest, tokens[-1]))
@@ -222,7 +243,7 @@ class FakeExecutor:
 
     def _digest(self, seq: _ExecSeq, upto: int) -> None:
         while len(seq.digests) < upto:
-            prev = seq.digests[-1] if seq.digests else 0
+            prev = seq.digests[-1] if seq.digests else (LONG_ROPE_SEED if seq.long_rope else 0)
             seq.digests.append(hash((prev, seq.token_ids[len(seq.digests)])))
 
     def _run(self, seq_id: int, num_tokens: int, drafts: tuple[int, ...]) -> SeqOutput | None:
@@ -232,6 +253,8 @@ class FakeExecutor:
             raise ProtocolError(f"seq {seq_id}: {num_tokens} tokens from {start} of {len(seq.token_ids)}")
         if drafts and end != len(seq.token_ids):
             raise ProtocolError(f"seq {seq_id}: drafts after a chunk that does not reach its end")
+        if 0 < self.rope_switch_len < end + len(drafts) and not seq.long_rope:
+            raise ProtocolError(f"seq {seq_id}: computes up to {end + len(drafts)} on the short RoPE factors")
         self._digest(seq, end)
         for pos in range(start, end):
             self.kv[self._slot(seq, pos)] = seq.digests[pos]
@@ -263,16 +286,31 @@ class FakeExecutor:
         return tuple(sampled)
 
 
-def reference_output(
-    prompt: list[int], max_tokens: int, eos_token_ids=(), max_model_len=10**9, model: Model = digest_model
-) -> list[int]:
-    """What the fake model generates for a prompt, computed directly."""
-    digest = 0
-    for token in prompt:
+def prefix_digest(token_ids: list[int], long_rope: bool = False) -> int:
+    """The digest of a token prefix on a factor set (the fake's KV of its last position)."""
+    digest = LONG_ROPE_SEED if long_rope else 0
+    for token in token_ids:
         digest = hash((digest, token))
+    return digest
+
+
+def reference_output(
+    prompt: list[int],
+    max_tokens: int,
+    eos_token_ids=(),
+    max_model_len=10**9,
+    model: Model = digest_model,
+    rope_switch_len: int = 0,
+) -> list[int]:
+    """What the fake model generates for a prompt, computed directly (with a LongRoPE switch, each token on
+    the factor set of the prefix's length, as transformers computes it)."""
+    digest = prefix_digest(prompt)
     out: list[int] = []
     while True:
-        token = model(prompt + out, digest)
+        tokens = prompt + out
+        if 0 < rope_switch_len < len(tokens):
+            digest = prefix_digest(tokens, long_rope=True)
+        token = model(tokens, digest)
         out.append(token)
         if token in eos_token_ids or len(out) >= max_tokens or len(prompt) + len(out) >= max_model_len:
             return out

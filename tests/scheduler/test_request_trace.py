@@ -16,14 +16,20 @@ from scheduler_svc.sequence import SchedulerSequence
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-def _run(num_blocks: int, prompts: list[list[int]], max_tokens: int, budget: int):
+def _run(num_blocks: int, prompts: list[list[int]], max_tokens: int, budget: int, rope_switch_len: int = 0):
     """Every request to its end through one scheduler core; the finished spans."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = RequestTracer(provider.get_tracer("test"))
-    config = SchedulerConfig(num_blocks=num_blocks, block_size=4, max_num_batched_tokens=budget, max_model_len=64)
-    scheduler, executor = Scheduler(config), FakeExecutor(num_blocks, 4)
+    config = SchedulerConfig(
+        num_blocks=num_blocks,
+        block_size=4,
+        max_num_batched_tokens=budget,
+        max_model_len=64,
+        rope_switch_len=rope_switch_len,
+    )
+    scheduler, executor = Scheduler(config), FakeExecutor(num_blocks, 4, rope_switch_len=rope_switch_len)
     seqs = []
     for i, prompt in enumerate(prompts):
         seq = SchedulerSequence(i + 1, f"r{i}", prompt, SamplingParams(), StoppingCriteria(max_tokens=max_tokens))
@@ -84,3 +90,16 @@ def test_a_preempted_request_has_the_event_a_second_wait_and_a_recompute():
         reasons = [q.attributes["pagoda.queue_reason"] for q in queues[seq.request_id]]
         assert reasons == ["new"] + ["preempted"] * seq.num_preemptions
         assert len(prefills[seq.request_id]) == 1 + seq.num_preemptions
+
+
+def test_a_request_outgrowing_the_short_rope_factors_has_the_event_a_wait_and_a_recompute():
+    """LongRoPE switching at 12: a 10-token prompt generating 6 is recomputed on the long factors once."""
+    spans, (seq,), _ = _run(num_blocks=16, prompts=[list(range(10, 20))], max_tokens=6, budget=32, rope_switch_len=12)
+    (decode,) = [s for s in spans if s.name == "decode"]
+    assert [e.name for e in decode.events] == ["rope_switch"]
+    assert [q.attributes["pagoda.queue_reason"] for q in spans if q.name == "queue"] == ["new", "rope_switch"]
+    prefills = [s for s in spans if s.name == "prefill"]
+    assert [(p.attributes["pagoda.num_tokens"], p.attributes["pagoda.recompute"]) for p in prefills] == [
+        (10, False),
+        (13, True),
+    ]
