@@ -66,6 +66,7 @@ $(KERNELS_STAMP): $(KERNEL_SOURCES) $(TORCH_SPEC_FILE) | $(PYTHON_STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m scripts.gen_proto
 	$(BIN)/python -m scripts.gen_client_options
+	$(BIN)/python -m scripts.gen_client_status
 
 # docs/configuration.md's flag tables, rendered from the services' config dataclasses (a test checks them).
 docs: $(STAMP)

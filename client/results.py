@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from pagoda.step import LogprobEntry as LogprobEntry
 from pagoda.step import TokenLogprob as TokenLogprob
 
+# The status types are generated from their proto messages (make proto), re-exported.
+from pagoda_client._status import ExecutorStatus as ExecutorStatus
+from pagoda_client._status import ServerStatus as ServerStatus
+
 
 class FinishReason(str, enum.Enum):
     """Why a generation ended (compares equal to its string value)."""
@@ -149,66 +153,3 @@ class ModelInfo:
     """What the KV cache stores: the model dtype, or ``int8`` (quantized rows with scales)."""
     quantization: str = ""
     """The linear weights' quantization: ``none``, ``int8``, or a GGUF file's block types as stored."""
-
-
-@dataclass(frozen=True)
-class ExecutorStatus:
-    """One executor as the scheduler sees it."""
-
-    address: str
-    incarnation_id: str
-    state: str
-    num_running: int
-    num_waiting: int
-    num_kv_blocks: int
-    num_free_kv_blocks: int
-    kv_cache_usage: float
-    kernels: dict[str, str] = field(default_factory=dict)
-    """The code path each part of a step runs on it, e.g. ``{"attention": "cpp", "gemm": "amx-panel"}``."""
-    lease_holder: str = ""
-    """The scheduler driving it (this one when ``state`` is READY or DRAINING; empty: none)."""
-    lease_epoch: int = 0
-    kv_offload: str = ""
-    """Its KV offload tier, e.g. ``disk 10.00 GiB at /path`` (empty: none)."""
-    num_tier_blocks: int = 0
-    """Blocks its offload tier holds, as this scheduler knows."""
-    kv_cache_dtype: str = ""
-    """Its KV cache dtype (empty until the scheduler has described it)."""
-    quantization: str = ""
-    """Its weights' quantization (empty until the scheduler has described it)."""
-    draft_model: str = ""
-    """The draft model proposing speculative tokens on it (empty: none)."""
-
-
-@dataclass(frozen=True)
-class ServerStatus:
-    """Queues, KV usage and executors of the scheduler."""
-
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    executors: tuple[ExecutorStatus, ...]
-    num_requests_total: int
-    num_preemptions_total: int
-    prefix_cache_queries_total: int
-    prefix_cache_hits_total: int
-    scheduler_id: str = ""
-    """This scheduler's id in the executors' leases."""
-    schedulers: tuple[str, ...] = ()
-    """Every live scheduler the executors report."""
-    spec_num_drafts_total: int = 0
-    """Speculative decoding: sequence-steps that verified draft tokens."""
-    spec_draft_tokens_total: int = 0
-    """Draft tokens proposed."""
-    spec_accepted_tokens_total: int = 0
-    """Draft tokens accepted."""
-    offload_hit_tokens_total: int = 0
-    """Prompt tokens loaded from the executors' KV offload tiers instead of computed."""
-    num_swaps_total: int = 0
-    """Preempted sequences resumed by loading their blocks from an offload tier."""
-    spec_model_num_drafts_total: int = 0
-    """Of the sequence-steps with drafts, those whose drafts the executors' draft models proposed."""
-    spec_model_draft_tokens_total: int = 0
-    """Draft tokens the draft models proposed."""
-    spec_model_accepted_tokens_total: int = 0
-    """Draft-model tokens accepted."""

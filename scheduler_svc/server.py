@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import structlog
@@ -29,6 +30,7 @@ from scheduler_svc.errors import (
     RequestError,
     Unavailable,
 )
+from scheduler_svc.executor_handle import ExecutorHandle
 from scheduler_svc.scheduler_types import DraftSource
 from scheduler_svc.tokenizer import Tokenizer
 
@@ -139,53 +141,59 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return self.engine.tokenizer
 
 
+# ExecutorStatus fields that are the executor's Describe, as it is (empty until it has described itself).
+_DESCRIBED = ("incarnation_id", "kv_cache_dtype", "quantization", "draft_model", "kv_offload")
+
+
 def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
-    """Queues, KV usage and executors (held or only seen), summed over the executors held."""
-    executors = []
-    for executor in engine.executors.values():
-        s, info = executor.scheduler, executor.info
-        view = executor.view
-        holder, epoch = (engine.scheduler_id, executor.epoch) if executor.driving else (view.holder_id, view.epoch)
-        executors.append(
-            generation_pb2.ExecutorStatus(
-                address=executor.address,
-                incarnation_id=info.incarnation_id if info else "",
-                state=executor.state.value,
-                num_running=s.num_running if s else 0,
-                num_waiting=s.num_waiting if s else 0,
-                num_kv_blocks=s.config.num_blocks if s else 0,
-                num_free_kv_blocks=s.num_free_blocks if s else 0,
-                kv_cache_usage=s.kv_cache_usage if s else 0.0,
-                kernels=dict(info.kernels) if info else {},
-                kv_cache_dtype=info.kv_cache_dtype if info else "",
-                quantization=info.quantization if info else "",
-                draft_model=info.draft_model if info else "",
-                lease_holder=holder,
-                lease_epoch=epoch,
-                kv_offload=info.kv_offload if info else "",
-                num_tier_blocks=len(s.tier) if s is not None and s.tier is not None else 0,
-            )
-        )
+    """Queues, KV usage and executors (held or only seen), summed over the executors held.
+
+    The totals named alike in the engine's metrics (its plain GetStatus counters) are copied by name; a field
+    neither given here nor a metric is an error, so a new one cannot go out unfilled.
+    """
+    executors = [executor_status_to_pb(engine, executor) for executor in engine.executors.values()]
     total = sum(e.num_kv_blocks for e in executors)
     used = sum(e.num_kv_blocks - e.num_free_kv_blocks for e in executors)
     m = engine.metrics
-    return generation_pb2.ServerStatus(
+    return copy_by_name(
+        generation_pb2.ServerStatus,
+        m,
         num_running=engine.num_running,
         num_waiting=engine.num_waiting,
         kv_cache_usage=used / total if total else 0.0,
         executors=executors,
-        num_requests_total=m.num_requests_total,
-        num_preemptions_total=m.num_preemptions_total,
-        prefix_cache_queries_total=m.prefix_cache_queries_total,
-        prefix_cache_hits_total=m.prefix_cache_hits_total,
         spec_num_drafts_total=m.spec_total(0),
         spec_draft_tokens_total=m.spec_total(1),
         spec_accepted_tokens_total=m.spec_total(2),
         spec_model_num_drafts_total=m.spec_total(0, DraftSource.MODEL),
         spec_model_draft_tokens_total=m.spec_total(1, DraftSource.MODEL),
         spec_model_accepted_tokens_total=m.spec_total(2, DraftSource.MODEL),
-        offload_hit_tokens_total=m.offload_hit_tokens_total,
-        num_swaps_total=m.num_swaps_total,
         scheduler_id=engine.scheduler_id,
         schedulers=engine.fleet.ownership.live_schedulers(),
     )
+
+
+def executor_status_to_pb(engine: Engine, executor: ExecutorHandle) -> generation_pb2.ExecutorStatus:
+    """One executor: what it described, and its queues and blocks while this scheduler drives it (a field
+    left out reads as empty or 0)."""
+    holder, epoch = (
+        (engine.scheduler_id, executor.epoch) if executor.driving else (executor.view.holder_id, executor.view.epoch)
+    )
+    fields: dict[str, Any] = {
+        "address": executor.address,
+        "state": executor.state.value,
+        "lease_holder": holder,
+        "lease_epoch": epoch,
+    }
+    if (info := executor.info) is not None:
+        fields |= {name: getattr(info, name) for name in _DESCRIBED} | {"kernels": dict(info.kernels)}
+    if (s := executor.scheduler) is not None:
+        fields |= {
+            "num_running": s.num_running,
+            "num_waiting": s.num_waiting,
+            "num_kv_blocks": s.config.num_blocks,
+            "num_free_kv_blocks": s.num_free_blocks,
+            "kv_cache_usage": s.kv_cache_usage,
+            "num_tier_blocks": len(s.tier) if s.tier is not None else 0,
+        }
+    return generation_pb2.ExecutorStatus(**fields)

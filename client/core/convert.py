@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+
 from pagoda.by_name import copy_by_name
 from pagoda.step_pb import logprobs_from_pb
 from pagoda.v1 import generation_pb2
-from pagoda_client.results import ExecutorStatus, FinishReason, GenerationDelta, ModelInfo, ServerStatus, Timings, Usage
+from pagoda_client.results import FinishReason, GenerationDelta, ModelInfo, ServerStatus, Timings, Usage
+
+T = TypeVar("T")
 
 _FINISH_REASONS = {
     generation_pb2.FINISH_REASON_STOP: FinishReason.STOP,
@@ -45,14 +52,36 @@ def model_info_from_pb(pb: generation_pb2.ModelInfo) -> ModelInfo:
     return copy_by_name(ModelInfo, pb)
 
 
-def executor_status_from_pb(pb: generation_pb2.ExecutorStatus) -> ExecutorStatus:
-    """An ``ExecutorStatus`` from its proto (kernels sorted by name)."""
-    return copy_by_name(ExecutorStatus, pb, kernels=dict(sorted(pb.kernels.items())))
-
-
 def status_from_pb(pb: generation_pb2.ServerStatus) -> ServerStatus:
-    """A ``ServerStatus`` from its proto."""
-    return copy_by_name(ServerStatus, pb, executors=tuple(executor_status_from_pb(e) for e in pb.executors))
+    """A ``ServerStatus`` from its proto (each executor's kernels sorted by name)."""
+    return message_from_pb(ServerStatus, pb)
+
+
+def message_from_pb(cls: type[T], pb: Message) -> T:
+    """A dataclass rendered from ``pb``'s message (``scripts/gen_client_status.py``), field by field by name.
+
+    A map becomes a dict sorted by key, a repeated field a tuple, an unset proto3 ``optional`` scalar None, and
+    a message the dataclass of its name in ``cls``'s module (where the generator renders it).
+    """
+    module = sys.modules[cls.__module__]
+    given = {f.name: _value(module, pb, f) for f in pb.DESCRIPTOR.fields if f.message_type or f.has_presence}
+    return copy_by_name(cls, pb, **given)
+
+
+def _value(module: Any, pb: Message, f: Any) -> Any:
+    """The Python value of ``pb``'s field ``f`` (a FieldDescriptor, of either protobuf backend) that is a message,
+    a map or a scalar with presence."""
+    value = getattr(pb, f.name)
+    if f.message_type is None:
+        return value if pb.HasField(f.name) else None
+    if f.message_type.GetOptions().map_entry:
+        inner = f.message_type.fields_by_name["value"].message_type
+        if inner is None:
+            return dict(sorted(value.items()))
+        return {k: message_from_pb(getattr(module, inner.name), v) for k, v in sorted(value.items())}
+    if f.is_repeated:
+        return tuple(message_from_pb(getattr(module, f.message_type.name), m) for m in value)
+    return message_from_pb(getattr(module, f.message_type.name), value)
 
 
 def token_ids_from_pb(pb: generation_pb2.TokenizeResponse) -> list[int]:
