@@ -1,48 +1,26 @@
-"""The ``pagoda`` command: generate, chat, models, status, serve, bench."""
+"""The ``pagoda`` command: generate, chat, models, status, serve, and the plug-ins' commands (``pagoda bench``).
+
+Plug-ins are found through their entry points (``pagoda_client.cli_plugins``); this
+module imports none of them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from pagoda.channel import Tls, TlsConfig
 from pagoda.tracing import setup_tracing, shutdown_tracing
-from pagoda_client.cli_flags import add_param_flags, generation_kwargs, list_of
-from pagoda_client.client import DEFAULT_TARGET, Client
+from pagoda_client.cli_flags import add_param_flags, connection_of, connection_parser, generation_kwargs, list_of
+from pagoda_client.cli_plugins import load_plugins
+from pagoda_client.client import Client
 from pagoda_client.errors import PagodaError
 from pagoda_client.results import GenerationResult, ServerStatus
 
 __all__ = ["build_parser", "connection_of", "generation_kwargs", "main"]
-
-
-def _connection_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False)
-    group = parser.add_argument_group("connection")
-    group.add_argument(
-        "--target",
-        default=os.environ.get("PAGODA_TARGET", DEFAULT_TARGET),
-        help="scheduler host:port; several comma-separated (a:50051,b:50051) or a name with several addresses, "
-        "over which calls spread and broken streams resume (default $PAGODA_TARGET or %(default)s)",
-    )
-    group.add_argument("--api-key", default=os.environ.get("PAGODA_API_KEY"), help="default $PAGODA_API_KEY")
-    group.add_argument("--tls", action="store_true", help="use TLS (system roots unless --tls-ca)")
-    group.add_argument("--tls-ca", help="CA certificate (PEM) of the server")
-    group.add_argument("--tls-cert", help="client certificate (PEM), for mTLS")
-    group.add_argument("--tls-key", help="client key (PEM), for mTLS")
-    group.add_argument("--tls-server-name", help="expected server name in its certificate")
-    group.add_argument("--timeout", type=float, default=None, help="deadline of each call in seconds")
-    group.add_argument(
-        "--otlp-endpoint",
-        default=os.environ.get("PAGODA_OTLP_ENDPOINT", ""),
-        help="export a client span per generation over OTLP/gRPC, e.g. http://127.0.0.1:4317 "
-        "(default $PAGODA_OTLP_ENDPOINT, else the OTEL_* variables; off when none is set)",
-    )
-    return parser
 
 
 def _sampling_parser() -> argparse.ArgumentParser:
@@ -52,43 +30,55 @@ def _sampling_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The commands built in; a plug-in cannot take their names.
+BUILT_IN = ("generate", "chat", "models", "status", "serve")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser of ``pagoda``; ``serve`` and ``bench`` bring their own flags.
+    """The argument parser of ``pagoda``; ``serve`` and the plug-ins bring their own flags.
 
     Args:
-        command: the subcommand about to run; ``serve``'s service flags come from the services' configs and are
-            added only for ``serve`` (or None: every flag), so the client's commands import no service module.
+        command: the subcommand about to run, or None (every command with every flag). ``serve``'s service flags
+            come from the services' configs and are added only for ``serve``, and the plug-ins are loaded only for
+            a command that is not built in (``pagoda --help``, ``pagoda bench``), so the client's commands import
+            no service module and no plug-in.
     """
     from pagoda.launch.serve import add_serve_arguments
-    from pagoda_bench.cli import add_bench_arguments
 
-    parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM serving: client, launcher, benchmark")
+    parser = argparse.ArgumentParser(prog="pagoda", description="Pagoda LLM serving: client, launcher, plug-ins")
     commands = parser.add_subparsers(dest="command", required=True)
-    connection, sampling = _connection_parser(), _sampling_parser()
+    connection, sampling = connection_parser(), _sampling_parser()
     generate = commands.add_parser("generate", parents=[connection, sampling], help="complete a prompt")
     generate.add_argument("prompt", nargs="?", help="prompt text (or --token-ids)")
     generate.add_argument("--token-ids", type=list_of(int), help="prompt as comma-separated token ids")
+    generate.set_defaults(func=cmd_generate)
     chat = commands.add_parser(
         "chat", parents=[connection, sampling], help="chat with the model (interactive when no message is given)"
     )
     chat.add_argument("message", nargs="?")
     chat.add_argument("--system", help="system message")
+    chat.set_defaults(func=cmd_chat)
     models = commands.add_parser("models", parents=[connection], help="what model the server serves")
     models.add_argument("--json", action="store_true")
+    models.set_defaults(func=cmd_models)
     status = commands.add_parser("status", parents=[connection], help="queues, KV usage, executors")
     status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
     serve = commands.add_parser("serve", help="start a scheduler and N executors locally")
     add_serve_arguments(serve, service_flags=command in (None, "serve"))
-    add_bench_arguments(commands.add_parser("bench", parents=[connection], help="serving benchmark"))
+    if command not in BUILT_IN:
+        _add_plugins(commands, connection)
     return parser
 
 
-def connection_of(args: argparse.Namespace) -> dict[str, Any]:
-    """Target, API key and TLS settings from the parsed flags."""
-    tls: Tls = False
-    if args.tls or args.tls_ca or args.tls_cert:
-        tls = TlsConfig(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
-    return {"target": args.target, "api_key": args.api_key, "tls": tls}
+def _add_plugins(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], connection: argparse.ArgumentParser
+) -> None:
+    """A subcommand per installed plug-in, with its flags (after the connection's, if it takes them)."""
+    for name, plugin in load_plugins(BUILT_IN).items():
+        sub = commands.add_parser(name, parents=[connection] if plugin.connection else [], help=plugin.help)
+        plugin.add_arguments(sub)
+        sub.set_defaults(func=plugin.run)
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -211,14 +201,6 @@ def format_status(status: ServerStatus) -> str:
     return "\n".join(lines)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    """``pagoda bench`` (``pagoda_bench``, imported only now)."""
-    from pagoda_bench.cli import run_bench
-
-    exit_code: int = run_bench(args, connection_of(args))
-    return exit_code
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pagoda``; returns (and exits with) the exit code."""
     from pagoda.launch.serve import cmd_serve, split_passthrough
@@ -229,19 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(own)
     if unknown and args.command != "serve":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    commands = {
-        "generate": cmd_generate,
-        "chat": cmd_chat,
-        "models": cmd_models,
-        "status": cmd_status,
-        "bench": cmd_bench,
-    }
     try:
         if args.command == "serve":
             return cmd_serve(args, unknown + passthrough)
         if args.command in ("generate", "chat"):
             setup_tracing("pagoda-client", args.otlp_endpoint)
-        return commands[args.command](args)
+        run: Callable[[argparse.Namespace], int] = args.func  # a built-in command's, or a plug-in's
+        return run(args)
     except PagodaError as error:
         print(f"error: {error.code.name}: {error.message}", file=sys.stderr)
         return 1

@@ -1,18 +1,23 @@
-"""The flags of ``pagoda generate``/``chat``: one per ``pagoda.params`` row, plus the call's own.
+"""The flags the ``pagoda`` commands share: the connection's, and ``generate``/``chat``'s.
 
-A row becomes ``--name-with-dashes`` (``Param.cli`` false hides it), typed
-from its proto type, with ``Param.help`` as help; unset flags are None, so the
-server's defaults apply.
+The connection flags (``connection_parser``, read back by ``connection_of``) are every
+client command's, the plug-ins' too (``cli_plugins``). Those of ``generate`` and ``chat``
+are one per ``pagoda.params`` row, plus the call's own: a row becomes
+``--name-with-dashes`` (``Param.cli`` false hides it), typed from its proto type, with
+``Param.help`` as help; unset flags are None, so the server's defaults apply.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pagoda import params
+from pagoda.channel import Tls, TlsConfig
 from pagoda.constraint import KINDS
+from pagoda_client.client import DEFAULT_TARGET
 from pagoda_client.core.kinds import kind_of
 
 T = TypeVar("T")
@@ -24,6 +29,40 @@ _CALL_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--cache-salt", "cache_salt", str, "isolates the prefix cache from requests with another salt"),
     ("--traceparent", "traceparent", str, "W3C trace context to continue (00-<trace id>-<span id>-<flags>)"),
 )
+
+
+def connection_parser() -> argparse.ArgumentParser:
+    """A parent parser of the connection flags: target, API key, TLS, deadline, OTLP endpoint."""
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_argument_group("connection")
+    group.add_argument(
+        "--target",
+        default=os.environ.get("PAGODA_TARGET", DEFAULT_TARGET),
+        help="scheduler host:port; several comma-separated (a:50051,b:50051) or a name with several addresses, "
+        "over which calls spread and broken streams resume (default $PAGODA_TARGET or %(default)s)",
+    )
+    group.add_argument("--api-key", default=os.environ.get("PAGODA_API_KEY"), help="default $PAGODA_API_KEY")
+    group.add_argument("--tls", action="store_true", help="use TLS (system roots unless --tls-ca)")
+    group.add_argument("--tls-ca", help="CA certificate (PEM) of the server")
+    group.add_argument("--tls-cert", help="client certificate (PEM), for mTLS")
+    group.add_argument("--tls-key", help="client key (PEM), for mTLS")
+    group.add_argument("--tls-server-name", help="expected server name in its certificate")
+    group.add_argument("--timeout", type=float, default=None, help="deadline of each call in seconds")
+    group.add_argument(
+        "--otlp-endpoint",
+        default=os.environ.get("PAGODA_OTLP_ENDPOINT", ""),
+        help="export a client span per generation over OTLP/gRPC, e.g. http://127.0.0.1:4317 "
+        "(default $PAGODA_OTLP_ENDPOINT, else the OTEL_* variables; off when none is set)",
+    )
+    return parser
+
+
+def connection_of(args: argparse.Namespace) -> dict[str, Any]:
+    """Target, API key and TLS settings from the parsed flags."""
+    tls: Tls = False
+    if args.tls or args.tls_ca or args.tls_cert:
+        tls = TlsConfig(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+    return {"target": args.target, "api_key": args.api_key, "tls": tls}
 
 
 def file_text(path: str) -> str:

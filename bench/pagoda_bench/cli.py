@@ -1,7 +1,8 @@
 """``pagoda bench``: its flags and the run (workload, backends, report).
 
-The ``pagoda`` command (``pagoda_client.cli``) adds these flags to its ``bench``
-subcommand and calls ``run_bench``; the backends are imported only when they run.
+A plug-in of the ``pagoda`` command: ``plugin`` is the ``pagoda.cli`` entry point named
+``bench`` (pyproject.toml), which ``pagoda_client.cli`` finds when it builds its parser;
+the client itself never imports this package. The backends are imported only when they run.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pagoda_bench.workload import (
     random_workload,
     sharegpt_workload,
 )
-from pagoda_client.cli_flags import file_text
+from pagoda_client.cli_flags import connection_of, file_text
+from pagoda_client.cli_plugins import CliPlugin
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +65,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--structured-fraction", type=float, default=1.0, help="share of requests --json-schema constrains"
     )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``pagoda bench``, on the parsed flags (the connection's too)."""
+    return run_bench(args, connection_of(args))
 
 
 def is_loopback(target: str) -> bool:
@@ -197,3 +204,6 @@ def _vocabulary(
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
     vocab_size, eos_ids = model_vocab(model)
     return vocab_size, eos_ids, lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
+plugin = CliPlugin(help="serving benchmark", add_arguments=add_bench_arguments, run=run_command)
