@@ -73,7 +73,7 @@ docs: $(STAMP)
 	$(BIN)/python -m scripts.gen_config_docs
 
 model: $(STAMP)
-	$(BIN)/python -m executor_svc.model_cache
+	$(BIN)/python -m executor_svc.loading.model_cache
 
 run: $(STAMP)
 	$(BIN)/pagoda serve $(if $(MODEL),--model $(MODEL)) --executors $(EXECUTORS) --schedulers $(SCHEDULERS) --port $(PORT) --http-port $(HTTP_PORT) --dtype $(DTYPE) \

@@ -13,7 +13,7 @@ from setuptools import find_packages, setup
 
 # Import name -> the folder that holds it.
 IMPORT_ROOTS = {
-    "pagoda": "protos/pagoda",
+    "pagoda": "pagoda",
     "pagoda_client": "client",
     "pagoda_bench": "bench/pagoda_bench",
     "scheduler_svc": "scheduler_svc",

@@ -27,7 +27,7 @@ from pathlib import Path
 from draft_models import build_truncated_draft
 from spec_workload import grounded_requests
 
-from executor_svc.model_cache import resolve_model
+from executor_svc.loading.model_cache import resolve_model
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
@@ -35,8 +35,8 @@ from pagoda.params import SamplingParams
 
 def prompt_ids(model_dir: Path, messages: list[dict]) -> list[int]:
     """The chat template applied to ``messages`` and tokenized, as the scheduler does."""
-    from executor_svc.tokenizer_files import read_tokenizer_files
-    from scheduler_svc.tokenizer import Tokenizer
+    from executor_svc.loading.tokenizer_files import read_tokenizer_files
+    from scheduler_svc.text.tokenizer import Tokenizer
 
     files = read_tokenizer_files(model_dir)
     tokenizer = Tokenizer.from_info(files.tokenizer_json, files.chat_template, files.bos_token, files.eos_token)

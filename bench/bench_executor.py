@@ -17,7 +17,7 @@ attention columns); ``--layer-loop`` runs them through the Python layer loop,
 which times the attention backend's calls.
 
 Without --model it prepares the default model (SmolLM2) with
-``executor_svc.model_cache``. Decode sequences are registered with
+``executor_svc.loading.model_cache``. Decode sequences are registered with
 ``context - 1`` tokens already cached (the plan says so), so no long prefill is
 needed: attention reads the same number of blocks as after a real prefill.
 """
@@ -186,7 +186,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model = args.model
     if model is None:
-        from executor_svc.model_cache import prepare_default_model
+        from executor_svc.loading.model_cache import prepare_default_model
 
         model = str(prepare_default_model())
     batches = [int(b) for b in args.batches.split(",")]

@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--num-prompts", type=int, default=64)
     args = parser.parse_args()
-    from executor_svc.model_cache import resolve_model
+    from executor_svc.loading.model_cache import resolve_model
 
     model = resolve_model(args.model or "default")
     workload = random_workload(args.num_prompts, (16, 512), (16, 256), seed=0, vocab_size=49152, excluded_ids=(0, 1, 2))

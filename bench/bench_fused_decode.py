@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from executor_svc.model_cache import prepare_default_model
+        from executor_svc.loading.model_cache import prepare_default_model
 
         model = str(prepare_default_model())
     runner = ModelRunner(

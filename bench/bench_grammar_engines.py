@@ -25,8 +25,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from executor_svc.model_cache import prepare_default_model
-from executor_svc.tokenizer_files import load_tokenizer_files
+from executor_svc.loading.model_cache import prepare_default_model
+from executor_svc.loading.tokenizer_files import load_tokenizer_files
 
 VOCAB_SIZE = 49152
 
@@ -141,9 +141,9 @@ def bench_pagoda(tokenizer_json: str, token_ids: list[int], batches: list[int], 
     """The executor's own per-step path (ConstraintEngine.masks), on states that grow by one token a step."""
     import torch
 
-    from executor_svc.constraints import ConstraintEngine
-    from executor_svc.runner import SequenceState
-    from executor_svc.sampling_ops import apply_bias
+    from executor_svc.sampling.constraints import ConstraintEngine
+    from executor_svc.sampling.ops import apply_bias
+    from executor_svc.serving.sequence_table import SequenceState
     from pagoda.constraint import Constraint
     from pagoda.params import SamplingParams
 

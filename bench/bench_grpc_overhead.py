@@ -23,8 +23,8 @@ def in_process(model: str, dtype: str, workload, kv_bytes: int, budget: int) -> 
     """(seconds, steps) to run the workload with Scheduler + ModelRunner, no gRPC."""
     from executor_svc.model_runner import ModelRunner
     from pagoda.params import SamplingParams, StoppingCriteria
-    from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-    from scheduler_svc.sequence import SchedulerSequence
+    from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+    from scheduler_svc.core.sequence import SchedulerSequence
 
     runner = ModelRunner(model, dtype=dtype, kv_cache_memory_bytes=kv_bytes)
     runner.warmup()
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     args = parser.parse_args()
-    from executor_svc.model_cache import resolve_model
+    from executor_svc.loading.model_cache import resolve_model
     from pagoda.launch.launcher import Launcher, free_port
 
     model = resolve_model(args.model or "default")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from executor_svc.kv_cache import LayerKV, quantize_rows
+from executor_svc.kv.cache import LayerKV, quantize_rows
 from executor_svc.native import loader
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64

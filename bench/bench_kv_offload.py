@@ -111,9 +111,9 @@ def part_bandwidth(args: argparse.Namespace, work: Path, prefill_tok_s: float | 
 import json, os, sys, time, torch
 from pathlib import Path
 from executor_svc.model_runner import ModelRunner
-from executor_svc.kv_tier.block_file import TierNamespace
-from executor_svc.kv_tier.disk_tier import DiskTier
-from executor_svc.kv_tier.store import TierStore
+from executor_svc.kv.tier.block_file import TierNamespace
+from executor_svc.kv.tier.disk_tier import DiskTier
+from executor_svc.kv.tier.store import TierStore
 r = ModelRunner({args.model_path!r}, dtype={args.dtype!r}, kv_cache_memory_bytes=512 * 2**20)
 kv, n = r.kv_cache, {args.blocks}
 ns = TierNamespace("bench", kv.block_layout(), kv.block_nbytes, kv.spec.block_size)
@@ -259,7 +259,7 @@ def main() -> int:
     args = parser.parse_args()
     args.bench_args = args.bench_args.split()
     stop_on_signals()
-    from executor_svc.model_cache import prepare_default_model
+    from executor_svc.loading.model_cache import prepare_default_model
 
     args.model_path = args.model or str(prepare_default_model())
     args.model = args.model_path

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from executor_svc.kv_tier.block_file import TierNamespace, checksum, encode_header
-from executor_svc.kv_tier.disk_tier import DiskTier
+from executor_svc.kv.tier.block_file import TierNamespace, checksum, encode_header
+from executor_svc.kv.tier.disk_tier import DiskTier
 
 Store = tuple[Callable[[int, bytes], None], Callable[[int], bytes], Callable[[], None]]
 

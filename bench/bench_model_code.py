@@ -22,8 +22,8 @@ import types
 
 from bench_executor import AttentionTimer, decode_step
 
+from executor_svc.loading.weights import load_checkpoint, validate_tensors
 from executor_svc.model_runner import ModelRunner
-from executor_svc.weights import load_checkpoint, validate_tensors
 
 
 def load_ref_module(ref: str, path: str) -> types.ModuleType:
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.model is None:
-        from executor_svc.model_cache import prepare_default_model
+        from executor_svc.loading.model_cache import prepare_default_model
 
         args.model = str(prepare_default_model())
     batches = [int(b) for b in args.batches.split(",")]

@@ -27,7 +27,7 @@ import statistics
 import torch
 from bench_executor import AttentionTimer, decode_step
 
-from executor_svc.model_cache import default_cache_dir, prepare_default_model
+from executor_svc.loading.model_cache import default_cache_dir, prepare_default_model
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models.moe import MoeBlock
 

@@ -39,7 +39,7 @@ from typing import Any
 import grpc
 from stop_signals import stop_on_signals
 
-from executor_svc.model_cache import default_gguf_path
+from executor_svc.loading.model_cache import default_gguf_path
 from pagoda.launch.launcher import Launcher
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 from pagoda_client import Client

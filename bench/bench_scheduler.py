@@ -26,8 +26,8 @@ import time
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import SeqOutput, StepPlan, StepResult
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence
 
 BLOCK_SIZE = 16
 TOKEN = 7  # every sampled token; never EOS

@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from executor_svc.model_cache import resolve_model
+    from executor_svc.loading.model_cache import resolve_model
 
     model = resolve_model(args.model or "default")
     common = dict(dtype=args.dtype, kv_cache_memory="768MiB")

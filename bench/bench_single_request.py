@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from executor_svc.model_cache import resolve_model
+    from executor_svc.loading.model_cache import resolve_model
     from pagoda.launch.launcher import Launcher
 
     model_dir = resolve_model(args.model or "default")

@@ -85,7 +85,7 @@ def variant_args(variant: str, k: int | None, drafts: dict[str, Path]) -> list[s
 
 def build_drafts(variants: list[str], early_layers: int, root: Path) -> dict[str, Path]:
     """The draft model folders the variants need, built from the default model."""
-    from executor_svc.model_cache import resolve_model
+    from executor_svc.loading.model_cache import resolve_model
 
     target = Path(resolve_model("default"))
     drafts = {}

@@ -36,13 +36,14 @@ from ab_serve import BENCH_TIMEOUT_S, _free_port, _wait_ready
 from stop_signals import stop_on_signals
 
 ROOT = Path(__file__).resolve().parent.parent
-# The packages of a checkout and where they live in it (pyproject's package-dir).
+# The packages of a checkout and where they may live in it (setup.py's IMPORT_ROOTS; older checkouts first had
+# the shared package in protos/pagoda).
 PACKAGES = {
-    "pagoda": "protos/pagoda",
-    "pagoda_client": "client",
-    "pagoda_bench": "bench/pagoda_bench",
-    "scheduler_svc": "scheduler_svc",
-    "executor_svc": "executor_svc",
+    "pagoda": ("pagoda", "protos/pagoda"),
+    "pagoda_client": ("client",),
+    "pagoda_bench": ("bench/pagoda_bench",),
+    "scheduler_svc": ("scheduler_svc",),
+    "executor_svc": ("executor_svc",),
 }
 SCHEMA = {
     "type": "object",
@@ -65,7 +66,8 @@ def base_tree(ref: str, into: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True, timeout=120)
     path = into / "path"
     path.mkdir()
-    for name, where in PACKAGES.items():
+    for name, places in PACKAGES.items():
+        where = next(w for w in places if (tree / w / "__init__.py").exists())
         (path / name).symlink_to(tree / where)
     return path
 

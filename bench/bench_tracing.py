@@ -23,14 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-from executor_svc.step_tracing import StepTracer
+from executor_svc.serving.step_tracing import StepTracer
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import SeqOutput, StepPlan, StepResult
 from pagoda_bench.workload import random_workload
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence
+from scheduler_svc.obs.request_trace import RequestTracer
 from scheduler_svc.request import GenerationRequest, PromptInput
-from scheduler_svc.request_trace import RequestTracer
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence
 
 TOKEN = 7
 # The receiver runs in its own process (as a collector would): its CPU is not counted.

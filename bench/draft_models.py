@@ -85,7 +85,7 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=256, help="random: width")
     parser.add_argument("--seed", type=int, default=0, help="random: weights' seed")
     args = parser.parse_args()
-    from executor_svc.model_cache import resolve_model
+    from executor_svc.loading.model_cache import resolve_model
 
     target = Path(resolve_model(args.model))
     if args.truncate:

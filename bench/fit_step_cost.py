@@ -6,7 +6,7 @@ chunks x cached prefixes, and a few mixed steps, with one intra-op thread; each
 point is the median CPU time of --repeats steps in each of --passes passes over
 the grid (CPU time, not wall time: the machine may be shared, and CPU time does
 not count the waits for a core), so the model is one executor on one core.
-Then fits `executor_svc.simulate_cost.StepCost` by least squares on the
+Then fits `executor_svc.simulate.cost.StepCost` by least squares on the
 relative error (every constant >= 0: the best of the fits over each subset of
 the features), prints the constants, each point's error, and the median and
 worst error, and writes the measurements and the fit as JSON.
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from executor_svc.simulate_cost import StepCost, StepFeatures
+from executor_svc.simulate.cost import StepCost, StepFeatures
 
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 DECODE_CONTEXTS = (128, 512, 2048)
@@ -173,7 +173,7 @@ def main() -> None:
         with open(args.refit) as f:
             data = json.load(f)
     else:
-        from executor_svc.model_cache import resolve_model
+        from executor_svc.loading.model_cache import resolve_model
 
         model = resolve_model(args.model or "default")
         data = {"model": str(model), "dtype": args.dtype, "threads": args.threads}

@@ -17,7 +17,7 @@ from pathlib import Path
 import tokenizers
 import torch
 
-from executor_svc.kv_cache import dequantize_rows, quantize_rows
+from executor_svc.kv.cache import dequantize_rows, quantize_rows
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from executor_svc.model_cache import prepare_default_model
+        from executor_svc.loading.model_cache import prepare_default_model
 
         model = str(prepare_default_model())
     tokenizer = tokenizers.Tokenizer.from_file(str(Path(model) / "tokenizer.json"))

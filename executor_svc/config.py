@@ -155,7 +155,7 @@ class ExecutorConfig:
         if self.simulate and self.draft_model:
             raise ValueError("--draft-model needs a model: a simulated executor (--simulate) has no draft model")
         if self.simulate:
-            from executor_svc.simulate_tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
+            from executor_svc.simulate.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
 
             if not MIN_VOCAB_SIZE <= self.simulate_vocab_size <= MAX_VOCAB_SIZE:
                 raise ValueError(f"--simulate-vocab-size must be in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")

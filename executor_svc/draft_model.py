@@ -47,15 +47,15 @@ from collections.abc import Iterable
 import torch
 
 from executor_svc.attention.layer_states import LayerStates
-from executor_svc.kv_cache import KVCache
-from executor_svc.model_config import ModelConfig
+from executor_svc.kv.cache import KVCache
+from executor_svc.loading.model_config import ModelConfig
+from executor_svc.loading.weights import load_checkpoint, validate_tensors
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps
 from executor_svc.models.rope import rope_switch_len
-from executor_svc.runner import SequenceState
-from executor_svc.sampler import SampleRequest, sample
+from executor_svc.sampling.sampler import SampleRequest, sample
+from executor_svc.serving.sequence_table import SequenceState
 from executor_svc.step_batch import build_step_batch
-from executor_svc.weights import load_checkpoint, validate_tensors
 from pagoda.params import SamplingParams
 from pagoda.step import StepPlan
 

@@ -1,6 +1,6 @@
 """`pagoda-executor`: load the model, size the KV cache, serve the Executor API.
 
-With `--simulate` it serves a simulated runner instead (executor_svc.simulate):
+With `--simulate` it serves a simulated runner instead (executor_svc.simulate.runner):
 the model path, and so torch, is imported only when a model is loaded.
 """
 
@@ -16,20 +16,20 @@ import grpc
 import structlog
 
 from executor_svc.config import ExecutorConfig, load_config
+from executor_svc.loading.tokenizer_files import TokenizerFiles
 from executor_svc.memory import rss_bytes
-from executor_svc.metrics import ExecutorMetrics
-from executor_svc.runner import Runner
-from executor_svc.server import ExecutorServicer
-from executor_svc.step_tracing import StepTracer
-from executor_svc.tokenizer_files import TokenizerFiles
+from executor_svc.serving.metrics import ExecutorMetrics
+from executor_svc.serving.sequence_table import Runner
+from executor_svc.serving.servicer import ExecutorServicer
+from executor_svc.serving.step_tracing import StepTracer
 from pagoda.runtime import grpc_server
 from pagoda.runtime.logs import configure_logging, run_logged
 from pagoda.tracing import setup_tracing, shutdown_tracing
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
 if TYPE_CHECKING:
-    from executor_svc.kv_tier.dir_lock import TierDirLock
-    from executor_svc.kv_tier.open_tier import OpenTier
+    from executor_svc.kv.tier.dir_lock import TierDirLock
+    from executor_svc.kv.tier.open_tier import OpenTier
     from executor_svc.model_runner import ModelRunner
 
 log = structlog.get_logger("executor")
@@ -65,11 +65,11 @@ async def load_model(
 ) -> Loaded:
     """Load weights, allocate the KV cache, open the offload tier and warm up, on the model thread (torch is
     imported here only)."""
+    from executor_svc.loading.model_cache import resolve_model
+    from executor_svc.loading.tokenizer_files import load_tokenizer_files
     from executor_svc.memory import release_freed_memory
-    from executor_svc.model_cache import resolve_model
     from executor_svc.native import loader
     from executor_svc.native.active import active_kernels
-    from executor_svc.tokenizer_files import load_tokenizer_files
 
     gguf = config.quantization == "gguf"  # the default model as its Q4_1 file, served as stored
     model_path = await asyncio.to_thread(resolve_model, config.model, config.model_cache_dir or None, gguf)
@@ -99,9 +99,9 @@ def open_runner_tier(
 ) -> OpenTier | None:
     """The offload tier of the --kv-offload-* flags, attached to the runner (None: no tier asked for)."""
     from executor_svc.device import dtype_name
-    from executor_svc.kv_tier.identity import model_identity
-    from executor_svc.kv_tier.open_tier import open_tier
-    from executor_svc.kv_tier.step_io import TierStepIO
+    from executor_svc.kv.tier.identity import model_identity
+    from executor_svc.kv.tier.open_tier import open_tier
+    from executor_svc.kv.tier.step_io import TierStepIO
     from executor_svc.models.rope import uses_longrope
 
     # Quantized weights give other KV: their blocks are another model's (unquantized ones keep their identity).
@@ -127,14 +127,14 @@ async def _load(config: ExecutorConfig, servicer: ExecutorServicer) -> Loaded:
     the start at once, not after the weights are read)."""
     if config.simulate:
         return load_simulated(config)
-    from executor_svc.kv_tier.open_tier import lock_dir
+    from executor_svc.kv.tier.open_tier import lock_dir
 
     return await load_model(config, servicer, lock_dir(config))
 
 
 def load_simulated(config: ExecutorConfig) -> Loaded:
     """The simulated runner (`--simulate`): no model, no torch."""
-    from executor_svc.simulate import simulated_runner
+    from executor_svc.simulate.runner import simulated_runner
 
     runner, tokenizer = simulated_runner(config)
     return Loaded(runner, tokenizer, runner.info.model_name, {"variant": "simulated"}, "")
@@ -146,8 +146,8 @@ def resolve_draft_model(config: ExecutorConfig, tokenizer: TokenizerFiles) -> st
     Raises:
         ValueError: no such model, no tokenizer beside it, or another vocabulary.
     """
-    from executor_svc.model_cache import resolve_model
-    from executor_svc.tokenizer_files import TokenizerFilesError, load_tokenizer_files, vocabulary_difference
+    from executor_svc.loading.model_cache import resolve_model
+    from executor_svc.loading.tokenizer_files import TokenizerFilesError, load_tokenizer_files, vocabulary_difference
 
     flag = f"--draft-model {config.draft_model!r}"
     try:

@@ -11,7 +11,7 @@ import dataclasses
 import torch
 
 from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
-from executor_svc.runner import SequenceState
+from executor_svc.serving.sequence_table import SequenceState
 
 
 @dataclasses.dataclass

@@ -26,18 +26,18 @@ import structlog
 from pagoda.step import ExecutorInfo, FinishReason, StepPlan, StepResult
 from scheduler_svc import validation
 from scheduler_svc.config import SchedulerServiceConfig
+from scheduler_svc.core.scheduler import SchedulerConfig, SeqUpdate
+from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
-from scheduler_svc.executor_handle import ExecutorHandle
-from scheduler_svc.fleet import Fleet
-from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.fleet.executor_handle import ExecutorHandle
+from scheduler_svc.fleet.fleet import Fleet
+from scheduler_svc.fleet.ownership import ORPHAN_TIMEOUT_S
+from scheduler_svc.fleet.router import choose_executor
+from scheduler_svc.obs.metrics import SchedulerMetrics
+from scheduler_svc.obs.request_trace import RequestTracer
 from scheduler_svc.output_processor import RequestState
-from scheduler_svc.ownership import ORPHAN_TIMEOUT_S
 from scheduler_svc.request import GenerationRequest, PromptInput, RequestOutput
-from scheduler_svc.request_trace import RequestTracer
-from scheduler_svc.router import choose_executor
-from scheduler_svc.scheduler import SchedulerConfig, SeqUpdate
-from scheduler_svc.sequence import SchedulerSequence
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.text.tokenizer import Tokenizer
 
 log = structlog.get_logger("scheduler")
 

@@ -14,13 +14,13 @@ from pagoda.runtime import grpc_server
 from pagoda.runtime.logs import configure_logging, run_logged
 from pagoda.tracing import setup_tracing, shutdown_tracing
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
-from scheduler_svc.auth import build_interceptors
+from scheduler_svc.api.auth import build_interceptors
+from scheduler_svc.api.http import start_http_api
+from scheduler_svc.api.servicer import GenerationServicer
 from scheduler_svc.config import SchedulerServiceConfig, load_config
 from scheduler_svc.engine import Engine
-from scheduler_svc.http_api import start_http_api
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.request_trace import RequestTracer
-from scheduler_svc.server import GenerationServicer
+from scheduler_svc.obs.metrics import SchedulerMetrics
+from scheduler_svc.obs.request_trace import RequestTracer
 
 log = structlog.get_logger("scheduler")
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name

@@ -19,15 +19,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pagoda.step import FinishReason, LogprobEntry
-from scheduler_svc.detokenizer import IncrementalDetokenizer
+from scheduler_svc.core.scheduler import SeqUpdate
+from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.request import RequestOutput, RequestTimings, Usage
-from scheduler_svc.scheduler import SeqUpdate
-from scheduler_svc.sequence import SchedulerSequence
-from scheduler_svc.stop_checker import StopChecker
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.text.detokenizer import IncrementalDetokenizer
+from scheduler_svc.text.stop_checker import StopChecker
+from scheduler_svc.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from scheduler_svc.executor_handle import ExecutorHandle
+    from scheduler_svc.fleet.executor_handle import ExecutorHandle
 
 
 class RequestState:

@@ -1,4 +1,4 @@
-"""Render the parameter messages from the table, then generate the Python code for protos/.
+"""Render the parameter messages from the table, then generate the Python code of protos/ into pagoda/v1/.
 
 Both are committed; tests check they are current. The fields of ``SamplingParams``
 (common.proto) and ``StoppingCriteria`` (generation.proto) live between marker
@@ -24,6 +24,8 @@ from pagoda.params import PARAM_CLASSES, RANDOM_SEED, ParamField, rows
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
+# protoc writes pagoda/v1/*_pb2*.py under this root, beside the hand-written package.
+CODE_ROOT = ROOT
 BEGIN = "  // BEGIN fields rendered from pagoda.params by `make proto`: edit the table, not these lines.\n"
 END = "  // END fields rendered from pagoda.params.\n"
 # message <Name> {, the begin marker, the rendered fields, the end marker.
@@ -101,7 +103,7 @@ def _number(value: object) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=pathlib.Path, default=PROTO_ROOT)
+    parser.add_argument("--out", type=pathlib.Path, default=CODE_ROOT)
     args = parser.parse_args()
     for path in render_protos():
         print(f"rendered the parameter fields of {path.relative_to(ROOT)}")

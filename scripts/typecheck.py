@@ -1,8 +1,8 @@
 """Run mypy --strict over the pure-Python packages (``make lint``).
 
-The installed package names differ from their folders (``pagoda_client`` is
-``client/``, ``pagoda`` is ``protos/pagoda/``), so mypy reads them through a
-folder of links under ``build/typecheck`` that carries the installed names.
+The client's installed name differs from its folder (``pagoda_client`` is
+``client/``), so mypy reads it through a link under ``build/typecheck`` that
+carries the installed name.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LINKS = {"pagoda_client": ROOT / "client", "pagoda": ROOT / "protos" / "pagoda"}
+LINKS = {"pagoda_client": ROOT / "client"}
 # Strict packages: the scheduler, the client and the shared pure-Python modules.
 PACKAGES = (
     "scheduler_svc",
@@ -30,7 +30,7 @@ PACKAGES = (
     "pagoda.channel",
     "pagoda.tracing",
     "pagoda.launch",
-    "executor_svc.lease",
+    "executor_svc.serving.lease",
     "executor_svc.config",
 )
 

@@ -40,7 +40,7 @@ def resolve_model_path(model: str) -> str:
     """A checkpoint folder; ``default`` is the prepared SmolLM2 folder."""
     if model != "default":
         return model
-    from executor_svc.model_cache import prepare_default_model
+    from executor_svc.loading.model_cache import prepare_default_model
 
     return str(prepare_default_model())
 

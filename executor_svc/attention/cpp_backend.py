@@ -24,7 +24,7 @@ import torch
 from executor_svc.attention import cpu_kernel
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.sdpa_prefill import SdpaPrefill
-from executor_svc.kv_cache import LayerKV
+from executor_svc.kv.cache import LayerKV
 
 
 def load_kernels(dtype: torch.dtype) -> tuple[Any, Any | None]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from executor_svc.attention.metadata import AttentionMetadata
-from executor_svc.model_config import LayerConfig
+from executor_svc.loading.model_config import LayerConfig
 
 
 class LayerStates:

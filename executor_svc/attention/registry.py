@@ -16,7 +16,7 @@ from executor_svc.attention import cpp_backend
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.torch_backend import TorchAttentionBackend
 from executor_svc.implementations import Implementation, ImplementationRegistry
-from executor_svc.kv_cache import LayerKV
+from executor_svc.kv.cache import LayerKV
 
 
 class AttentionBackend(Protocol):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
-from executor_svc.kv_cache import LayerKV
+from executor_svc.kv.cache import LayerKV
 
 
 @dataclasses.dataclass

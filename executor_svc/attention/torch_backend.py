@@ -22,7 +22,7 @@ import torch
 
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.sdpa_prefill import SdpaPrefill, soft_cap
-from executor_svc.kv_cache import LayerKV, dequantize_rows, quantize_rows
+from executor_svc.kv.cache import LayerKV, dequantize_rows, quantize_rows
 
 # Decode sequences are split into at most this many groups of similar context
 # length (each padded only to its own longest), when there are enough of them.

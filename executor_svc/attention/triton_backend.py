@@ -21,7 +21,7 @@ import triton.language as tl
 
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.torch_backend import write_kv
-from executor_svc.kv_cache import LayerKV
+from executor_svc.kv.cache import LayerKV
 
 
 @triton.jit

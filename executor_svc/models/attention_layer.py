@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from executor_svc.kv_cache import LayerKV
-from executor_svc.model_config import ModelConfig
+from executor_svc.kv.cache import LayerKV
+from executor_svc.loading.model_config import ModelConfig
 from executor_svc.models.layer_ops import LayerOps
 
 # (name inside model.layers.N.) -> the tensor in the model's dtype and device; has(name) says whether it exists.

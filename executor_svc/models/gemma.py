@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from executor_svc.model_config import LayerConfig, ModelConfig, RopeScaling, base_fields, rope_from_params
+from executor_svc.loading.model_config import LayerConfig, ModelConfig, RopeScaling, base_fields, rope_from_params
 from executor_svc.models.activations import check_activation
 from executor_svc.models.attention_layer import AttentionWeights, attend, load_attention
 from executor_svc.models.layer_ops import LayerOps

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from executor_svc.model_config import LayerConfig, ModelConfig, base_fields
+from executor_svc.loading.model_config import LayerConfig, ModelConfig, base_fields
 from executor_svc.models import fused_decode
 from executor_svc.models.attention_layer import (
     AttentionWeights,
@@ -101,7 +101,7 @@ class LlamaModel:
             input_ids: [T] token ids of all scheduled tokens, all sequences.
             rope_rows: [T] each token's row in the RoPE tables: its position in its sequence, plus the rows of
                 one factor set on LongRoPE's long factors (models.rope).
-            kv_cache: executor_svc.kv_cache.KVCache, written at the step's slots.
+            kv_cache: executor_svc.kv.cache.KVCache, written at the step's slots.
             backend: attention backend; attn_states[i] is its per-step state for layer i.
 
         Returns:

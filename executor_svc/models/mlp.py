@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-from executor_svc.model_config import ModelConfig
+from executor_svc.loading.model_config import ModelConfig
 from executor_svc.models.activations import GatedActivation, gated_activation
 from executor_svc.models.attention_layer import TensorGetter, TensorTest
 from executor_svc.models.layer_ops import LayerOps

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from executor_svc.model_config import LayerConfig, ModelConfig
+from executor_svc.loading.model_config import LayerConfig, ModelConfig
 from executor_svc.models.llama import GGUF_GLOBAL_TENSORS, LlamaModel, decoder_shapes
 from executor_svc.models.moe import MoeModelConfig, moe_loader, moe_shapes
 from executor_svc.models.qwen3_moe import EXPERTS, GGUF_EXPERT_TENSORS, GGUF_MOE_TENSORS, moe_fields, moe_gguf_config

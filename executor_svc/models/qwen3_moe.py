@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from executor_svc.model_config import LayerConfig, ModelConfig, base_fields
+from executor_svc.loading.model_config import LayerConfig, ModelConfig, base_fields
 from executor_svc.models.activations import check_activation
 from executor_svc.models.llama import (
     GGUF_BLOCK_TENSORS,

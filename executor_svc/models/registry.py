@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from executor_svc.model_config import ModelConfig
+from executor_svc.loading.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    from executor_svc.kv_cache import KVCache
+    from executor_svc.kv.cache import KVCache
     from executor_svc.models.layer_ops import LayerOps
 
 

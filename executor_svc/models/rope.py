@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from executor_svc.model_config import ModelConfig, RopeScaling
+from executor_svc.loading.model_config import ModelConfig, RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, long: bool = False) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 from executor_svc.attention import cpp_backend
 from executor_svc.models.layer_ops import PackedWeight, PanelWeight
 from executor_svc.native import loader
-from executor_svc.quant.layer_ops import QuantizedLayerOps
+from executor_svc.quant.quantized_ops import QuantizedLayerOps
 
 KERNEL_KEYS = ("attention", "prefill", "gemm", "layer_ops", "mlp", "decode", "variant")
 

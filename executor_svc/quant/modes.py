@@ -25,7 +25,7 @@ from executor_svc.models.layer_ops import LayerOps
 from executor_svc.native import loader
 from executor_svc.quant import gguf_blocks, int8
 from executor_svc.quant.base import QuantizedLinear
-from executor_svc.quant.layer_ops import QuantizedLayerOps
+from executor_svc.quant.quantized_ops import QuantizedLayerOps
 
 ACTIVATIONS = ("auto", "int8", "bf16")
 

@@ -149,7 +149,7 @@ class LogitsRecorder:
         self.records: list[tuple[list[int], torch.Tensor]] = []
 
     def __call__(self, logits, requests, argmax=None, masks=None):
-        from executor_svc.sampler import sample
+        from executor_svc.sampling.sampler import sample
 
         for row, request in zip(logits, requests):
             self.records.append((list(request.token_ids), row.clone()))
@@ -158,7 +158,7 @@ class LogitsRecorder:
 
 def install_recorder(runner) -> LogitsRecorder:
     """Records the logits the runner hands to the sampler."""
-    from executor_svc.sampler import SampleRequest
+    from executor_svc.sampling.sampler import SampleRequest
 
     recorder = LogitsRecorder()
     runner._sample_fn = (recorder, SampleRequest)

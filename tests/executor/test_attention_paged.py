@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from executor_svc.attention import get_backend
-from executor_svc.kv_cache import LayerKV, dequantize_rows, quantize_rows
+from executor_svc.kv.cache import LayerKV, dequantize_rows, quantize_rows
 from executor_svc.step_batch import SequenceState, build_step_batch
 from pagoda.params import SamplingParams
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 from support.tiny_model import build_tiny_model, hf_greedy
 
-from executor_svc.constraints import bias_of_bitmask
 from executor_svc.model_runner import ModelRunner
-from executor_svc.sampling_ops import apply_bias
+from executor_svc.sampling.constraints import bias_of_bitmask
+from executor_svc.sampling.ops import apply_bias
 from pagoda import step as t
 from pagoda.constraint import Constraint
 from pagoda.grammar import grammar_of

@@ -197,7 +197,7 @@ def test_large_group(cpp_kernel):
 def test_store_kv_matches_index_copy(cpp_kernel, kv_dtype):
     """The step's K/V rows land where write_kv puts them, converted to the cache dtype."""
     from executor_svc.attention.torch_backend import write_kv
-    from executor_svc.kv_cache import LayerKV
+    from executor_svc.kv.cache import LayerKV
 
     gen = torch.Generator().manual_seed(3)
     qkv = torch.randn(5, 4 + 2 * 2, 16, generator=gen)  # strided K/V views, as the model passes them

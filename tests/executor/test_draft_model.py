@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from executor_svc.kv_cache import KVCacheSpec
+from executor_svc.kv.cache import KVCacheSpec
 from executor_svc.model_runner import ModelRunner
-from executor_svc.runner import SequenceState
+from executor_svc.serving.sequence_table import SequenceState
 from pagoda import step as t
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams

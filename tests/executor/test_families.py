@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from executor_svc.model_config import ModelConfig
+from executor_svc.loading.model_config import ModelConfig
 from executor_svc.model_runner import ModelRunner
 from executor_svc.native.active import active_kernels
 from pagoda import step as t

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from executor_svc.model_runner import ModelRunner
-from executor_svc.runner import SequenceState
+from executor_svc.serving.sequence_table import SequenceState
 from executor_svc.step_batch import build_step_batch
 from pagoda.params import SamplingParams
 

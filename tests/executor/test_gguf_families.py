@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from executor_svc.gguf_loader import load_gguf
+from executor_svc.loading.gguf_loader import load_gguf
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import (

@@ -13,7 +13,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from executor_svc.gguf_loader import GgufError, load_gguf
+from executor_svc.loading.gguf_loader import GgufError, load_gguf
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS = 64, 4, 2, 16, 128, 2
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -383,7 +383,7 @@ def test_smollm2_tensors_match_transformers_gguf_import() -> None:
     """The shipped Q4_1 / Q8_0 SmolLM2: same dense tensors as transformers' import."""
     from transformers import AutoModelForCausalLM
 
-    from executor_svc.model_cache import DEFAULT_GGUF_FILE, default_gguf_path
+    from executor_svc.loading.model_cache import DEFAULT_GGUF_FILE, default_gguf_path
 
     path = default_gguf_path()
     ours = load_gguf(path)
@@ -413,8 +413,8 @@ def test_smollm2_tensors_match_transformers_gguf_import() -> None:
 
 def test_header_reader_agrees_with_gguf_reader() -> None:
     """Our fast header parser reads the shipped file exactly as gguf.GGUFReader does."""
-    from executor_svc.gguf_loader import read_gguf
-    from executor_svc.model_cache import default_gguf_path
+    from executor_svc.loading.gguf_loader import read_gguf
+    from executor_svc.loading.model_cache import default_gguf_path
 
     metadata, infos = read_gguf(default_gguf_path())
     reader = gguf.GGUFReader(str(default_gguf_path()))

@@ -10,9 +10,9 @@ import gguf
 import pytest
 from tokenizers import Tokenizer
 
-from executor_svc import gguf_tokenizer
-from executor_svc.gguf_loader import read_metadata
-from executor_svc.model_cache import DEFAULT_GGUF_FILE, default_gguf_path
+from executor_svc.loading import gguf_tokenizer
+from executor_svc.loading.gguf_loader import read_metadata
+from executor_svc.loading.model_cache import DEFAULT_GGUF_FILE, default_gguf_path
 
 TEXTS = [
     "Hello world",

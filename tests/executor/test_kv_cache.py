@@ -8,7 +8,7 @@ import torch
 
 from executor_svc.config import load_config
 from executor_svc.device import resolve_kv_dtype
-from executor_svc.kv_cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
+from executor_svc.kv.cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 
 CPU = torch.device("cpu")
 

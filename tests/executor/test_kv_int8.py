@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from executor_svc.attention.torch_backend import write_kv
-from executor_svc.kv_cache import LayerKV, dequantize_rows, quantize_rows
+from executor_svc.kv.cache import LayerKV, dequantize_rows, quantize_rows
 from tests.executor.conftest import native_ops
 from tests.executor.test_cpu_prefill import _reference
 

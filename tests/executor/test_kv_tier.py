@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor_svc.kv_cache import KVCache, KVCacheSpec
-from executor_svc.kv_tier.block_file import TierNamespace
-from executor_svc.kv_tier.disk_tier import DiskTier
-from executor_svc.kv_tier.memory_tier import MemoryTier
-from executor_svc.kv_tier.store import TierStore
+from executor_svc.kv.cache import KVCache, KVCacheSpec
+from executor_svc.kv.tier.block_file import TierNamespace
+from executor_svc.kv.tier.disk_tier import DiskTier
+from executor_svc.kv.tier.memory_tier import MemoryTier
+from executor_svc.kv.tier.store import TierStore
 
 BS = 4
 CPU = torch.device("cpu")

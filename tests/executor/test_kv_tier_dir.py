@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from executor_svc.kv_tier.dir_lock import TierDirBusy, lock_tier_dir
+from executor_svc.kv.tier.dir_lock import TierDirBusy, lock_tier_dir
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from executor_svc.kv_tier.dir_lock import lock_tier_dir
+from executor_svc.kv.tier.dir_lock import lock_tier_dir
 lock = lock_tier_dir(Path(sys.argv[1]))
 print("locked", flush=True)
 time.sleep(60)

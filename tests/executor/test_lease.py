@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor_svc.lease import LIVE_WINDOW_S, UNUSED_LEASE_S, Lease, LeaseRefused, LeaseTable
+from executor_svc.serving.lease import LIVE_WINDOW_S, UNUSED_LEASE_S, Lease, LeaseRefused, LeaseTable
 
 
 class Clock:

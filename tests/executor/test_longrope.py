@@ -21,9 +21,9 @@ import torch
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import StoppingCriteria
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.scheduler_types import DraftSource
-from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.scheduler_types import DraftSource
+from scheduler_svc.core.sequence import SchedulerSequence
 from tests.executor.conftest import (
     GREEDY,
     BlockAllocator,
@@ -270,8 +270,8 @@ def test_the_offload_tier_of_a_longrope_model_has_a_namespace_of_its_own(phi3_lo
     """Blocks are hashed by factor set now; before, a long-context executor stored every block on the long
     factors under the hashes short ones have now. Its tier directory is therefore another one."""
     from executor_svc.config import ExecutorConfig
-    from executor_svc.kv_tier.identity import model_identity
-    from executor_svc.kv_tier.open_tier import lock_dir
+    from executor_svc.kv.tier.identity import model_identity
+    from executor_svc.kv.tier.open_tier import lock_dir
     from executor_svc.main import open_runner_tier
 
     config = ExecutorConfig(kv_offload_dir=str(tmp_path))

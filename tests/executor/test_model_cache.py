@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from executor_svc import model_cache
-from executor_svc.gguf_loader import load_gguf
-from executor_svc.model_cache import (
+from executor_svc.loading import model_cache
+from executor_svc.loading.gguf_loader import load_gguf
+from executor_svc.loading.model_cache import (
     DEFAULT_MODEL_NAME,
     FORMAT_VERSION,
     MARKER_FILE,
@@ -23,7 +23,7 @@ from executor_svc.model_cache import (
     prepare_gguf_checkpoint,
     resolve_model,
 )
-from executor_svc.tokenizer_files import read_tokenizer_files
+from executor_svc.loading.tokenizer_files import read_tokenizer_files
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_gguf_loader import TINY_SPECIALS, VOCAB, random_hf_weights, specials, write_tiny_gguf  # noqa: E402
@@ -117,7 +117,9 @@ def test_abandoned_staging_is_removed(tmp_path: pathlib.Path, tiny_gguf: pathlib
 
 def test_racing_processes_share_one_complete_folder(tmp_path: pathlib.Path, tiny_gguf: pathlib.Path) -> None:
     folder = tmp_path / "cache" / "tiny"
-    code = "import sys; from executor_svc.model_cache import prepare_gguf_checkpoint as p; print(p(*sys.argv[1:]))"
+    code = (
+        "import sys; from executor_svc.loading.model_cache import prepare_gguf_checkpoint as p; print(p(*sys.argv[1:]))"
+    )
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(tiny_gguf), str(folder)], stdout=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -156,7 +158,7 @@ def test_default_gguf_is_found_without_importing_its_package() -> None:
 def test_default_model_answers_paris(tmp_path: pathlib.Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    command = [sys.executable, "-m", "executor_svc.model_cache", "--cache-dir", str(tmp_path)]
+    command = [sys.executable, "-m", "executor_svc.loading.model_cache", "--cache-dir", str(tmp_path)]
     printed = subprocess.run(command, check=True, capture_output=True, text=True, env=dict(os.environ)).stdout
     folder = pathlib.Path(printed.strip())
     assert folder == tmp_path / DEFAULT_MODEL_NAME and is_prepared(folder)
@@ -175,7 +177,7 @@ def test_default_model_answers_paris(tmp_path: pathlib.Path) -> None:
 
 
 def test_the_default_model_resolves_to_its_gguf_file_when_its_blocks_are_served(tmp_path):
-    from executor_svc.model_cache import default_gguf_path, resolve_model
+    from executor_svc.loading.model_cache import default_gguf_path, resolve_model
 
     try:
         gguf_file = default_gguf_path()

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from structlog.testing import capture_logs
 
-from executor_svc.model_config import ModelConfig
+from executor_svc.loading.model_config import ModelConfig
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder, load_hf, make_tiny_checkpoint

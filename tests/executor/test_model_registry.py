@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from executor_svc.gguf_loader import GgufError, load_gguf
-from executor_svc.model_config import LayerConfig, ModelConfig
+from executor_svc.loading.gguf_loader import GgufError, load_gguf
+from executor_svc.loading.model_config import LayerConfig, ModelConfig
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models import llama, registry
 from executor_svc.models.registry import GgufSpec, ModelFamily

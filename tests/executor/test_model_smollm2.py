@@ -15,7 +15,7 @@ BLOCK_SIZE = 16
 
 @pytest.fixture(scope="module")
 def smollm2_folder():
-    from executor_svc.model_cache import prepare_default_model
+    from executor_svc.loading.model_cache import prepare_default_model
 
     return prepare_default_model()
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from executor_svc.metrics import ExecutorMetrics
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps
 from executor_svc.native import active, loader
+from executor_svc.serving.metrics import ExecutorMetrics
 from tests.executor.conftest import make_tiny_checkpoint
 
 

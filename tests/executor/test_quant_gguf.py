@@ -21,7 +21,7 @@ from executor_svc.model_runner import ModelRunner
 from executor_svc.native.active import active_kernels
 from executor_svc.quant import gguf_blocks, int8
 from executor_svc.quant.base import QuantizedLinear
-from executor_svc.quant.layer_ops import ConcatLinear
+from executor_svc.quant.quantized_ops import ConcatLinear
 from tests.executor.conftest import install_recorder, native_ops
 from tests.executor.test_gguf_loader import random_hf_weights, write_tiny_gguf
 from tests.executor.test_model_hf_parity import _generate, greedy_prompts
@@ -176,7 +176,7 @@ def test_a_gguf_file_is_served_from_its_blocks(tmp_path, kernels, qtype):
 
 
 def _block_tensor_bytes(path) -> list[bytes]:
-    from executor_svc.gguf_reader import read_gguf
+    from executor_svc.loading.gguf_reader import read_gguf
 
     return [info.data.tobytes() for info in read_gguf(path)[1] if info.tensor_type in gguf_blocks.KEPT_TYPES]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.kv_cache import KVCacheSpec
+from executor_svc.kv.cache import KVCacheSpec
 from executor_svc.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder, load_hf

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor_svc import sampling_ops
-from executor_svc.sampler import (
+from executor_svc.sampling import ops as sampling_ops
+from executor_svc.sampling.sampler import (
     SampleOutput,
     SampleRequest,
     sample,

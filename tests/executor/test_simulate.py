@@ -7,9 +7,9 @@ import time
 import pytest
 
 from executor_svc.config import load_config
-from executor_svc.simulate import SimulatedRunner, simulated_runner, token_hash
-from executor_svc.simulate_cost import SMOLLM2_BF16_CPU, StepCost, StepFeatures
-from executor_svc.simulate_tokenizer import MIN_VOCAB_SIZE, SPECIAL_TOKENS, build_tokenizer, vocabulary
+from executor_svc.simulate.cost import SMOLLM2_BF16_CPU, StepCost, StepFeatures
+from executor_svc.simulate.runner import SimulatedRunner, simulated_runner, token_hash
+from executor_svc.simulate.tokenizer import MIN_VOCAB_SIZE, SPECIAL_TOKENS, build_tokenizer, vocabulary
 from pagoda import step as t
 from pagoda.params import SamplingParams
 from pagoda.step import ExecutorInfo

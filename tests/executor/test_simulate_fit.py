@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor_svc.simulate_cost import SMOLLM2_BF16_CPU, StepCost, StepFeatures
+from executor_svc.simulate.cost import SMOLLM2_BF16_CPU, StepCost, StepFeatures
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 DATA = BENCH / "data" / "step_cost_smollm2_bf16.json"

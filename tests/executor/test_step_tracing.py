@@ -6,7 +6,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from executor_svc.step_tracing import StepTracer
+from executor_svc.serving.step_tracing import StepTracer
 from pagoda import tracing
 from pagoda.params import SamplingParams
 from pagoda.step import NewSequence, ScheduledSequence, StepPlan, StepResult, StepTimings

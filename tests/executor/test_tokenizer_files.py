@@ -11,8 +11,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_gguf_loader import TINY_SPECIALS, random_hf_weights, specials, write_tiny_gguf  # noqa: E402
 
-from executor_svc.gguf_loader import GgufModel, load_gguf
-from executor_svc.tokenizer_files import (
+from executor_svc.loading.gguf_loader import GgufModel, load_gguf
+from executor_svc.loading.tokenizer_files import (
     TokenizerFiles,
     TokenizerFilesError,
     from_gguf,

@@ -11,14 +11,14 @@ import pytest
 
 from pagoda import params
 from pagoda.step import FinishReason
+from scheduler_svc.api.http.errors import ApiError, from_request_error
+from scheduler_svc.api.http.protocol import parse_chat, parse_completion, read_json
+from scheduler_svc.api.http.responses import ChatFormatter, CompletionFormatter
+from scheduler_svc.api.http.server import HttpApi
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
-from scheduler_svc.http_api.errors import ApiError, from_request_error
-from scheduler_svc.http_api.protocol import parse_chat, parse_completion, read_json
-from scheduler_svc.http_api.responses import ChatFormatter, CompletionFormatter
-from scheduler_svc.http_api.server import HttpApi
-from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.obs.metrics import SchedulerMetrics
 from scheduler_svc.request import ChatMessage, RequestOutput, Usage
 
 

@@ -205,7 +205,7 @@ def test_streamed_tool_call_arrives_as_delta_tool_calls(served):
 def test_auto_tool_choice_parses_a_written_call():
     """tool_choice auto: a call the model writes in the template's syntax is parsed (unit level: a random model
     would not write one)."""
-    from scheduler_svc.http_api.tools import ToolStream, parse_calls, parse_tools
+    from scheduler_svc.api.http.tools import ToolStream, parse_calls, parse_tools
 
     spec = parse_tools([WEATHER], "auto")
     text = (

@@ -15,7 +15,7 @@ import pytest
 import torch
 from support.system import fp32_launcher
 
-from executor_svc.kv_cache import KVCacheSpec
+from executor_svc.kv.cache import KVCacheSpec
 from pagoda.launch.commands import free_port
 from pagoda_client import Client
 

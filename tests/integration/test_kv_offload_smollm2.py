@@ -39,7 +39,7 @@ EXECUTOR_ARGS = ["--num-threads", "1"]
 
 @pytest.fixture(scope="module")
 def smollm2_dir():
-    from executor_svc.model_cache import prepare_default_model
+    from executor_svc.loading.model_cache import prepare_default_model
 
     return prepare_default_model()
 

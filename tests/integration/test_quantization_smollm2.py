@@ -34,7 +34,7 @@ def _serve(tmp_path, quantization: str, dtype: str) -> Launcher:
 
 
 def _gguf_file() -> str:
-    from executor_svc.model_cache import default_gguf_path
+    from executor_svc.loading.model_cache import default_gguf_path
 
     return str(default_gguf_path())
 

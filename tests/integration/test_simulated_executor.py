@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from executor_svc.config import load_config
-from executor_svc.simulate import simulated_runner
+from executor_svc.simulate.runner import simulated_runner
 from pagoda import step as t
 from pagoda.launch.launcher import Launcher
 from pagoda.params import SamplingParams

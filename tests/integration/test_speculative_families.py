@@ -42,7 +42,7 @@ FAMILY_ARCHS = [arch for arch in ARCHS if arch != "llama"]
 
 
 def _kv_bytes_per_block(folder: Path) -> int:
-    """fp32 K and V of one block over all layers (executor_svc.kv_cache.KVCacheSpec.bytes_per_block)."""
+    """fp32 K and V of one block over all layers (executor_svc.kv.cache.KVCacheSpec.bytes_per_block)."""
     config = json.loads((folder / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * BLOCK_SIZE * head_dim * 4

@@ -31,7 +31,7 @@ MAX_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def smollm2_dir():
-    from executor_svc.model_cache import prepare_default_model
+    from executor_svc.loading.model_cache import prepare_default_model
 
     return prepare_default_model()
 

@@ -28,7 +28,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
 
 def metric_names() -> set[str]:
     """Every series name the scheduler's and the executor's metrics expose (from their registries)."""
-    from executor_svc.metrics import ExecutorMetrics
+    from executor_svc.serving.metrics import ExecutorMetrics
     from scheduler_svc.config import SchedulerServiceConfig
     from scheduler_svc.engine import Engine
 

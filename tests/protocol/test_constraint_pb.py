@@ -10,7 +10,7 @@ from pagoda.params import SamplingParams
 from pagoda.step import NewSequence, StepPlan
 from pagoda.step_pb import plan_from_pb, plan_to_pb
 from pagoda.v1 import common_pb2, generation_pb2
-from scheduler_svc.client_pb_convert import request_from_pb
+from scheduler_svc.api.convert import request_from_pb
 
 CONSTRAINTS = [
     None,

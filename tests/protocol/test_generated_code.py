@@ -13,7 +13,7 @@ import pytest
 
 from pagoda import params
 from pagoda.params_pb import MESSAGE_OF_CLASS
-from scripts.gen_proto import BEGIN, PROTO_ROOT, generate, proto_files, render_field, render_proto
+from scripts.gen_proto import BEGIN, CODE_ROOT, PROTO_ROOT, generate, proto_files, render_field, render_proto
 
 # FieldDescriptor.type of each proto scalar the table uses.
 _PROTO_TYPE_NUMBERS = {"float": 2, "int32": 5, "uint64": 4, "bool": 8, "string": 9}
@@ -38,7 +38,7 @@ def test_generated_code_is_current(tmp_path):
     generated = sorted(p.relative_to(out) for p in out.rglob("*.py*") if p.is_file())
     assert generated, "protoc produced nothing"
     for rel in generated:
-        committed = PROTO_ROOT / rel
+        committed = CODE_ROOT / rel
         assert committed.exists(), f"{rel} is not committed; run make proto"
         assert committed.read_text() == (out / rel).read_text(), f"{rel} is stale; run make proto"
 
@@ -94,5 +94,5 @@ def test_fields_without_presence_default_to_their_zero_value():
 
 def test_every_proto_has_generated_code():
     for proto in PROTO_ROOT.rglob("*.proto"):
-        stem = proto.with_suffix("")
+        stem = CODE_ROOT / proto.relative_to(PROTO_ROOT).with_suffix("")
         assert pathlib.Path(f"{stem}_pb2.py").exists(), f"no generated code for {proto}"

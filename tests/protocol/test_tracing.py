@@ -95,7 +95,7 @@ for key in [k for k in os.environ if k.startswith("OTEL_")]:
     del os.environ[key]
 from pagoda import tracing
 from pagoda_client.core.session import ClientCore
-import scheduler_svc.main, executor_svc.server
+import scheduler_svc.main, executor_svc.serving.servicer
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.engine import Engine
 tracer = tracing.setup_tracing("pagoda-scheduler", "")

@@ -8,8 +8,8 @@ import pytest
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import SeqOutput, StepResult
 from pagoda.step_pb import plan_to_pb
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence
 
 NUM_SEQS = 64
 

@@ -35,7 +35,7 @@ import dataclasses
 from collections.abc import Callable
 
 from pagoda.step import FinishReason, SeqError, SeqOutput, StepPlan, StepResult
-from scheduler_svc.scheduler import Scheduler, SeqUpdate
+from scheduler_svc.core.scheduler import Scheduler, SeqUpdate
 
 VOCAB_SIZE = 50
 # Where the digests of a sequence on the long LongRoPE factors start (the short ones start at 0).

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler_svc.block_pool import BlockPool, FreeBlockQueue, KVBlock
+from scheduler_svc.kv.block_pool import BlockPool, FreeBlockQueue, KVBlock
 
 
 def free_ids(pool: BlockPool) -> list[int]:

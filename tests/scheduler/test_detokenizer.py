@@ -7,8 +7,8 @@ import tokenizers
 from support.smollm2 import smollm2_tokenizer_info
 from support.tiny_model import train_tokenizer
 
-from scheduler_svc.detokenizer import IncrementalDetokenizer
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.text.detokenizer import IncrementalDetokenizer
+from scheduler_svc.text.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello, world! How are you today?",

@@ -1,8 +1,8 @@
 """KVCacheManager: block tables, prefix hits (salt, collisions), LRU eviction, peeking."""
 
 from pagoda.params import SamplingParams, StoppingCriteria
-from scheduler_svc.kv_cache_manager import KVCacheManager
-from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.core.sequence import SchedulerSequence
+from scheduler_svc.kv.kv_cache_manager import KVCacheManager
 
 BS = 4
 # hash_block_tokens of (None, (1, 2, 3, 4), "salt") and of its child (5, 6, 7, 8): pinned, since stored tiers use them.
@@ -176,13 +176,13 @@ def test_block_hashes_are_stable_64_bit_values_the_same_in_every_process():
     import subprocess
     import sys
 
-    from scheduler_svc.kv_cache_manager import hash_block_tokens
+    from scheduler_svc.kv.kv_cache_manager import hash_block_tokens
 
     first = hash_block_tokens(None, (1, 2, 3, 4), "salt")
     second = hash_block_tokens(first, (5, 6, 7, 8), "")
     assert (first, second) == (GOLDEN_FIRST, GOLDEN_SECOND)  # a change of scheme must change _HASH_PERSON
     assert 0 <= first < 2**64 and 0 <= second < 2**64
-    code = "from scheduler_svc.kv_cache_manager import hash_block_tokens as h; print(h(None, (1, 2, 3, 4), 'salt'))"
+    code = "from scheduler_svc.kv.kv_cache_manager import hash_block_tokens as h; print(h(None, (1, 2, 3, 4), 'salt'))"
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True, text=True)
         assert out.stdout.strip() == str(first), out.stderr

@@ -17,9 +17,9 @@ from scheduler.scheduler_fakes import Engine, FakeExecutor, FakeTier, check_inva
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import NewSequence, ScheduledSequence, SeqOutput, StepPlan, StepResult
-from scheduler_svc.kv_cache_manager import hash_block_tokens
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence
+from scheduler_svc.kv.kv_cache_manager import hash_block_tokens
 
 BS = 4
 SWITCH = 12

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler_svc.ngram import NgramProposer
+from scheduler_svc.spec.ngram import NgramProposer
 
 
 def test_proposes_what_followed_the_suffix_earlier():

@@ -18,12 +18,12 @@ print(json.dumps({"modules": names, "heavy": heavy}))
 """
 
 CORE = (
-    "scheduler_svc.block_pool",
-    "scheduler_svc.kv_cache_manager",
-    "scheduler_svc.request_queue",
-    "scheduler_svc.scheduler",
-    "scheduler_svc.scheduler_state",
-    "scheduler_svc.sequence",
+    "scheduler_svc.kv.block_pool",
+    "scheduler_svc.kv.kv_cache_manager",
+    "scheduler_svc.core.request_queue",
+    "scheduler_svc.core.scheduler",
+    "scheduler_svc.core.scheduler_state",
+    "scheduler_svc.core.sequence",
     "pagoda.params",
     "pagoda.step",
 )

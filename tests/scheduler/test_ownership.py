@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_svc.ownership import HANDBACK_AFTER_S, RESCUE_AFTER_S, Action, ExecutorView, Ownership
+from scheduler_svc.fleet.ownership import HANDBACK_AFTER_S, RESCUE_AFTER_S, Action, ExecutorView, Ownership
 
 E0, E1, E2 = "10.0.0.1:50061", "10.0.0.2:50061", "10.0.0.3:50061"
 

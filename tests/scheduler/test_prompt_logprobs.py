@@ -4,7 +4,7 @@ from scheduler.test_scheduler import make_sched, scheduled
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import LogprobEntry, SeqOutput, StepResult, TokenLogprob
-from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.core.sequence import SchedulerSequence
 
 
 def _entries(start: int, count: int) -> tuple[LogprobEntry, ...]:

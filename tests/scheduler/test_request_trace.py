@@ -8,10 +8,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from scheduler.scheduler_fakes import FakeExecutor
 
 from pagoda.params import SamplingParams, StoppingCriteria
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence
+from scheduler_svc.obs.request_trace import RequestTracer
 from scheduler_svc.request import GenerationRequest, PromptInput
-from scheduler_svc.request_trace import RequestTracer
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -19,13 +19,13 @@ from scheduler.test_detokenizer import train_tiny_tokenizer, train_tiny_tokenize
 
 from pagoda.step import ExecutorInfo, FinishReason, LogprobEntry, SeqOutput, StepPlan, StepResult, TokenLogprob
 from pagoda.v1 import generation_pb2
-from scheduler_svc import client_pb_convert
+from scheduler_svc.api import convert as client_pb_convert
 from scheduler_svc.config import SchedulerServiceConfig
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import InvalidRequest
-from scheduler_svc.executor_handle import ExecutorHandle, ExecutorState
+from scheduler_svc.fleet.executor_handle import ExecutorHandle, ExecutorState
 from scheduler_svc.request import GenerationRequest, PromptInput, RequestOutput, ResumeFrom
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
 
 TOKENIZER = train_tiny_tokenizer()
 VOCAB = TOKENIZER.vocab_size

@@ -4,8 +4,8 @@ from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, re
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import FinishReason, NewSequence, ScheduledSequence, SeqError, SeqOutput, StepPlan, StepResult
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence, SequenceStatus
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence, SequenceStatus
 
 
 class Clock:

@@ -14,8 +14,8 @@ from scheduler.scheduler_fakes import Engine, FakeExecutor, check_invariants, di
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import FinishReason
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence
 
 EOS = 3
 # Shared prefixes make prefix-cache hits (and sharing) frequent.

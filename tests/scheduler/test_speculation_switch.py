@@ -9,12 +9,12 @@ from support.executor_info import executor_info
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import StepPlan, StepResult, StepTimings
-from scheduler_svc import draft_switch
 from scheduler_svc.config import load_config
-from scheduler_svc.draft_switch import FIRST_OFF_STEPS
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.engine import Engine as ServiceEngine
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence
+from scheduler_svc.spec import draft_switch
+from scheduler_svc.spec.draft_switch import FIRST_OFF_STEPS
 
 PLAIN = StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1)
 

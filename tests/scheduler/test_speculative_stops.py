@@ -11,9 +11,9 @@ import pytest
 from scheduler.test_detokenizer import train_tiny_tokenizer
 
 from pagoda.params import SamplingParams, StoppingCriteria
+from scheduler_svc.core.scheduler import SeqUpdate
+from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.output_processor import RequestState
-from scheduler_svc.scheduler import SeqUpdate
-from scheduler_svc.sequence import SchedulerSequence
 
 TOKENIZER = train_tiny_tokenizer()
 SCRIPT = TOKENIZER.encode("héllo wörld 🎉 the quick brown fox, STOP here; 世界 and more", add_special_tokens=False)

@@ -11,16 +11,16 @@ from support.executor_info import executor_info
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import ExecutorInfo
 from pagoda.v1 import generation_pb2
+from scheduler_svc.api.servicer import status_to_pb
 from scheduler_svc.config import SchedulerServiceConfig
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.scheduler_types import DraftSource
+from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import Unavailable
-from scheduler_svc.executor_handle import ExecutorHandle
-from scheduler_svc.ownership import ExecutorView
+from scheduler_svc.fleet.executor_handle import ExecutorHandle
+from scheduler_svc.fleet.ownership import ExecutorView
 from scheduler_svc.request import GenerationRequest, PromptInput
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.scheduler_types import DraftSource
-from scheduler_svc.sequence import SchedulerSequence
-from scheduler_svc.server import status_to_pb
 
 INFO = executor_info(incarnation_id="inc-1", kernels=(("attention", "cpp"), ("gemm", "amx-panel")))
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.stop_checker import StopChecker
+from scheduler_svc.text.stop_checker import StopChecker
 
 
 def run(checker: StopChecker, deltas: list[str]) -> tuple[list[str], str | None]:

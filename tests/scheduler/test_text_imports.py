@@ -10,7 +10,7 @@ import sys
 def test_text_modules_import_without_torch_or_numpy():
     code = (
         "import json, sys\n"
-        "import scheduler_svc.tokenizer, scheduler_svc.detokenizer, scheduler_svc.stop_checker\n"
+        "import scheduler_svc.text.tokenizer, scheduler_svc.text.detokenizer, scheduler_svc.text.stop_checker\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'numpy', 'transformers'))))\n"
     )

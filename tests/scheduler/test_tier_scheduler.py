@@ -9,10 +9,10 @@ from scheduler.scheduler_fakes import Engine, FakeExecutor, FakeTier, check_inva
 
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import BlockLoad, BlockSave, SeqError, SeqOutput, StepPlan, StepResult, StepTimings
-from scheduler_svc.kv_cache_manager import hash_block_tokens
-from scheduler_svc.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.sequence import SchedulerSequence, SequenceStatus
-from scheduler_svc.tier_index import TierCostModel, TierIndex
+from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_svc.core.sequence import SchedulerSequence, SequenceStatus
+from scheduler_svc.kv.kv_cache_manager import hash_block_tokens
+from scheduler_svc.kv.tier_index import TierCostModel, TierIndex
 
 BS = 4
 
@@ -245,7 +245,7 @@ def test_dropped_writes_and_bad_blocks_never_change_a_token(drop_every):
 
 
 def _ready_handle(address: str, scheduler: Scheduler):
-    from scheduler_svc.executor_handle import ExecutorHandle, ExecutorState
+    from scheduler_svc.fleet.executor_handle import ExecutorHandle, ExecutorState
 
     handle = ExecutorHandle(address, listener=None, make_config=None, step_timeout_s=1.0)
     handle.state, handle.scheduler = ExecutorState.READY, scheduler
@@ -253,7 +253,7 @@ def _ready_handle(address: str, scheduler: Scheduler):
 
 
 def test_the_router_prefers_the_executor_whose_tier_holds_the_longest_prefix():
-    from scheduler_svc.router import choose_executor
+    from scheduler_svc.fleet.router import choose_executor
 
     hashes = block_hashes(PROMPT, 4)
     handles = [

@@ -14,7 +14,7 @@ from support.smollm2 import smollm2_tokenizer_info
 from support.tiny_model import train_tokenizer
 from tokenizers import processors
 
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.text.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,7 +9,7 @@ import pytest
 
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from pagoda_client import Client, PagodaError
-from scheduler_svc.auth import bearer_token, key_is_valid, load_api_keys
+from scheduler_svc.api.auth import bearer_token, key_is_valid, load_api_keys
 from security.system import SecureSystem, is_serving
 
 pytestmark = pytest.mark.integration

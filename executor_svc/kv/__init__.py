@@ -1,0 +1,1 @@
+"""The KV cache on the device, and the offload tier behind it."""

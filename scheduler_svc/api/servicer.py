@@ -1,0 +1,199 @@
+"""The Generation gRPC servicer: the client API's edge over the Engine.
+
+Converts protos, maps engine errors onto gRPC statuses, and carries the request
+id (field, `x-request-id` metadata, or a fresh one) into every log line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import structlog
+
+from pagoda.by_name import copy_by_name
+from pagoda.runtime.grpc_server import Context
+from pagoda.step import FinishReason
+from pagoda.tracing import traceparent_in
+from pagoda.v1 import generation_pb2, generation_pb2_grpc
+from scheduler_svc.api import convert
+from scheduler_svc.core.scheduler_types import DraftSource
+from scheduler_svc.engine import Engine
+from scheduler_svc.errors import (
+    DeadlineExceeded,
+    ExecutorFailure,
+    InvalidRequest,
+    Overloaded,
+    RequestError,
+    Unavailable,
+)
+from scheduler_svc.fleet.executor_handle import ExecutorHandle
+from scheduler_svc.text.tokenizer import Tokenizer
+
+log = structlog.get_logger("scheduler")
+
+STATUS_OF_ERROR = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ExecutorFailure: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_of(exc: RequestError) -> grpc.StatusCode:
+    """The gRPC status of an engine error."""
+    return STATUS_OF_ERROR.get(type(exc), grpc.StatusCode.INTERNAL)
+
+
+def request_id_of(request_id: str, context: Context) -> str:
+    """The client's id (field, then metadata), else a new one."""
+    if request_id:
+        return request_id
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id" and value:
+            return str(value)[:256]
+    return uuid.uuid4().hex
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    """Generate, model info, tokenize/detokenize and status."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def Generate(
+        self, request: generation_pb2.GenerateRequest, context: Context
+    ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        request_id = request_id_of(request.request_id or request.resume.request_id, context)
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            gen_request = convert.request_from_pb(request, request_id, context.time_remaining())
+            traceparent = traceparent_in(context.invocation_metadata() or ())
+            if traceparent:
+                gen_request = dataclasses.replace(gen_request, traceparent=traceparent)
+            # aclosing: a cancelled call must abort the request now, not when
+            # the generator happens to be garbage-collected.
+            async with contextlib.aclosing(self.engine.generate(gen_request)) as outputs:
+                async for out in outputs:
+                    if out.finish_reason is FinishReason.ERROR:
+                        await context.abort(
+                            grpc.StatusCode.INTERNAL, f"request {request_id} failed in the executor: {out.error}"
+                        )
+                    if out.finish_reason is FinishReason.ABORT:  # no executor here, or draining: resume elsewhere
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, f"request {request_id}: {out.error}")
+                    yield convert.output_to_pb(out)
+        except RequestError as exc:
+            log.info("request_rejected", status=status_of(exc).name, error=str(exc))
+            await context.abort(status_of(exc), str(exc))
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+
+    async def GetModelInfo(
+        self, request: generation_pb2.GetModelInfoRequest, context: Context
+    ) -> generation_pb2.ModelInfo:
+        model, limits = self.engine.model, self.engine.limits
+        if model is None or limits is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
+        # The limits' max_model_len (the effective one) over the executor's; the rest by name from either.
+        return copy_by_name(generation_pb2.ModelInfo, limits, model, has_chat_template=bool(model.chat_template))
+
+    async def Tokenize(
+        self, request: generation_pb2.TokenizeRequest, context: Context
+    ) -> generation_pb2.TokenizeResponse:
+        tokenizer = await self._tokenizer(context)
+        prompt = convert.prompt_from_pb(request)
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        try:
+            if prompt.messages is not None:
+                messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=prompt.add_generation_prompt)
+            elif prompt.text is not None:
+                ids = tokenizer.encode(prompt.text, add_special_tokens=add_special)
+            else:
+                raise ValueError("set text or chat")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return generation_pb2.TokenizeResponse(token_ids=ids)
+
+    async def Detokenize(
+        self, request: generation_pb2.DetokenizeRequest, context: Context
+    ) -> generation_pb2.DetokenizeResponse:
+        tokenizer = await self._tokenizer(context)
+        bad = next((t for t in request.token_ids if not 0 <= t < tokenizer.vocab_size), None)
+        if bad is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"token_ids: {bad} is outside the vocabulary")
+        skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+        return generation_pb2.DetokenizeResponse(text=tokenizer.decode(list(request.token_ids), skip))
+
+    async def GetStatus(
+        self, request: generation_pb2.GetStatusRequest, context: Context
+    ) -> generation_pb2.ServerStatus:
+        return status_to_pb(self.engine)
+
+    async def _tokenizer(self, context: Context) -> Tokenizer:
+        if self.engine.tokenizer is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
+        return self.engine.tokenizer
+
+
+# ExecutorStatus fields that are the executor's Describe, as it is (empty until it has described itself).
+_DESCRIBED = ("incarnation_id", "kv_cache_dtype", "quantization", "draft_model", "kv_offload")
+
+
+def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
+    """Queues, KV usage and executors (held or only seen), summed over the executors held.
+
+    The totals named alike in the engine's metrics (its plain GetStatus counters) are copied by name; a field
+    neither given here nor a metric is an error, so a new one cannot go out unfilled.
+    """
+    executors = [executor_status_to_pb(engine, executor) for executor in engine.executors.values()]
+    total = sum(e.num_kv_blocks for e in executors)
+    used = sum(e.num_kv_blocks - e.num_free_kv_blocks for e in executors)
+    m = engine.metrics
+    return copy_by_name(
+        generation_pb2.ServerStatus,
+        m,
+        num_running=engine.num_running,
+        num_waiting=engine.num_waiting,
+        kv_cache_usage=used / total if total else 0.0,
+        executors=executors,
+        spec_num_drafts_total=m.spec_total(0),
+        spec_draft_tokens_total=m.spec_total(1),
+        spec_accepted_tokens_total=m.spec_total(2),
+        spec_model_num_drafts_total=m.spec_total(0, DraftSource.MODEL),
+        spec_model_draft_tokens_total=m.spec_total(1, DraftSource.MODEL),
+        spec_model_accepted_tokens_total=m.spec_total(2, DraftSource.MODEL),
+        scheduler_id=engine.scheduler_id,
+        schedulers=engine.fleet.ownership.live_schedulers(),
+    )
+
+
+def executor_status_to_pb(engine: Engine, executor: ExecutorHandle) -> generation_pb2.ExecutorStatus:
+    """One executor: what it described, and its queues and blocks while this scheduler drives it (a field
+    left out reads as empty or 0)."""
+    holder, epoch = (
+        (engine.scheduler_id, executor.epoch) if executor.driving else (executor.view.holder_id, executor.view.epoch)
+    )
+    fields: dict[str, Any] = {
+        "address": executor.address,
+        "state": executor.state.value,
+        "lease_holder": holder,
+        "lease_epoch": epoch,
+    }
+    if (info := executor.info) is not None:
+        fields |= {name: getattr(info, name) for name in _DESCRIBED} | {"kernels": dict(info.kernels)}
+    if (s := executor.scheduler) is not None:
+        fields |= {
+            "num_running": s.num_running,
+            "num_waiting": s.num_waiting,
+            "num_kv_blocks": s.config.num_blocks,
+            "num_free_kv_blocks": s.num_free_blocks,
+            "kv_cache_usage": s.kv_cache_usage,
+            "num_tier_blocks": len(s.tier) if s.tier is not None else 0,
+        }
+    return generation_pb2.ExecutorStatus(**fields)

@@ -1,0 +1,1 @@
+"""One executor's scheduler core: its sequences, waiting queue, step plans and what came of them."""

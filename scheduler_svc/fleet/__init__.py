@@ -1,0 +1,1 @@
+"""The executors: discovery, heartbeats and leases, who drives which, routing new requests."""

@@ -1,0 +1,1 @@
+"""What the scheduler shows of itself: Prometheus metrics and request traces."""
