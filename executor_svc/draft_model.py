@@ -52,6 +52,7 @@ from executor_svc.loading.model_config import ModelConfig
 from executor_svc.loading.weights import load_checkpoint, validate_tensors
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps
+from executor_svc.models.registry import parse_model_config
 from executor_svc.models.rope import rope_switch_len
 from executor_svc.sampling.sampler import SampleRequest, sample
 from executor_svc.serving.sequence_table import SequenceState
@@ -77,7 +78,7 @@ def load_draft_checkpoint(
 ) -> DraftCheckpoint:
     """Reads and builds the draft model of ``path`` (any supported family), for contexts up to max_model_len."""
     checkpoint = load_checkpoint(path)
-    config = ModelConfig.from_dict(checkpoint.config)
+    config = parse_model_config(checkpoint.config)
     family = get_model_family(config.architecture)
     tensors = validate_tensors(config, checkpoint.tensors)
     model = family.build(config, tensors, dtype, device, max_model_len, ops)

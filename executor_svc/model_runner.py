@@ -25,6 +25,7 @@ from executor_svc.loading.model_config import ModelConfig
 from executor_svc.loading.weights import load_checkpoint, validate_tensors
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
+from executor_svc.models.registry import parse_model_config
 from executor_svc.models.rope import rope_switch_len
 from executor_svc.quant.modes import resolve_quantization
 from executor_svc.sampling.constraints import ConstraintEngine, StepMasks
@@ -80,7 +81,7 @@ class ModelRunner:
         )
         ops = self.quantization.wrap(base_ops)
         checkpoint = load_checkpoint(model_path, self.quantization.mode.keeps_gguf)
-        self.config = ModelConfig.from_dict(checkpoint.config)
+        self.config = parse_model_config(checkpoint.config)
         self.max_model_len = max_model_len or self.config.max_position_embeddings
         self.model = self._build_model(validate_tensors(self.config, checkpoint.tensors), ops)
         del checkpoint.tensors

@@ -5,7 +5,8 @@ The fields every decoder family reads the same way are read here
 q/k norm, which layers slide, a family's own fields in a ``ModelConfig``
 subclass) is its family's ``parse_config`` hook in the model registry
 (``executor_svc.models.registry``). Anything we do not implement is rejected
-at start, by name.
+at start, by name. A config dict is parsed by ``registry.parse_model_config``,
+which chooses the family: the registry imports this module, never the reverse.
 """
 
 from __future__ import annotations
@@ -97,18 +98,6 @@ class ModelConfig:
         layer = self.layers[index]
         theta = self.rope_theta if layer.rope_theta is None else layer.rope_theta
         return theta, self.rope_scaling if layer.rope_scaling is None else layer.rope_scaling
-
-    @classmethod
-    def from_dict(cls, config: dict[str, Any]) -> ModelConfig:
-        """Parses a Hugging Face config.json dict through its architecture's registry entry.
-
-        Raises:
-            ValueError: unsupported architecture, rope type or activation,
-                or inconsistent head counts.
-        """
-        from executor_svc.models.registry import parse_model_config  # the registry imports this module
-
-        return parse_model_config(config)
 
 
 def base_fields(config: dict[str, Any], architecture: str) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from pagoda.by_name import copy_by_name
 
 if TYPE_CHECKING:
-    from executor_svc.loading.gguf_loader import GgufModel
     from executor_svc.loading.gguf_tokenizer import GgufTokenizer
 
 
@@ -63,8 +62,9 @@ def read_tokenizer_files(model_dir: str | os.PathLike[str]) -> TokenizerFiles:
     )
 
 
-def from_gguf(model: GgufModel) -> TokenizerFiles:
-    """The tokenizer files of a loaded GGUF model (it carries them under the same names)."""
+def from_gguf(model: Any) -> TokenizerFiles:
+    """The tokenizer files of a loaded GGUF model (``gguf_loader.GgufModel``: it carries them under the same
+    names; not imported here, since the loader imports this module)."""
     return copy_by_name(TokenizerFiles, model)
 
 
@@ -78,7 +78,7 @@ def from_gguf_metadata(metadata: dict[str, Any], built: GgufTokenizer | None = N
 
 def from_gguf_file(path: str | os.PathLike[str]) -> TokenizerFiles:
     """The tokenizer files of a GGUF file, from its metadata only (no weights read)."""
-    from executor_svc.loading.gguf_loader import read_metadata
+    from executor_svc.loading.gguf_reader import read_metadata
 
     return from_gguf_metadata(read_metadata(path))
 

@@ -15,8 +15,8 @@ import json
 import pytest
 import torch
 
-from executor_svc.loading.model_config import ModelConfig
 from executor_svc.model_runner import ModelRunner
+from executor_svc.models.registry import parse_model_config
 from executor_svc.native.active import active_kernels
 from pagoda import step as t
 from tests.executor.conftest import (
@@ -200,7 +200,7 @@ BASE = dict(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, intermed
 
 def test_gemma3_hub_config_of_transformers_4():
     """rope_theta / rope_local_base_freq / rope_scaling / sliding_window_pattern, as Gemma 3 checkpoints ship."""
-    config = ModelConfig.from_dict(
+    config = parse_model_config(
         {
             **BASE,
             "architectures": ["Gemma3ForCausalLM"],
@@ -221,7 +221,7 @@ def test_gemma3_hub_config_of_transformers_4():
 
 
 def test_gemma2_layer_types_default_and_caps():
-    config = ModelConfig.from_dict(
+    config = parse_model_config(
         {**BASE, "architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096, "attn_logit_softcapping": 50.0}
     )
     assert config.sliding_windows == (4096, None) * 3
@@ -229,7 +229,7 @@ def test_gemma2_layer_types_default_and_caps():
 
 
 def test_qwen3_moe_sparse_step_and_dense_layers():
-    config = ModelConfig.from_dict(
+    config = parse_model_config(
         {
             **BASE,
             "architectures": ["Qwen3MoeForCausalLM"],
@@ -246,7 +246,7 @@ def test_qwen3_moe_sparse_step_and_dense_layers():
 
 def test_phi3_su_is_longrope():
     factors = [1.0] * 8
-    config = ModelConfig.from_dict(
+    config = parse_model_config(
         {
             **BASE,
             "architectures": ["Phi3ForCausalLM"],
@@ -288,7 +288,7 @@ def test_phi3_su_is_longrope():
 )
 def test_unsupported_features_are_named(config, message):
     with pytest.raises(ValueError, match=message):
-        ModelConfig.from_dict({**BASE, **config})
+        parse_model_config({**BASE, **config})
 
 
 def test_runner_refuses_an_unsupported_feature_at_start(checkpoints, tmp_path):

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from structlog.testing import capture_logs
 
-from executor_svc.loading.model_config import ModelConfig
 from executor_svc.model_runner import ModelRunner
+from executor_svc.models.registry import parse_model_config
 from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder, load_hf, make_tiny_checkpoint
 
@@ -26,28 +26,28 @@ BASE = dict(
 
 def test_unsupported_architecture_is_named():
     with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'"):
-        ModelConfig.from_dict({**BASE, "architectures": ["GPT2LMHeadModel"]})
+        parse_model_config({**BASE, "architectures": ["GPT2LMHeadModel"]})
 
 
 def test_rope_keys_of_transformers_4_and_5():
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
     llama3["original_max_position_embeddings"] = 8192
-    old = ModelConfig.from_dict({**BASE, "rope_theta": 5e5, "rope_scaling": llama3})
-    new = ModelConfig.from_dict({**BASE, "rope_parameters": {"rope_theta": 5e5, **llama3}})
+    old = parse_model_config({**BASE, "rope_theta": 5e5, "rope_scaling": llama3})
+    new = parse_model_config({**BASE, "rope_parameters": {"rope_theta": 5e5, **llama3}})
     assert old == new and new.rope_theta == 5e5 and new.rope_scaling.rope_type == "llama3"
     with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
-        ModelConfig.from_dict({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+        parse_model_config({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 
 
 def test_defaults_and_family_switches():
-    config = ModelConfig.from_dict({**BASE, "eos_token_id": [2, 7]})
+    config = parse_model_config({**BASE, "eos_token_id": [2, 7]})
     assert (config.num_kv_heads, config.head_dim, config.eos_token_ids) == (4, 16, (2, 7))
-    qwen2 = ModelConfig.from_dict(
+    qwen2 = parse_model_config(
         {**BASE, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096, "use_sliding_window": False}
     )
     assert qwen2.attention_bias and qwen2.sliding_windows == (None, None) and not qwen2.qk_norm
-    assert ModelConfig.from_dict({**BASE, "architectures": ["Qwen3ForCausalLM"]}).qk_norm
-    mistral = ModelConfig.from_dict({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 8})
+    assert parse_model_config({**BASE, "architectures": ["Qwen3ForCausalLM"]}).qk_norm
+    mistral = parse_model_config({**BASE, "architectures": ["MistralForCausalLM"], "sliding_window": 8})
     assert mistral.sliding_windows == (8, 8)
 
 

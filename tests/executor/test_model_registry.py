@@ -16,7 +16,7 @@ from executor_svc.loading.gguf_loader import GgufError, load_gguf
 from executor_svc.loading.model_config import LayerConfig, ModelConfig
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models import llama, registry
-from executor_svc.models.registry import GgufSpec, ModelFamily
+from executor_svc.models.registry import GgufSpec, ModelFamily, parse_model_config
 from pagoda import step as t
 from tests.executor.conftest import GREEDY, BlockAllocator, blocks_needed, install_recorder, load_hf
 from tests.executor.test_gguf_loader import random_hf_weights, write_tiny_gguf
@@ -63,7 +63,7 @@ def test_registered_architecture_reads_exactly_the_checkpoint_tensors(architectu
     folders = [f for f in checkpoints.values() if _architecture(f) == architecture]
     assert folders, f"no tiny checkpoint of {architecture}"
     for folder in folders:
-        config = ModelConfig.from_dict(json.loads((folder / "config.json").read_text()))
+        config = parse_model_config(json.loads((folder / "config.json").read_text()))
         family = registry.get_model_family(config.architecture)
         assert family.architecture == architecture
         with safe_open(str(folder / "model.safetensors"), "pt") as saved:
@@ -76,7 +76,7 @@ def test_registered_architecture_reads_exactly_the_checkpoint_tensors(architectu
 def test_unknown_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path, checkpoints):
     supported = ", ".join(BUILT_IN)
     with pytest.raises(ValueError, match=f"unsupported architecture 'GPT2LMHeadModel'; supported: {supported}$"):
-        ModelConfig.from_dict({**BASE, "architectures": ["GPT2LMHeadModel"]})
+        parse_model_config({**BASE, "architectures": ["GPT2LMHeadModel"]})
     with pytest.raises(ValueError, match="unsupported architecture 'FalconForCausalLM'"):
         registry.get_model_family("FalconForCausalLM")
     folder = tmp_path / "gpt2"
@@ -89,11 +89,11 @@ def test_unknown_architecture_is_refused_naming_it_and_the_supported_ones(tmp_pa
 
 
 def test_first_registered_architecture_wins_and_model_type_is_a_fallback():
-    both = ModelConfig.from_dict({**BASE, "architectures": ["GPT2LMHeadModel", "Qwen3ForCausalLM"]})
+    both = parse_model_config({**BASE, "architectures": ["GPT2LMHeadModel", "Qwen3ForCausalLM"]})
     assert both.architecture == "Qwen3ForCausalLM"
-    assert ModelConfig.from_dict({**BASE, "model_type": "mistral"}).architecture == "MistralForCausalLM"
+    assert parse_model_config({**BASE, "model_type": "mistral"}).architecture == "MistralForCausalLM"
     with pytest.raises(ValueError, match="names no architecture"):
-        ModelConfig.from_dict({**BASE, "model_type": "gpt2"})
+        parse_model_config({**BASE, "model_type": "gpt2"})
 
 
 def test_an_architecture_registers_once():
