@@ -6,7 +6,7 @@ each distinct one is one ``RotaryEmbedding``, looked up once per step.
 LongRoPE (Phi-3 128k, Phi-3.5) has two sets of per-frequency factors: the
 short ones for a sequence within ``original_max_position_embeddings`` tokens,
 the long ones past it. Which set a sequence runs on is the scheduler's
-decision (docs/architecture.md, model families), sent with the sequence; its
+decision (docs/decisions.md, model families), sent with the sequence; its
 K is rotated once, with that set. The tables then hold both sets, one after
 the other, and a token looks up its row: its position, plus ``max_len`` on
 the long set (``StepBatch.rope_rows``), so a step of mixed sequences is still one

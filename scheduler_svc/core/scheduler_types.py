@@ -54,7 +54,7 @@ class SchedulerConfig:
     # The executor has a KV offload tier (docs/kv-offload.md): save full blocks to it, load prefixes from it.
     kv_offload: bool = False
     # LongRoPE (ExecutorInfo.rope_switch_len): a sequence longer than this runs on the long factors, one within
-    # it on the short ones, and one that grows past it is recomputed on the long ones (docs/architecture.md,
+    # it on the short ones, and one that grows past it is recomputed on the long ones (docs/decisions.md,
     # model families); 0: the model has one factor set.
     rope_switch_len: int = 0
 

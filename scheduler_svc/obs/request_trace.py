@@ -139,7 +139,7 @@ class RequestTrace:
         self.on_queued("preempted")
 
     def on_rope_switch(self, num_computed_tokens: int) -> None:
-        """The sequence outgrew LongRoPE's short factors: recomputed on the long ones (docs/architecture.md)."""
+        """The sequence outgrew LongRoPE's short factors: recomputed on the long ones (docs/decisions.md)."""
         self._event_span().add_event("rope_switch", {"pagoda.num_computed_tokens": num_computed_tokens})
         self._end_prefill(None)
         self.on_queued("rope_switch")
