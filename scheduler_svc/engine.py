@@ -56,7 +56,7 @@ class Engine:
         # Spans of sampled requests (docs/tracing.md); None when tracing is off: every hook is skipped.
         self.tracer = tracer
         self.metrics = metrics or SchedulerMetrics()
-        self.metrics.bind_engine(self)
+        self.metrics.bind_gauges(self)
         self.fleet = Fleet(config, self, self._scheduler_config, executor_credentials)
         self.fleet.on_tick = self._on_heartbeat
         self.executors: dict[str, ExecutorHandle] = self.fleet.executors

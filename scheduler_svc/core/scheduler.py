@@ -203,8 +203,8 @@ class Scheduler(SchedulerState):
     def _preempt(self, seq: SchedulerSequence) -> None:
         """Frees the tail running sequence and puts it at the head of its priority."""
         assert self._running[-1] is seq
-        if seq.trace is not None:
-            seq.trace.on_preempted(seq.num_computed_tokens)
+        if self._tracer is not None:
+            self._tracer.on_preempted(seq)
         self._running.pop()
         self._requeue(seq)
         seq.num_preemptions += 1
@@ -235,8 +235,8 @@ class Scheduler(SchedulerState):
             if seq.num_computed_tokens >= switch and not seq.long_rope and self._num_wanted(seq)
         ]
         for seq in crossing:
-            if seq.trace is not None:
-                seq.trace.on_rope_switch(seq.num_computed_tokens)
+            if self._tracer is not None:
+                self._tracer.on_rope_switch(seq)
             self._requeue(seq)
             self.num_rope_restarts += 1
         if crossing:
@@ -289,7 +289,7 @@ class Scheduler(SchedulerState):
                 num_computed_tokens=num_hit_tokens,
                 num_scheduled_tokens=num_tokens,
                 structured=seq.structured,
-                traceparent=seq.trace.traceparent if seq.trace is not None else "",
+                traceparent=self._tracer.traceparent(seq.seq_id) if self._tracer is not None else "",
                 loads=loads,
                 long_rope=long_rope,
             )

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from pagoda.step import FinishReason
 from scheduler_svc.core.request_queue import WaitingQueue
-from scheduler_svc.core.scheduler_types import SchedulerConfig, SeqUpdate
+from scheduler_svc.core.scheduler_types import SchedulerConfig, SequenceTracer, SeqUpdate
 from scheduler_svc.core.sequence import SchedulerSequence, SequenceStatus
 from scheduler_svc.core.step_builder import StepEntry
 from scheduler_svc.kv.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens
@@ -31,10 +31,13 @@ class SchedulerState:
         clock: Callable[[], float] = time.monotonic,
         block_hasher: BlockHasher = hash_block_tokens,
         tier_hashes: Iterable[int] = (),
+        tracer: SequenceTracer | None = None,
     ):
-        """``tier_hashes``: what the executor's offload tier holds (its Describe), with ``config.kv_offload``."""
+        """``tier_hashes``: what the executor's offload tier holds (its Describe), with ``config.kv_offload``;
+        ``tracer``: told of preemptions and restarts (None: tracing off)."""
         self.config = config
         self._clock = clock
+        self._tracer = tracer
         # The executor's offload tier as this core knows it (docs/kv-offload.md); None: no tier.
         self._tier = TierIndex(config.block_size, tier_hashes) if config.kv_offload else None
         self._kv = KVCacheManager(
@@ -206,6 +209,8 @@ class SchedulerState:
 
         The sequences keep their prompt and outputs so far; pending tokens are
         lost (the next executor samples them again) and nothing is computed.
+        Their drafting records go with this core's drafter: where they are
+        placed next, they start drafting afresh.
         """
         seqs = list(self.running) + self._waiting.ordered()
         for seq in seqs:
@@ -221,6 +226,8 @@ class SchedulerState:
         self._plan_loads = {}
         self._draft_steps.clear()
         self._decode_batches.clear()
+        if self._drafter is not None:
+            self._drafter.forget_all()
         return seqs
 
     def _fail(self, seq_id: int, message: str) -> SeqUpdate:
@@ -241,6 +248,8 @@ class SchedulerState:
             seq.executor_holds = False
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.seq_id]
+        if self._drafter is not None:
+            self._drafter.forget(seq.seq_id)
 
     def _compact_running(self) -> None:
         if self._running_dirty:

@@ -1,10 +1,11 @@
-"""The plain types of a scheduler core: its configuration and what one step result did to a sequence."""
+"""The plain types of a scheduler core: its configuration, what one step result did to a sequence, and what
+it tells the request tracer."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from pagoda.step import LogprobEntry
 from scheduler_svc.core.sequence import SchedulerSequence
@@ -93,3 +94,23 @@ class SeqUpdate(NamedTuple):
     logprobs: tuple[LogprobEntry, ...]
     # The sequence finished in this update (see seq.finish_reason).
     finished: bool
+
+
+class SequenceTracer(Protocol):
+    """What a scheduler core tells the request tracer (docs/tracing.md) as it moves a sequence.
+
+    The tracer keeps the spans of traced sequences by seq_id and ignores the others
+    (scheduler_svc.obs.request_trace.RequestTracer); None in the core: tracing is off.
+    """
+
+    def traceparent(self, seq_id: int) -> str:
+        """What the sequence's NewSequence.traceparent carries ("" when it is not traced)."""
+        ...
+
+    def on_preempted(self, seq: SchedulerSequence) -> None:
+        """The core freed the sequence's blocks (before it is requeued): it will be recomputed."""
+        ...
+
+    def on_rope_switch(self, seq: SchedulerSequence) -> None:
+        """The sequence outgrew LongRoPE's short factors (before it is requeued): recomputed on the long ones."""
+        ...

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import FinishReason, LogprobEntry
-
-if TYPE_CHECKING:
-    from scheduler_svc.obs.request_trace import RequestTrace
-    from scheduler_svc.spec.speculation import SeqSpeculation
 
 
 class SequenceStatus(enum.Enum):
@@ -31,6 +26,11 @@ class SchedulerSequence:
     step that was planned but whose result has not arrived yet. They count in
     its length for scheduling (the executor already holds them) but are not in
     token_ids until update() fills them in.
+
+    What observes or assists it keeps its own state by seq_id: its spans the
+    request tracer (scheduler_svc.obs.request_trace), its n-gram index and
+    drafting record the drafter (scheduler_svc.spec.speculation). So this
+    module imports neither, and neither outlives the sequence there.
     """
 
     def __init__(
@@ -97,10 +97,6 @@ class SchedulerSequence:
         # (effective priority, admission order): the running order; the
         # largest is preempted first.
         self.rank: tuple[float, int] = (float(priority), 0)
-        # The request's spans when it is traced (docs/tracing.md); None: not traced, nothing to do.
-        self.trace: RequestTrace | None = None
-        # Its n-gram drafter and acceptance record, made at its first draft (speculation on only).
-        self.speculation: SeqSpeculation | None = None
         # A step verifying drafts of it is in flight: how many tokens it adds is unknown until its result.
         self.drafts_in_flight = False
 

@@ -30,6 +30,7 @@ from pagoda.step import ExecutorInfo, StepPlan, StepResult
 from pagoda.step_pb import info_from_pb, plan_to_pb, result_from_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from scheduler_svc.core.scheduler_types import SequenceTracer
 from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.fleet.ownership import ExecutorView
 
@@ -72,6 +73,11 @@ class ExecutorState(enum.Enum):
 
 class ExecutorListener(Protocol):
     """What the engine does with what a handle learns."""
+
+    @property
+    def tracer(self) -> SequenceTracer | None:
+        """Told by each scheduler core of what it does to traced sequences (None: tracing off)."""
+        ...
 
     def on_executor_described(self, executor: ExecutorHandle, info: ExecutorInfo) -> bool: ...
     def on_executor_ready(self, executor: ExecutorHandle, info: ExecutorInfo) -> None: ...
@@ -269,7 +275,8 @@ class ExecutorHandle:
     async def _step_loop(self, stub: executor_pb2_grpc.ExecutorStub, scheduler_id: str) -> None:
         assert self.info is not None  # described before any acquire
         call: ExecuteCall = stub.Execute(metadata=((SCHEDULER_ID_KEY, scheduler_id), (EPOCH_KEY, str(self.epoch))))
-        self.scheduler = Scheduler(self._make_config(self.info), tier_hashes=self.info.tier_hashes)
+        config = self._make_config(self.info)
+        self.scheduler = Scheduler(config, tier_hashes=self.info.tier_hashes, tracer=self._listener.tracer)
         self.state = ExecutorState.READY
         self._listener.on_executor_ready(self, self.info)
         results: ResultQueue = asyncio.Queue()

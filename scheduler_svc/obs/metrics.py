@@ -1,10 +1,15 @@
-"""Prometheus metrics of the scheduler, named after vLLM's so dashboards fit."""
+"""Prometheus metrics of the scheduler, named after vLLM's so dashboards fit.
+
+Counters are fed by the engine's hooks (on_step, on_tokens, ...); gauges read
+an `EngineGauges` at scrape time, a few read-only figures the engine has.
+"""
 
 from __future__ import annotations
 
 import time
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -12,11 +17,10 @@ from prometheus_client.registry import Collector
 
 from pagoda.step import FinishReason, StepPlan, StepResult
 from scheduler_svc.core.scheduler_types import DraftSource
-from scheduler_svc.fleet.executor_handle import ExecutorState
+from scheduler_svc.fleet.executor_handle import ExecutorHandle, ExecutorState
 
 if TYPE_CHECKING:
     from scheduler_svc.core.scheduler import Scheduler
-    from scheduler_svc.engine import Engine
     from scheduler_svc.output_processor import RequestState
 
 _LATENCY_BUCKETS = (
@@ -43,6 +47,25 @@ _LATENCY_BUCKETS = (
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 P = "pagoda:"
+
+
+class EngineGauges(Protocol):
+    """What the gauges read at scrape time (scheduler_svc.engine.Engine has these), never written here."""
+
+    @property
+    def num_running(self) -> int:
+        """Requests running on executors."""
+        ...
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running anywhere."""
+        ...
+
+    @property
+    def executors(self) -> Mapping[str, ExecutorHandle]:
+        """Every executor seen, by address: its state, and its scheduler core while driven."""
+        ...
 
 
 class SchedulerMetrics:
@@ -217,12 +240,12 @@ class SchedulerMetrics:
             self.executor_restarts.labels(executor=address).inc()
         self._incarnations[address] = incarnation_id
 
-    def bind_engine(self, engine: Engine) -> None:
-        """Gauges read the engine at scrape time (never stale)."""
-        self.registry.register(_ExecutorStates(engine))
-        self.num_requests_running.set_function(lambda: engine.num_running)
-        self.num_requests_waiting.set_function(lambda: engine.num_waiting)
-        self.kv_cache_usage_perc.set_function(lambda: kv_cache_usage(engine))
+    def bind_gauges(self, gauges: EngineGauges) -> None:
+        """Gauges read ``gauges`` at scrape time (never stale)."""
+        self.registry.register(_ExecutorStates(gauges))
+        self.num_requests_running.set_function(lambda: gauges.num_running)
+        self.num_requests_waiting.set_function(lambda: gauges.num_waiting)
+        self.kv_cache_usage_perc.set_function(lambda: kv_cache_usage(gauges))
 
     def serve(self, host: str, port: int) -> None:
         """Expose /metrics on host:port (a daemon thread)."""
@@ -232,21 +255,21 @@ class SchedulerMetrics:
 class _ExecutorStates(Collector):
     """`pagoda:executors{state}`: how many executors this scheduler sees in each state, read at scrape time."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = weakref.ref(engine)
+    def __init__(self, gauges: EngineGauges) -> None:
+        self._gauges = weakref.ref(gauges)
 
     def collect(self) -> list[GaugeMetricFamily]:
         family = GaugeMetricFamily(P + "executors", "Executors by state, as this scheduler sees them", labels=["state"])
-        engine = self._engine()
-        states = [e.state for e in engine.executors.values()] if engine is not None else []
+        gauges = self._gauges()
+        states = [e.state for e in gauges.executors.values()] if gauges is not None else []
         for state in ExecutorState:
             family.add_metric([state.value], states.count(state))
         return [family]
 
 
-def kv_cache_usage(engine: Engine) -> float:
+def kv_cache_usage(gauges: EngineGauges) -> float:
     """Used / total KV blocks over every live executor."""
-    live = [e.scheduler for e in engine.executors.values() if e.scheduler is not None]
+    live = [e.scheduler for e in gauges.executors.values() if e.scheduler is not None]
     total = sum(s.config.num_blocks for s in live)
     used = sum(s.config.num_blocks - s.num_free_blocks for s in live)
     return used / total if total else 0.0

@@ -1,10 +1,12 @@
 """The spans of traced requests in the scheduler (docs/tracing.md).
 
 `RequestTracer` exists only when tracing is on (the engine holds None
-otherwise); it starts a `RequestTrace` per sampled request and feeds it what
-the engine sees: the plans that ran, executor losses, the end. The scheduler
-core calls `RequestTrace.on_preempted` (a sequence's `trace` is None unless
-traced). Nothing here runs per token: a traced sequence costs a few integer
+otherwise); it starts a `RequestTrace` per sampled request, keeps it by
+seq_id until the request ends, and feeds it what the engine sees: the plans
+that ran, executor losses, the end. The scheduler cores tell it of
+preemptions and LongRoPE restarts, and ask it for the traceparent of an
+admission (it is their `SequenceTracer`, scheduler_svc.core.scheduler_types).
+Nothing here runs per token: a traced sequence costs a few integer
 operations per step it is in, an untraced one a dict lookup.
 
 OpenTelemetry is imported by this module only under TYPE_CHECKING; the spans
@@ -186,13 +188,17 @@ class RequestTracer:
         # seq_id -> trace of the traced sequences in flight.
         self._traces: dict[int, RequestTrace] = {}
 
+    @property
+    def num_traces(self) -> int:
+        """Traced sequences in flight (each until `end`)."""
+        return len(self._traces)
+
     def start(self, request: GenerationRequest, seq: SchedulerSequence) -> None:
-        """Trace a new request (sets `seq.trace` when the sampler keeps it)."""
+        """Trace a new request (kept until `end` when the sampler keeps it)."""
         trace = RequestTrace(self._tracer, request, seq)
         if not trace.sampled:
             trace.span.end()
             return
-        seq.trace = trace
         self._traces[seq.seq_id] = trace
         tracing.trace_ids[seq.request_id] = tracing.trace_id_of(trace.traceparent)
         if request.resume is not None:
@@ -217,11 +223,29 @@ class RequestTracer:
             if trace is not None:
                 trace.on_ran(plan.step_id, scheduled.num_scheduled_tokens, start_ns, end_ns)
 
+    def traceparent(self, seq_id: int) -> str:
+        """What an admission of the sequence tells the executor ("" when it is not traced)."""
+        trace = self._traces.get(seq_id)
+        return trace.traceparent if trace is not None else ""
+
+    def on_preempted(self, seq: SchedulerSequence) -> None:
+        """A scheduler core preempted the sequence."""
+        trace = self._traces.get(seq.seq_id)
+        if trace is not None:
+            trace.on_preempted(seq.num_computed_tokens)
+
+    def on_rope_switch(self, seq: SchedulerSequence) -> None:
+        """A scheduler core restarts the sequence on LongRoPE's long factors."""
+        trace = self._traces.get(seq.seq_id)
+        if trace is not None:
+            trace.on_rope_switch(seq.num_computed_tokens)
+
     def on_executor_lost(self, executor: str, seqs: list[SchedulerSequence]) -> None:
         """Every traced sequence of a lost executor gets the event (and waits again)."""
         for seq in seqs:
-            if seq.trace is not None:
-                seq.trace.on_executor_lost(executor, seq.num_tokens)
+            trace = self._traces.get(seq.seq_id)
+            if trace is not None:
+                trace.on_executor_lost(executor, seq.num_tokens)
 
     def end(self, seq: SchedulerSequence, reason: FinishReason) -> None:
         """The request left the engine."""

@@ -21,7 +21,7 @@ Pure Python.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from scheduler_svc.core.sequence import SchedulerSequence
 
@@ -33,8 +33,10 @@ MAX_OFF_STEPS = 8192
 class DraftModelSwitch:
     """Whether the draft model runs, for which sequences, and when it is tried again."""
 
-    def __init__(self, on: bool, trusted: bool = False) -> None:
+    def __init__(self, on: bool, paused: Callable[[SchedulerSequence], bool], trusted: bool = False) -> None:
+        """``paused``: whether a sequence's own record has paused the draft model (the drafter keeps the records)."""
         self.on = on
+        self._paused = paused
         # Every sequence may try it (once it has paid, or always: not adaptive); else only the probe.
         self.trusted = trusted
         self.probe_id: int | None = None
@@ -52,7 +54,7 @@ class DraftModelSwitch:
         Returns whether it went on again (its cost is then to be measured afresh).
         """
         drafting = [seq for seq in running if seq.structured is None]
-        candidates = [seq for seq in drafting if not _paused(seq)]
+        candidates = [seq for seq in drafting if not self._paused(seq)]
         if not self.trusted and not any(seq.seq_id == self.probe_id for seq in candidates):
             # No probe (at the start, after a time off), or it is gone or paused before it paid.
             if self.on and self._attempted:
@@ -79,9 +81,3 @@ class DraftModelSwitch:
         self._back_at = num_steps + self.off_steps
         if self._attempted:  # tried and lost again: twice as long next time
             self.off_steps = min(2 * self.off_steps, MAX_OFF_STEPS)
-
-
-def _paused(seq: SchedulerSequence) -> bool:
-    """seq's own record has paused the draft model (it has one: it drafted with it)."""
-    spec = seq.speculation
-    return spec is not None and not spec.model.active(len(seq.output_token_ids))

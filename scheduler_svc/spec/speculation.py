@@ -40,7 +40,7 @@ Pure Python.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import KeysView, Sequence
 from typing import NamedTuple
 
 from pagoda.step import ScheduledSequence, StepTimings
@@ -156,10 +156,35 @@ class Drafter:
         # Prepare + forward + sampling of a decode step without drafts, by its number of sequences (measured).
         self.plain_step_ns: dict[int, float] = {}
         self._steps_to_probe = FIRST_PROBE_STEP
+        # seq_id -> the sequence's n-gram index and drafting record, from its first draft until it finishes
+        # (forget) or leaves this core (forget_all); kept through preemptions.
+        self._seqs: dict[int, SeqSpeculation] = {}
         # Whether the draft model runs at all, and for whom.
-        self.switch = DraftModelSwitch(self.uses_model, trusted=not self.adaptive)
+        self.switch = DraftModelSwitch(self.uses_model, self._model_paused, trusted=not self.adaptive)
         # Step results seen.
         self.num_steps = 0
+
+    @property
+    def seq_ids(self) -> KeysView[int]:
+        """The sequences with a drafting record here."""
+        return self._seqs.keys()
+
+    def speculation(self, seq_id: int) -> SeqSpeculation | None:
+        """The sequence's n-gram index and drafting record (None: it has not drafted here)."""
+        return self._seqs.get(seq_id)
+
+    def forget(self, seq_id: int) -> None:
+        """The sequence finished: its record goes."""
+        self._seqs.pop(seq_id, None)
+
+    def forget_all(self) -> None:
+        """Every sequence left this core (its executor is gone)."""
+        self._seqs.clear()
+
+    def _model_paused(self, seq: SchedulerSequence) -> bool:
+        """seq's own record has paused the draft model (it has one: it drafted with it)."""
+        spec = self._seqs.get(seq.seq_id)
+        return spec is not None and not spec.model.active(len(seq.output_token_ids))
 
     def allows(self, num_running: int) -> bool:
         """The global rule: drafts only while the step is bound by the weights, not by the tokens."""
@@ -194,7 +219,7 @@ class Drafter:
         """Whether seq would draft in the next step (it may still find no n-gram)."""
         if seq.structured is not None:
             return False
-        spec, model = seq.speculation, self.uses_model and self.switch.allows(seq)
+        spec, model = self._seqs.get(seq.seq_id), self.uses_model and self.switch.allows(seq)
         if spec is None:
             return self.uses_ngram or model
         num_outputs = len(seq.output_token_ids)
@@ -241,9 +266,10 @@ class Drafter:
         max_tokens = min(max_tokens, max_outputs)
         if max_tokens <= 0:
             return None
-        if seq.speculation is None:
-            seq.speculation = SeqSpeculation()
-        spec, num_outputs = seq.speculation, len(seq.output_token_ids)
+        spec = self._seqs.get(seq.seq_id)
+        if spec is None:
+            spec = self._seqs[seq.seq_id] = SeqSpeculation()
+        num_outputs = len(seq.output_token_ids)
         model_active = self.uses_model and self.switch.allows(seq) and spec.model.active(num_outputs)
         if self.uses_ngram and spec.ngram.active(num_outputs):
             drafts = spec.proposer.propose(seq.token_ids, min(max_tokens, self.config.draft_tokens(DraftSource.NGRAM)))
@@ -273,7 +299,7 @@ class Drafter:
             self.kv.truncate(seq, cdiv(seq.num_computed_tokens, self.config.block_size))
         source = entry.draft_source
         self.stats[source].record(entry.num_drafts, num_accepted)
-        spec = seq.speculation
+        spec = self._seqs.get(seq.seq_id)
         if spec is None or not self.adaptive:
             return
         record, break_even, num_outputs = spec.record_of(source), self.break_even(source), len(seq.output_token_ids)

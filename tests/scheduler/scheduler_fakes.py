@@ -404,3 +404,5 @@ def check_invariants(scheduler: Scheduler) -> None:
                 assert (index + 1) * bs <= scheduler.get(seq_id).num_computed_tokens
     for block_hash, block in pool.cached.items():
         assert block.block_hash == block_hash and len(block.token_ids) == bs
+    if scheduler.drafter is not None:  # drafting records of unfinished sequences only
+        assert all(scheduler.get(seq_id) is not None for seq_id in scheduler.drafter.seq_ids)

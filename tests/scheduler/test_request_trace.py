@@ -29,7 +29,7 @@ def _run(num_blocks: int, prompts: list[list[int]], max_tokens: int, budget: int
         max_model_len=64,
         rope_switch_len=rope_switch_len,
     )
-    scheduler, executor = Scheduler(config), FakeExecutor(num_blocks, 4, rope_switch_len=rope_switch_len)
+    scheduler, executor = Scheduler(config, tracer=tracer), FakeExecutor(num_blocks, 4, rope_switch_len=rope_switch_len)
     seqs = []
     for i, prompt in enumerate(prompts):
         seq = SchedulerSequence(i + 1, f"r{i}", prompt, SamplingParams(), StoppingCriteria(max_tokens=max_tokens))

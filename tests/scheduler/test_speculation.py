@@ -275,7 +275,7 @@ def test_the_draft_model_pauses_where_it_gains_less_than_it_costs():
         s.update(result(plan, {1: (token, token + 1)}, timings))
         num_attempts += 1
         assert num_attempts < 10
-    assert s.drafter.model_cost == 2.0 and seq.speculation.model.resume_at > len(seq.output_token_ids)
+    assert s.drafter.model_cost == 2.0 and s.drafter.speculation(seq.seq_id).model.resume_at > len(seq.output_token_ids)
     assert s.may_plan_ahead  # nothing drafts: plans overlap again
 
 
@@ -310,7 +310,7 @@ def test_the_draft_model_pauses_where_its_step_costs_more_than_a_plain_one():
             s.update(result(plan, {1: (token,)}, plain))
             num_plain += 1
     assert s.drafter.plain_step_ns == {1: 10}
-    assert s.drafter.model_cost > 1.0 and seq.speculation.model.resume_at > len(seq.output_token_ids)
+    assert s.drafter.model_cost > 1.0 and s.drafter.speculation(seq.seq_id).model.resume_at > len(seq.output_token_ids)
 
 
 def test_an_executor_without_a_draft_model_gets_what_is_left_of_the_method():

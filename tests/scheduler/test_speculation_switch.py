@@ -114,7 +114,7 @@ def test_the_draft_model_is_off_for_everyone_once_the_sequence_trying_it_has_pau
     # Tried again by the shortest sequence (the new one: the least to catch up on), five attempts, off again.
     assert sum(executor.model_drafts[num_before:]) == 5 and not drafter.switch.on
     # Sequence 2 never tried it: its record is as it started.
-    assert scheduler.get(3).speculation.model.resume_at > 0 and scheduler.get(2).speculation.model.mean_accepted == 1
+    assert drafter.speculation(3).model.resume_at > 0 and drafter.speculation(2).model.mean_accepted == 1
     assert drafter.switch.off_steps == 4 * FIRST_OFF_STEPS
 
 
@@ -174,7 +174,7 @@ def test_outputs_and_blocks_stay_exact_while_the_draft_model_goes_off_and_on(mon
 
 def test_one_sequence_tries_the_draft_model_and_the_others_wait_for_its_verdict():
     seq = {i: SchedulerSequence(i, f"r{i}", [1] * (2 + i), SamplingParams(), StoppingCriteria(10)) for i in range(4)}
-    switch = draft_switch.DraftModelSwitch(True)
+    switch = draft_switch.DraftModelSwitch(True, paused=lambda seq: False)  # no record has paused it
     assert not switch.update([], 0, cannot_pay=False) and not switch.on  # nobody to try it
     switch.update([seq[1], seq[0]], 0, cannot_pay=False)
     assert switch.on and switch.allows(seq[0]) and not switch.allows(seq[1])  # the shortest tries it
