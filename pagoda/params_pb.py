@@ -9,7 +9,7 @@ Two readings of a message:
 - ``params_from_pb``: the effective parameters (the executor hop, where the
   scheduler sets every field); an unset field takes the dataclass default.
 - ``given_from_pb``: only what a client set (the client API), for
-  ``scheduler_svc.validation`` to fill in and check.
+  ``scheduler_svc.api.validation`` to fill in and check.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import grpc
 import structlog
 
 from pagoda.step import ExecutorInfo, FinishReason, StepPlan, StepResult
-from scheduler_svc import validation
+from scheduler_svc.api import validation
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core.scheduler import SchedulerConfig, SeqUpdate
 from scheduler_svc.core.sequence import SchedulerSequence
@@ -35,8 +35,8 @@ from scheduler_svc.fleet.ownership import ORPHAN_TIMEOUT_S
 from scheduler_svc.fleet.router import choose_executor
 from scheduler_svc.obs.metrics import SchedulerMetrics
 from scheduler_svc.obs.request_trace import RequestTracer
-from scheduler_svc.output_processor import RequestState
 from scheduler_svc.request import GenerationRequest, PromptInput, RequestOutput
+from scheduler_svc.text.output_processor import RequestState
 from scheduler_svc.text.tokenizer import Tokenizer
 
 log = structlog.get_logger("scheduler")

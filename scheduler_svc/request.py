@@ -2,7 +2,7 @@
 
 The gRPC edge (and the HTTP edge) fill `GenerationRequest`. Its sampling and
 stopping parameters are what the client gave, by table name (`pagoda.params`):
-a field the client left unset is absent, and `validation.py` applies the
+a field the client left unset is absent, and `api/validation.py` applies the
 table's default and checks the rest.
 """
 

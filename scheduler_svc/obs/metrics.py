@@ -21,7 +21,7 @@ from scheduler_svc.fleet.executor_handle import ExecutorHandle, ExecutorState
 
 if TYPE_CHECKING:
     from scheduler_svc.core.scheduler import Scheduler
-    from scheduler_svc.output_processor import RequestState
+    from scheduler_svc.text.output_processor import RequestState
 
 _LATENCY_BUCKETS = (
     0.001,

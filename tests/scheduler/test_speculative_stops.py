@@ -13,7 +13,7 @@ from scheduler.test_detokenizer import train_tiny_tokenizer
 from pagoda.params import SamplingParams, StoppingCriteria
 from scheduler_svc.core.scheduler import SeqUpdate
 from scheduler_svc.core.sequence import SchedulerSequence
-from scheduler_svc.output_processor import RequestState
+from scheduler_svc.text.output_processor import RequestState
 
 TOKENIZER = train_tiny_tokenizer()
 SCRIPT = TOKENIZER.encode("héllo wörld 🎉 the quick brown fox, STOP here; 世界 and more", add_special_tokens=False)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from pagoda.constraint import MAX_CHOICES, Constraint
+from scheduler_svc.api.validation import check_structured
 from scheduler_svc.errors import InvalidRequest
-from scheduler_svc.validation import check_structured
 
 
 def refusal(constraint: Constraint) -> InvalidRequest:

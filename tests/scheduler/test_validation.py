@@ -6,8 +6,8 @@ import pytest
 
 from pagoda import params
 from pagoda.params import MAX_SEED, SamplingParams, StoppingCriteria
+from scheduler_svc.api.validation import Limits, sampling_params, stopping_criteria
 from scheduler_svc.errors import InvalidRequest
-from scheduler_svc.validation import Limits, sampling_params, stopping_criteria
 
 LIMITS = Limits(max_model_len=100, vocab_size=50, max_prompt_tokens=99, max_new_tokens=60, default_max_tokens=30)
 
