@@ -28,7 +28,7 @@ from draft_models import build_truncated_draft
 from spec_workload import grounded_requests
 
 from executor_svc.loading.model_cache import resolve_model
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
 

@@ -32,7 +32,7 @@ import time
 import torch
 
 from executor_svc.attention import cpu_kernel, get_backend, triton_available
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
 from pagoda.runtime.flags import parse_size

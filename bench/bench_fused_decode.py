@@ -20,7 +20,7 @@ import time
 
 from bench_executor import decode_plan, start_decode
 
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda.runtime.flags import parse_size
 
 

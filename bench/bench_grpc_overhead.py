@@ -21,7 +21,7 @@ from pagoda_bench.workload import random_workload
 
 def in_process(model: str, dtype: str, workload, kv_bytes: int, budget: int) -> tuple[float, int]:
     """(seconds, steps) to run the workload with Scheduler + ModelRunner, no gRPC."""
-    from executor_svc.model_runner import ModelRunner
+    from executor_svc.runner.model_runner import ModelRunner
     from pagoda.params import SamplingParams, StoppingCriteria
     from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
     from scheduler_svc.core.sequence import SchedulerSequence

@@ -110,7 +110,7 @@ def part_bandwidth(args: argparse.Namespace, work: Path, prefill_tok_s: float | 
     code = f"""
 import json, os, sys, time, torch
 from pathlib import Path
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.kv.tier.block_file import TierNamespace
 from executor_svc.kv.tier.disk_tier import DiskTier
 from executor_svc.kv.tier.store import TierStore

@@ -23,7 +23,7 @@ import types
 from bench_executor import AttentionTimer, decode_step
 
 from executor_svc.loading.weights import load_checkpoint, validate_tensors
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 
 
 def load_ref_module(ref: str, path: str) -> types.ModuleType:

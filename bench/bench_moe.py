@@ -28,8 +28,8 @@ import torch
 from bench_executor import AttentionTimer, decode_step
 
 from executor_svc.loading.model_cache import default_cache_dir, prepare_default_model
-from executor_svc.model_runner import ModelRunner
 from executor_svc.models.moe import MoeBlock
+from executor_svc.runner.model_runner import ModelRunner
 
 SMOLLM2 = dict(
     hidden_size=576,

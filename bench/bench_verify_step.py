@@ -29,7 +29,7 @@ import time
 import torch
 
 from executor_svc.loading.model_cache import resolve_model
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
 

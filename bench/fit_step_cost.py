@@ -47,7 +47,7 @@ def measure(model: str, dtype: str, repeats: int, passes: int) -> list[dict]:
     (`step_s`: the median over every repeat and pass); the fastest wall time is
     kept next to it (`wall_min_s`).
     """
-    from executor_svc.model_runner import ModelRunner
+    from executor_svc.runner.model_runner import ModelRunner
 
     runner = ModelRunner(model, dtype=dtype, kv_cache_memory_bytes=2 * 2**30, max_model_len=4096)
     runner.warmup()

@@ -18,7 +18,7 @@ import tokenizers
 import torch
 
 from executor_svc.kv.cache import dequantize_rows, quantize_rows
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
 

@@ -16,8 +16,8 @@ import grpc
 import structlog
 
 from executor_svc.config import ExecutorConfig, load_config
+from executor_svc.loading.memory import rss_bytes
 from executor_svc.loading.tokenizer_files import TokenizerFiles
-from executor_svc.memory import rss_bytes
 from executor_svc.serving.metrics import ExecutorMetrics
 from executor_svc.serving.sequence_table import Runner
 from executor_svc.serving.servicer import ExecutorServicer
@@ -30,7 +30,7 @@ from pagoda.v1 import executor_pb2, executor_pb2_grpc
 if TYPE_CHECKING:
     from executor_svc.kv.tier.dir_lock import TierDirLock
     from executor_svc.kv.tier.open_tier import OpenTier
-    from executor_svc.model_runner import ModelRunner
+    from executor_svc.runner.model_runner import ModelRunner
 
 log = structlog.get_logger("executor")
 # SIGTERM: the blocks still queued for the offload tier are stored within this time.
@@ -65,9 +65,9 @@ async def load_model(
 ) -> Loaded:
     """Load weights, allocate the KV cache, open the offload tier and warm up, on the model thread (torch is
     imported here only)."""
+    from executor_svc.loading.memory import release_freed_memory
     from executor_svc.loading.model_cache import resolve_model
     from executor_svc.loading.tokenizer_files import load_tokenizer_files
-    from executor_svc.memory import release_freed_memory
     from executor_svc.native import loader
     from executor_svc.native.active import active_kernels
 
@@ -98,11 +98,11 @@ def open_runner_tier(
     metrics: ExecutorMetrics | None,
 ) -> OpenTier | None:
     """The offload tier of the --kv-offload-* flags, attached to the runner (None: no tier asked for)."""
-    from executor_svc.device import dtype_name
     from executor_svc.kv.tier.identity import model_identity
     from executor_svc.kv.tier.open_tier import open_tier
     from executor_svc.kv.tier.step_io import TierStepIO
     from executor_svc.models.rope import uses_longrope
+    from executor_svc.runner.device import dtype_name
 
     # Quantized weights give other KV: their blocks are another model's (unquantized ones keep their identity).
     quant = runner.quantization
@@ -165,7 +165,7 @@ def resolve_draft_model(config: ExecutorConfig, tokenizer: TokenizerFiles) -> st
 
 def build_runner(config: ExecutorConfig, model_path: str, draft_path: str | None = None) -> ModelRunner:
     """Load weights and allocate the KV cache once (its default budget depends on the device the runner resolves)."""
-    from executor_svc.model_runner import ModelRunner
+    from executor_svc.runner.model_runner import ModelRunner
 
     # torch imported, no weight read yet: the ready line's rss_bytes less this one is what the model takes.
     log.info("model_loading", model=model_path, rss_bytes=rss_bytes())

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 import torch
 
 from executor_svc.attention import cpp_backend
+from executor_svc.attention.implementations import Implementation, ImplementationRegistry
 from executor_svc.attention.metadata import AttentionMetadata
 from executor_svc.attention.torch_backend import TorchAttentionBackend
-from executor_svc.implementations import Implementation, ImplementationRegistry
 from executor_svc.kv.cache import LayerKV
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from executor_svc.implementations import Implementation, ImplementationRegistry
+from executor_svc.attention.implementations import Implementation, ImplementationRegistry
 from executor_svc.models.rope import RotaryEmbedding, apply_rotary
 from executor_svc.native import loader
 

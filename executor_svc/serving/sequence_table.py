@@ -78,8 +78,8 @@ class SequenceState:
     draft_token_ids: tuple[int, ...] = ()
     # Tokens the draft model proposes this step (the plan's num_model_draft_tokens; 0: none).
     num_model_draft_tokens: int = 0
-    # Leading tokens whose draft-model KV is in block_table (executor_svc.draft_model); at most num_computed_tokens
-    # between steps.
+    # Leading tokens whose draft-model KV is in block_table (executor_svc.runner.draft_model); at most
+    # num_computed_tokens between steps.
     num_draft_computed: int = 0
     # Its K and Q are rotated with LongRoPE's long factors (the plan's NewSequence.long_rope; models.rope).
     long_rope: bool = False

@@ -45,6 +45,6 @@ def test_every_cited_function_exists(file, name):
 
 
 def test_the_check_sees_a_missing_function():
-    assert "ModelRunner.execute" in defined_names(REPO / "executor_svc" / "model_runner.py")
-    assert "ModelRunner.no_such_method" not in defined_names(REPO / "executor_svc" / "model_runner.py")
+    assert "ModelRunner.execute" in defined_names(REPO / "executor_svc" / "runner" / "model_runner.py")
+    assert "ModelRunner.no_such_method" not in defined_names(REPO / "executor_svc" / "runner" / "model_runner.py")
     assert citations("`a/b.py:C.f` and `c.py:g`") == [("a/b.py", "C.f"), ("c.py", "g")]

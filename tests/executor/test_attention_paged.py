@@ -13,7 +13,7 @@ import torch
 
 from executor_svc.attention import get_backend
 from executor_svc.kv.cache import LayerKV, dequantize_rows, quantize_rows
-from executor_svc.step_batch import SequenceState, build_step_batch
+from executor_svc.runner.step_batch import SequenceState, build_step_batch
 from pagoda.params import SamplingParams
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 16

@@ -21,7 +21,7 @@ import pytest
 import torch
 from support.tiny_model import build_tiny_model, hf_greedy
 
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.sampling.constraints import bias_of_bitmask
 from executor_svc.sampling.ops import apply_bias
 from pagoda import step as t

@@ -15,9 +15,9 @@ import json
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
 from executor_svc.models.registry import parse_model_config
 from executor_svc.native.active import active_kernels
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import (
     GREEDY,

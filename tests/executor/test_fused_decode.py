@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
+from executor_svc.runner.step_batch import build_step_batch
 from executor_svc.serving.sequence_table import SequenceState
-from executor_svc.step_batch import build_step_batch
 from pagoda.params import SamplingParams
 
 PROMPTS = (5, 17, 30)  # tokens before the decode step

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from executor_svc.loading.gguf_loader import load_gguf
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import (
     GREEDY,

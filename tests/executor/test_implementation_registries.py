@@ -8,10 +8,10 @@ import torch
 
 from executor_svc.attention import BACKENDS, TorchAttentionBackend, get_backend
 from executor_svc.attention import cpp_backend as cpp_attention
-from executor_svc.implementations import Implementation, ImplementationRegistry
-from executor_svc.model_runner import ModelRunner
+from executor_svc.attention.implementations import Implementation, ImplementationRegistry
 from executor_svc.models import layer_ops as layer_ops_module
 from executor_svc.models.layer_ops import LAYER_OPS, TorchLayerOps, get_layer_ops
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder
 

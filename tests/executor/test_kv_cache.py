@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from executor_svc.config import load_config
-from executor_svc.device import resolve_kv_dtype
 from executor_svc.kv.cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
+from executor_svc.runner.device import resolve_kv_dtype
 
 CPU = torch.device("cpu")
 
@@ -101,7 +101,7 @@ def test_kv_cache_dtype_flag():
 
 
 def test_a_bad_kv_cache_dtype_fails_a_runner_before_the_weights_are_read(tmp_path):
-    from executor_svc.model_runner import ModelRunner
+    from executor_svc.runner.model_runner import ModelRunner
 
     with pytest.raises(ValueError, match="unsupported KV cache dtype 'fp8'"):
         ModelRunner(str(tmp_path / "no-such-model"), device="cpu", kv_cache_dtype="fp8")

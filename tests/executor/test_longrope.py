@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import StoppingCriteria
 from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig

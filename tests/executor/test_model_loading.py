@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from structlog.testing import capture_logs
 
-from executor_svc.model_runner import ModelRunner
 from executor_svc.models.registry import parse_model_config
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder, load_hf, make_tiny_checkpoint
 

@@ -14,9 +14,9 @@ from safetensors import safe_open
 
 from executor_svc.loading.gguf_loader import GgufError, load_gguf
 from executor_svc.loading.model_config import LayerConfig, ModelConfig
-from executor_svc.model_runner import ModelRunner
 from executor_svc.models import llama, registry
 from executor_svc.models.registry import GgufSpec, ModelFamily, parse_model_config
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import GREEDY, BlockAllocator, blocks_needed, install_recorder, load_hf
 from tests.executor.test_gguf_loader import random_hf_weights, write_tiny_gguf

@@ -9,9 +9,9 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from executor_svc.model_runner import ModelRunner
 from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps
 from executor_svc.native import active, loader
+from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.serving.metrics import ExecutorMetrics
 from tests.executor.conftest import make_tiny_checkpoint
 
@@ -87,7 +87,7 @@ def test_serving_never_imports_the_jit_extension_builder(checkpoints, cpp_kernel
     script = f"""
 import sys
 import executor_svc.main
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.native.active import active_kernels
 runner = ModelRunner({str(checkpoints["llama"])!r}, dtype="float32", device="cpu", kv_cache_memory_bytes=1 << 20)
 assert active_kernels(runner)["layer_ops"] == "cpp", active_kernels(runner)

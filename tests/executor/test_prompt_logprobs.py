@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
 from tests.executor.conftest import BlockAllocator, blocks_needed, load_hf

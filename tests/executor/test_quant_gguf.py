@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
-from executor_svc.model_runner import ModelRunner
 from executor_svc.native.active import active_kernels
 from executor_svc.quant import gguf_blocks, int8
 from executor_svc.quant.base import QuantizedLinear
 from executor_svc.quant.quantized_ops import ConcatLinear
+from executor_svc.runner.model_runner import ModelRunner
 from tests.executor.conftest import install_recorder, native_ops
 from tests.executor.test_gguf_loader import random_hf_weights, write_tiny_gguf
 from tests.executor.test_model_hf_parity import _generate, greedy_prompts

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
 from executor_svc.models.moe import MoeBlock
 from executor_svc.native.active import active_kernels
 from executor_svc.quant import int8
 from executor_svc.quant.base import QuantizedLinear
+from executor_svc.runner.model_runner import ModelRunner
 from tests.executor.conftest import install_recorder
 from tests.executor.test_model_hf_parity import _generate, greedy_prompts
 

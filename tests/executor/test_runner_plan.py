@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from executor_svc.kv.cache import KVCacheSpec
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from tests.executor.conftest import GREEDY, install_recorder, load_hf
 

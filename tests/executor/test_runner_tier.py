@@ -15,7 +15,7 @@ from executor_svc.config import ExecutorConfig
 from executor_svc.kv.cache import KVCacheSpec
 from executor_svc.kv.tier.open_tier import lock_dir, open_tier
 from executor_svc.kv.tier.step_io import TierStepIO
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from scheduler_svc.kv.kv_cache_manager import hash_block_tokens
 from tests.executor.conftest import GREEDY, install_recorder

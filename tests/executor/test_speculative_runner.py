@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from executor_svc.kv.cache import KVCacheSpec
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.sampling.sampler import SampleRequest, sample
 from executor_svc.serving.sequence_table import SequenceState
 from pagoda import step as t

@@ -18,7 +18,7 @@ PROMPT = [5, 17, 42, 99, 7, 250, 31, 8, 64, 128, 3, 77]
 
 def _runner_greedy(model_dir, prompt: list[int], max_new: int) -> list[int]:
     """The same model in this process (the executor's code, no gRPC), one sequence, greedy."""
-    from executor_svc.model_runner import ModelRunner
+    from executor_svc.runner.model_runner import ModelRunner
     from pagoda import step as t
     from pagoda.params import SamplingParams
 

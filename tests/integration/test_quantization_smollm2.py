@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from executor_svc.memory import rss_bytes
+from executor_svc.loading.memory import rss_bytes
 from pagoda.launch.launcher import Launcher
 from pagoda_client import Client
 

@@ -93,7 +93,7 @@ def test_the_executor_extra_imports_every_module(executor_venv, workdir):
     failures = [f for f in report["failures"] if not (f.split(":")[0] in NEEDS_TRITON and "'triton'" in f)]
     assert not failures, failures
     assert not report["outside"], f"imported from outside the venv: {report['outside']}"
-    assert {"executor_svc.model_runner", "executor_svc.quant.int8", "executor_svc.kv.tier.store"} <= set(
+    assert {"executor_svc.runner.model_runner", "executor_svc.quant.int8", "executor_svc.kv.tier.store"} <= set(
         report["modules"]
     )
 

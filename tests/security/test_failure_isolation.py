@@ -20,7 +20,7 @@ from support.leases import leased_execute
 from support.pool import wait_pool_whole
 from support.tiny_model import hf_greedy
 
-from executor_svc.model_runner import ModelRunner
+from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.launch.launcher import LOOPBACK, free_port
 from pagoda.params import SamplingParams

@@ -18,8 +18,6 @@ import torch
 
 from executor_svc.attention import get_backend
 from executor_svc.attention.layer_states import LayerStates
-from executor_svc.device import dtype_name, resolve_device, resolve_dtype, resolve_kv_dtype
-from executor_svc.draft_model import DraftCheckpoint, DraftModel, load_draft_checkpoint
 from executor_svc.kv.cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 from executor_svc.loading.model_config import ModelConfig
 from executor_svc.loading.weights import load_checkpoint, validate_tensors
@@ -28,11 +26,13 @@ from executor_svc.models.layer_ops import LayerOps, get_layer_ops
 from executor_svc.models.registry import parse_model_config
 from executor_svc.models.rope import rope_switch_len
 from executor_svc.quant.modes import resolve_quantization
+from executor_svc.runner.device import dtype_name, resolve_device, resolve_dtype, resolve_kv_dtype
+from executor_svc.runner.draft_model import DraftCheckpoint, DraftModel, load_draft_checkpoint
+from executor_svc.runner.step_batch import StepBatch, build_step_batch
 from executor_svc.sampling.constraints import ConstraintEngine, StepMasks
 from executor_svc.sampling.prompt_logprobs import prompt_logprobs, with_prompt_logprobs
 from executor_svc.sampling.sampler import SampleRequest, sample
 from executor_svc.serving.sequence_table import SequenceState, SequenceTable
-from executor_svc.step_batch import StepBatch, build_step_batch
 from pagoda.params import SamplingParams
 from pagoda.step import ExecutorInfo, SeqError, SeqOutput, StepPlan, StepResult, StepTimings
 

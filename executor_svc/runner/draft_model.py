@@ -54,9 +54,9 @@ from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps
 from executor_svc.models.registry import parse_model_config
 from executor_svc.models.rope import rope_switch_len
+from executor_svc.runner.step_batch import build_step_batch
 from executor_svc.sampling.sampler import SampleRequest, sample
 from executor_svc.serving.sequence_table import SequenceState
-from executor_svc.step_batch import build_step_batch
 from pagoda.params import SamplingParams
 from pagoda.step import StepPlan
 
