@@ -1,4 +1,8 @@
-"""Scheduler configuration: one dataclass, filled from flags and PAGODA_* env."""
+"""Scheduler configuration: one dataclass, filled from flags and PAGODA_* env.
+
+Each executor's scheduler core gets its own `SchedulerConfig` (scheduler_svc/core/config.py), which the engine
+derives from this and what the executor reports.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from collections.abc import Sequence
 from pagoda.runtime.flags import parse_config, parse_size, setting
 from pagoda.runtime.shared_settings import log_format_setting, otlp_endpoint_setting
 from pagoda.step import MAX_DRAFT_TOKENS
-from scheduler_svc.core.scheduler_types import SPECULATIVE_METHODS
+from scheduler_svc.core.config import SPECULATIVE_METHODS
 
 # Drafts per sequence and step: beyond this the chance that all are accepted is negligible.
 MAX_SPECULATIVE_TOKENS = MAX_DRAFT_TOKENS

@@ -26,7 +26,8 @@ import structlog
 from pagoda.step import ExecutorInfo, FinishReason, StepPlan, StepResult
 from scheduler_svc.api import validation
 from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.core.scheduler import SchedulerConfig, SeqUpdate
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.scheduler import SeqUpdate
 from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
 from scheduler_svc.fleet.executor_handle import ExecutorHandle

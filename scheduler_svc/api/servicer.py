@@ -21,7 +21,7 @@ from pagoda.step import FinishReason
 from pagoda.tracing import traceparent_in
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 from scheduler_svc.api import convert
-from scheduler_svc.core.scheduler_types import DraftSource
+from scheduler_svc.core.config import DraftSource
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import (
     DeadlineExceeded,

@@ -36,8 +36,8 @@ from pagoda.step import (
     StepPlan,
     StepResult,
 )
+from scheduler_svc.core.config import SchedulerConfig as SchedulerConfig
 from scheduler_svc.core.scheduler_state import SchedulerState
-from scheduler_svc.core.scheduler_types import SchedulerConfig as SchedulerConfig
 from scheduler_svc.core.scheduler_types import SeqUpdate as SeqUpdate
 from scheduler_svc.core.sequence import SchedulerSequence, SequenceStatus
 from scheduler_svc.core.step_builder import StepBuilder, StepEntry

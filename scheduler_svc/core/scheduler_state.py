@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from pagoda.step import FinishReason
+from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request_queue import WaitingQueue
-from scheduler_svc.core.scheduler_types import SchedulerConfig, SequenceTracer, SeqUpdate
+from scheduler_svc.core.scheduler_types import SequenceTracer, SeqUpdate
 from scheduler_svc.core.sequence import SchedulerSequence, SequenceStatus
 from scheduler_svc.core.step_builder import StepEntry
 from scheduler_svc.kv.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pagoda.step import NewSequence, ScheduledSequence
-from scheduler_svc.core.scheduler_types import DraftSource
+from scheduler_svc.core.config import DraftSource
 from scheduler_svc.core.sequence import SchedulerSequence
 
 

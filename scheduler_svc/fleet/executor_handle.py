@@ -29,7 +29,8 @@ from pagoda.runtime.grpc_server import KEEPALIVE_OPTIONS, message_size_options
 from pagoda.step import ExecutorInfo, StepPlan, StepResult
 from pagoda.step_pb import info_from_pb, plan_to_pb, result_from_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
-from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.scheduler import Scheduler, SeqUpdate
 from scheduler_svc.core.scheduler_types import SequenceTracer
 from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.fleet.ownership import ExecutorView

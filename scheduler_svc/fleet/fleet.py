@@ -19,7 +19,7 @@ import structlog
 
 from pagoda.step import ExecutorInfo
 from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.core.scheduler import SchedulerConfig
+from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.fleet.discovery import resolve_targets
 from scheduler_svc.fleet.executor_handle import ExecutorHandle, ExecutorListener
 from scheduler_svc.fleet.ownership import HEARTBEAT_S, RESCUE_AFTER_S, Action, ExecutorView, Ownership

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pagoda.step import FinishReason, StepPlan, StepResult
-from scheduler_svc.core.scheduler_types import DraftSource
+from scheduler_svc.core.config import DraftSource
 from scheduler_svc.fleet.executor_handle import ExecutorHandle, ExecutorState
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ from collections.abc import KeysView, Sequence
 from typing import NamedTuple
 
 from pagoda.step import ScheduledSequence, StepTimings
-from scheduler_svc.core.scheduler_types import DraftSource, SchedulerConfig
+from scheduler_svc.core.config import DraftSource, SchedulerConfig
 from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.core.step_builder import StepBuilder, StepEntry
 from scheduler_svc.kv.kv_cache_manager import KVCacheManager, cdiv

@@ -21,8 +21,8 @@ import torch
 from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import StoppingCriteria
+from scheduler_svc.core.config import DraftSource
 from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.core.scheduler_types import DraftSource
 from scheduler_svc.core.sequence import SchedulerSequence
 from tests.executor.conftest import (
     GREEDY,

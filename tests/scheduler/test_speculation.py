@@ -11,8 +11,8 @@ from pagoda.constraint import Constraint
 from pagoda.params import SamplingParams, StoppingCriteria
 from pagoda.step import ScheduledSequence, SeqOutput, StepPlan, StepResult, StepTimings
 from scheduler_svc.config import SchedulerServiceConfig, load_config
+from scheduler_svc.core.config import DraftSource
 from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.core.scheduler_types import DraftSource
 from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.engine import Engine as ServiceEngine
 from scheduler_svc.spec.speculation import MIN_ACCEPTED_PER_ATTEMPT, AcceptanceRecord

@@ -13,8 +13,8 @@ from pagoda.step import ExecutorInfo
 from pagoda.v1 import generation_pb2
 from scheduler_svc.api.servicer import status_to_pb
 from scheduler_svc.config import SchedulerServiceConfig
+from scheduler_svc.core.config import DraftSource
 from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
-from scheduler_svc.core.scheduler_types import DraftSource
 from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import Unavailable
