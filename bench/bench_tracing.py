@@ -44,7 +44,7 @@ def run_workload(tracers: tuple[RequestTracer, StepTracer] | None) -> tuple[int,
     """The workload to its end; (output tokens, steps)."""
     requests = random_workload(64, (16, 512), (16, 256), seed=0, vocab_size=32000)
     config = SchedulerConfig(num_blocks=4096, block_size=16, max_num_batched_tokens=2048, max_model_len=4096)
-    scheduler = Scheduler(config)
+    scheduler = Scheduler(config, tracer=tracers[0] if tracers is not None else None)
     for r in requests:
         seq = SchedulerSequence(
             r.index,
