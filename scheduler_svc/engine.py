@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, Callable
 import grpc
 import structlog
 
+from pagoda.runtime.deadline import within
 from pagoda.step import ExecutorInfo, FinishReason, StepPlan, StepResult
 from scheduler_svc.api import validation
 from scheduler_svc.config import SchedulerServiceConfig
@@ -182,9 +183,9 @@ class Engine:
         self._log_admitted(state, resumed=request.resume is not None)
         try:
             while True:
-                remaining = deadline - time.monotonic()
                 try:
-                    out = await asyncio.wait_for(state.outputs.get(), timeout=max(remaining, 0))
+                    async with within(deadline - time.monotonic()):
+                        out = await state.outputs.get()
                 except asyncio.TimeoutError:
                     raise DeadlineExceeded(
                         f"request timed out after {request.timeout_s or self.config.request_timeout_s}s"
@@ -199,7 +200,8 @@ class Engine:
         if self._model_ready.is_set():
             return
         try:
-            await asyncio.wait_for(self._model_ready.wait(), timeout=max(deadline - time.monotonic(), 0))
+            async with within(deadline - time.monotonic()):
+                await self._model_ready.wait()
         except asyncio.TimeoutError:
             raise Unavailable("no executor has connected yet") from None
 

@@ -25,6 +25,7 @@ from typing import Protocol
 import grpc
 import structlog
 
+from pagoda.runtime.deadline import within
 from pagoda.runtime.grpc_server import KEEPALIVE_OPTIONS, message_size_options
 from pagoda.step import ExecutorInfo, StepPlan, StepResult
 from pagoda.step_pb import info_from_pb, plan_to_pb, result_from_pb
@@ -290,7 +291,8 @@ class ExecutorHandle:
                 if not in_flight:
                     await self._wait_for_work(reader)
                     continue
-                msg = await asyncio.wait_for(results.get(), timeout=self._step_timeout_s)
+                async with within(self._step_timeout_s):
+                    msg = await results.get()
                 if msg is None:
                     await reader  # raises why the stream ended
                     raise ConnectionError("executor stream ended")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 import urllib.request
 from urllib.parse import urlparse
 
 import openai
 import pytest
 from support.pool import wait_pool_whole
+from support.services import wait_until
+from support.system import paused
 
 from pagoda_client import Client
 
@@ -222,18 +223,17 @@ def _read_events(reply: http.client.HTTPResponse, count: int) -> list[dict]:
     return events
 
 
-def _num_aborted(base_url: str) -> float:
+def _num_finished(base_url: str, reason: str) -> float:
     with urllib.request.urlopen(f"{base_url}/metrics") as reply:
         for line in reply.read().decode().splitlines():
-            if line.startswith('pagoda:request_success_total{finished_reason="abort"}'):
+            if line.startswith(f'pagoda:request_success_total{{finished_reason="{reason}"}}'):
                 return float(line.split()[-1])
     return 0.0
 
 
 def test_client_disconnect_mid_stream_frees_the_blocks(http_system, grpc, model):
-    _, base_url = http_system
-    num_aborted = _num_aborted(base_url)
-    # ~1000 tokens take seconds on the tiny model: the request is still running when we hang up.
+    system, base_url = http_system
+    num_aborted, num_length = _num_finished(base_url, "abort"), _num_finished(base_url, "length")
     conn, reply = _open_stream(
         base_url,
         {"model": model, "prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "ignore_eos": True, "stream": True},
@@ -241,13 +241,14 @@ def test_client_disconnect_mid_stream_frees_the_blocks(http_system, grpc, model)
     assert reply.status == 200 and reply.getheader("Content-Type").startswith("text/event-stream")
     events = _read_events(reply, 3)
     assert all(e["choices"][0]["finish_reason"] is None for e in events)
-    status = grpc.status()
-    assert status.num_running == 1 and status.executors[0].num_free_kv_blocks < status.executors[0].num_kv_blocks
-    reply.close()
-    conn.close()
-    wait_pool_whole(grpc)
-    # The abort is counted when the scheduler has finished the request, which may come just after the pool is whole.
-    deadline = time.monotonic() + 10
-    while _num_aborted(base_url) < num_aborted + 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _num_aborted(base_url) == num_aborted + 1
+    # The executor paused: the request cannot run to its end whatever the machine's speed, so only the
+    # hang-up can end it, and an abort lost shows as no abort while paused (not as a "length" finish).
+    with paused(system.executor_pids[0]):
+        status = grpc.status()
+        assert status.num_running == 1 and status.executors[0].num_free_kv_blocks < status.executors[0].num_kv_blocks
+        reply.close()
+        conn.close()
+        wait_until(lambda: _num_finished(base_url, "abort") > num_aborted, 10, "the abort of the request hung up on")
+    wait_pool_whole(grpc, 30)
+    assert _num_finished(base_url, "abort") == num_aborted + 1
+    assert _num_finished(base_url, "length") == num_length

@@ -179,7 +179,8 @@ def test_a_scheduler_with_no_executor_is_not_serving_and_answers_unavailable(sys
         with Client(c.address, timeout=30, max_retries=0) as client, pytest.raises(PagodaError) as info:
             client.generate(token_ids=PROMPT, max_tokens=4)
         assert info.value.code == grpc.StatusCode.UNAVAILABLE and "holds no executor" in info.value.message
-        assert time.monotonic() - started < 2.0, "UNAVAILABLE at once, not after a wait"
+        # A wait would last the client's 30 s (or end with another message); the bound is for a loaded machine.
+        assert time.monotonic() - started < 10.0, "UNAVAILABLE at once, not after a wait"
         assert _split_evenly(system)
     finally:
         c.stop()
@@ -211,7 +212,8 @@ def test_requests_without_an_executor_end_unavailable_when_another_scheduler_liv
     streaming.join(timeout=30)
     assert not streaming.is_alive() and len(errors) == 1
     assert errors[0].code == grpc.StatusCode.UNAVAILABLE and "resume on another scheduler" in errors[0].message
-    assert 2.5 < time.monotonic() - killed_at < 10
+    # Not before the orphan timeout (3 s after the loss); the upper bound leaves a loaded machine room.
+    assert 2.5 < time.monotonic() - killed_at < 20
     assert check_health(b.address) == ServingStatus.NOT_SERVING
 
     executor.start().wait_serving()  # back: its owner takes it again

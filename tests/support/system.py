@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,3 +20,17 @@ def fp32_launcher(model_dir: Path, log_dir: Path, kv_cache_memory: str = "256KiB
 
     options.setdefault("startup_timeout_s", 120)
     return Launcher(str(model_dir), dtype="float32", kv_cache_memory=kv_cache_memory, log_dir=log_dir, **options)
+
+
+@contextlib.contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """The process stopped (SIGSTOP) inside the block and continued (SIGCONT) after, as a stalled machine would.
+
+    Keep the block short, seconds at most: a scheduler sees a paused executor's heartbeats time out (it keeps
+    driving it), and gRPC keepalive ends its stream after about 15 s without an answer.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
