@@ -179,7 +179,7 @@ def local_paths(settings: dict[str, dict[str, str]]) -> list[Path]:
 
 
 def podman_build_args() -> list[str]:
-    """pip's configuration and what it names, mounted read-only into every RUN; the host's network."""
+    """pip's configuration and what it names, mounted read-only into every RUN; the host's network; parallel stages."""
     settings = pip_settings()
     conf = CACHE / "pip.conf"
     lines = []
@@ -188,7 +188,9 @@ def podman_build_args() -> list[str]:
     conf.write_text("\n".join(lines) + "\n")
     mounts = [f"{conf}:/etc/pip.conf:ro"]
     mounts += [f"{path}:{path}:ro" for path in local_paths(settings)]
-    return ["--network", "host", *(arg for mount in mounts for arg in ("-v", mount))]
+    # --jobs: independent stages at once (the kernels compile while the executor's packages install).
+    jobs = ["--jobs", str(min(4, os.cpu_count() or 1))]
+    return ["--network", "host", *jobs, *(arg for mount in mounts for arg in ("-v", mount))]
 
 
 def reachable(url: str) -> bool:
@@ -228,7 +230,8 @@ def build(name: str) -> float:
         default_index = dockerfile_default(dockerfile, "TORCH_INDEX_URL")
         args += torch_index_args(CUDA_TORCH_INDEX if name == "executor-cuda" else default_index)
     if engine() == "podman":
-        args += podman_build_args()
+        # docker reads docker/<Dockerfile>.dockerignore by itself; podman 4 needs it named.
+        args += ["--ignorefile", f"docker/{dockerfile}.dockerignore", *podman_build_args()]
     log(f"building {tag} with {engine()} (at most {BUILD_TIMEOUT_S} s)")
     start = time.monotonic()
     run_engine([*args, str(ROOT)], BUILD_TIMEOUT_S, check=True, cwd=ROOT)
