@@ -66,9 +66,14 @@ def run_args(
     return [*args, container.spec["image"], *command[1:], *(container.spec.get("args") or [])]
 
 
+def remove_args(name: str) -> list[str]:
+    """`rm` at once, running or not (podman would first wait 10 s for SIGTERM; docker kills at once)."""
+    return ["rm", "-f", *(["-t", "0"] if engine() == "podman" else []), name]
+
+
 def start(container: Container, objects: list[dict], name: str, claims: dict[str, Path], overrides: dict[str, str]):
     """Start the container (any old one of that name removed first)."""
-    run_engine(["rm", "-f", "-t", "0", name], 120, capture_output=True)
+    run_engine(remove_args(name), 120, capture_output=True)
     log(f"starting {name} from {container.where}")
     run_engine(run_args(container, objects, name, claims, overrides), 300, check=True, capture_output=True)
 
@@ -106,12 +111,9 @@ def wait_exit(name: str, timeout_s: float) -> int:
 def remove(*names: str) -> None:
     """Remove the containers, running or not."""
     for name in names:
-        run_engine(["rm", "-f", "-t", "0", name], 120, capture_output=True)
+        run_engine(remove_args(name), 120, capture_output=True)
 
 
 def exec_in(name: str, *command: str) -> subprocess.CompletedProcess[str]:
     """Run a command in the running container (as its user)."""
     return run_engine(["exec", name, *command], 300, capture_output=True)
-
-
-__all__ = ["engine", "exec_in", "logs", "remove", "run_args", "start", "state", "wait_exit"]
