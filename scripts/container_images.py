@@ -89,11 +89,21 @@ def engine_env() -> dict[str, str]:
     return env
 
 
-def run_engine(args: list[str], timeout_s: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    """`<engine> args...`, bounded."""
+class EngineError(RuntimeError):
+    """An engine command failed; the message carries the command and the end of its output."""
+
+
+def run_engine(
+    args: list[str], timeout_s: float, check: bool = False, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    """`<engine> args...`, bounded; with `check`, a failure raises EngineError with what the engine said."""
     name = engine()
     assert name is not None, "no container engine"
-    return subprocess.run([name, *args], env=engine_env(), text=True, timeout=timeout_s, **kwargs)  # type: ignore[call-overload]
+    proc = subprocess.run([name, *args], env=engine_env(), text=True, timeout=timeout_s, **kwargs)  # type: ignore[call-overload]
+    if check and proc.returncode != 0:
+        said = ((proc.stdout or "") + (proc.stderr or ""))[-4000:]
+        raise EngineError(f"{name} {' '.join(args[:2])} ... failed with exit status {proc.returncode}:\n{said}")
+    return proc
 
 
 def image_exists(tag: str) -> bool:
