@@ -77,9 +77,6 @@ def system(tmp_path_factory):
     for folder in claims.values():
         folder.mkdir()
         folder.chmod(0o777)  # the pod's fsGroup makes a claim writable by the pod's user
-    init = next(c for c in containers(objects) if c.is_init and c.name == "model-init")
-    start(init, objects, MODEL_INIT, claims, {})
-    assert wait_exit(MODEL_INIT, SERVING_TIMEOUT_S) == 0, logs(MODEL_INIT)
     ports = {name: free_port() for name in ("executor", "executor_metrics", "scheduler", "http", "scheduler_metrics")}
     executor_address, scheduler_address = f"127.0.0.1:{ports['executor']}", f"127.0.0.1:{ports['scheduler']}"
     local = {"PAGODA_HOST": "127.0.0.1"}
@@ -93,7 +90,10 @@ def system(tmp_path_factory):
         "PAGODA_METRICS_PORT": str(ports["scheduler_metrics"]),
         "PAGODA_EXECUTORS": executor_address,
     }
+    init = next(c for c in containers(objects) if c.is_init and c.name == "model-init")
     try:
+        start(init, objects, MODEL_INIT, claims, {})
+        assert wait_exit(MODEL_INIT, SERVING_TIMEOUT_S) == 0, logs(MODEL_INIT)
         start(main_container(objects, "pagoda-executor"), objects, EXECUTOR, claims, executor_env)
         wait_until(
             f"executor SERVING on {executor_address}", lambda: serving(executor_address), SERVING_TIMEOUT_S, EXECUTOR
@@ -102,7 +102,7 @@ def system(tmp_path_factory):
         wait_until(f"scheduler SERVING on {scheduler_address}", lambda: serving(scheduler_address), 120, SCHEDULER)
         yield {"target": scheduler_address, "executor": executor_address, "kv_offload": claims["kv-offload"]}
     finally:
-        for name in (EXECUTOR, SCHEDULER):
+        for name in (MODEL_INIT, EXECUTOR, SCHEDULER):
             (volumes / f"{name}.log").write_text(logs(name))
         remove(SCHEDULER, EXECUTOR, MODEL_INIT)
 
