@@ -34,11 +34,12 @@ help:
 	@echo "make run KV_OFFLOAD=off  without the KV offload tier (on by default: ~/.cache/pagoda/kv-offload)"
 	@echo "make test              run every test (installs first)"
 	@echo "make integration-test  run only the tests that start real processes"
+	@echo "make image-test        build the images and start them as the k8s manifests do (docker or podman)"
 
 install: $(STAMP)
 
 # The C++ kernels (pagoda-kernels) rebuild when their sources change.
-KERNEL_SOURCES := $(wildcard executor_svc/native/csrc/*.cpp executor_svc/native/csrc/*.h executor_svc/native/csrc/setup.py) \
+KERNEL_SOURCES := $(wildcard executor_svc/native/csrc/*.cpp executor_svc/native/csrc/*.h executor_svc/native/csrc/*.py) \
 	executor_svc/native/variants.py
 
 $(TORCH_SPEC_FILE): FORCE
@@ -102,23 +103,24 @@ clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
 
 # --- Kubernetes manifests and container images (k8s/, docker/) ---
-.PHONY: k8s-validate image
-IMAGE_REGISTRY ?= ghcr.io/pagoda-llm
-IMAGE_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-CONTAINER_ENGINE ?= docker
-CUDA_TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
+.PHONY: k8s-validate image image-test
+# Registry and tags of the images (they match k8s/overlays); docker when its daemon answers, else podman
+# (CONTAINER_ENGINE=... to choose). scripts/container_images.py builds them (docs/deploy.md).
+IMAGE_ENV := $(if $(IMAGE_REGISTRY),IMAGE_REGISTRY=$(IMAGE_REGISTRY)) $(if $(CONTAINER_ENGINE),CONTAINER_ENGINE=$(CONTAINER_ENGINE)) \
+	$(if $(CUDA_TORCH_INDEX),CUDA_TORCH_INDEX=$(CUDA_TORCH_INDEX))
 
 # Render every overlay, validate each object against the Kubernetes schemas, run the consistency checks.
 k8s-validate: $(STAMP)
 	$(BIN)/python tests/k8s/k8s_validate.py
 
-# Scheduler (no torch) and executor images, CPU and CUDA; tags match k8s/overlays.
+# Scheduler (no torch) and executor images, CPU and CUDA.
 image:
-	$(CONTAINER_ENGINE) build -f docker/Dockerfile.scheduler -t $(IMAGE_REGISTRY)/pagoda-scheduler:$(IMAGE_VERSION) .
-	$(CONTAINER_ENGINE) build -f docker/Dockerfile.executor --build-arg VARIANT=cpu \
-		-t $(IMAGE_REGISTRY)/pagoda-executor:$(IMAGE_VERSION)-cpu .
-	$(CONTAINER_ENGINE) build -f docker/Dockerfile.executor --build-arg VARIANT=cuda \
-		--build-arg TORCH_INDEX_URL=$(CUDA_TORCH_INDEX) -t $(IMAGE_REGISTRY)/pagoda-executor:$(IMAGE_VERSION)-cuda .
+	$(IMAGE_ENV) $(PYTHON) -m scripts.container_images scheduler executor-cpu executor-cuda
+
+# Builds the scheduler and CPU executor images and starts them as k8s/overlays/cpu does: chat, kernel variant,
+# read-only non-root executor, SIGKILL and restart with the KV offload volume (tests/images).
+image-test: $(STAMP)
+	$(IMAGE_ENV) PAGODA_IMAGE_TEST=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/images $(PYTEST_ARGS)
 
 # --- Throwaway TLS certificates for local development (./certs/, git-ignored) ---
 .PHONY: certs

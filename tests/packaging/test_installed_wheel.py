@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.installed import (
+    NEEDS_TRITON,
     REPO,
     build_wheel,
     import_everything,
@@ -28,8 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # Folders of the tree that are not part of the wheel: the C++ kernels' own distribution, and caches.
 NOT_SHIPPED = ("native/csrc/", "__pycache__/")
-# Modules of the CUDA path: they import triton, which only CUDA builds of torch bring.
-NEEDS_TRITON = {"executor_svc.attention.triton_backend"}
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,12 @@ def pinned(distribution: str) -> str:
 
 # Imports every module under the given packages in an isolated interpreter (-I: no PYTHONPATH, no cwd on the
 # path) and reports the failures, the files outside the venv, and whether torch or numpy got imported.
-_IMPORT_ALL = """
+# Modules of the CUDA path: they import triton, which only CUDA builds of torch bring.
+NEEDS_TRITON = {"executor_svc.attention.triton_backend"}
+
+# Run by an installed interpreter with import roots as arguments: imports every module under them; prints a
+# JSON report (modules, failures, modules imported from outside the interpreter's prefix).
+IMPORT_ALL = """
 import importlib, json, pkgutil, sys
 failures, outside, modules = [], [], []
 for root in sys.argv[1:]:
@@ -100,5 +105,5 @@ print(json.dumps({"modules": modules, "failures": failures, "outside": outside,
 
 def import_everything(venv_dir: Path, roots: list[str], cwd: Path) -> dict:
     """Imports every module of `roots` in the venv's interpreter, from `cwd`; the report as a dict."""
-    out = run([str(venv_dir / "bin" / "python"), "-I", "-c", _IMPORT_ALL, *roots], 600, cwd=cwd)
+    out = run([str(venv_dir / "bin" / "python"), "-I", "-c", IMPORT_ALL, *roots], 600, cwd=cwd)
     return json.loads(out.strip().splitlines()[-1])

@@ -105,7 +105,16 @@ class BuildVariants(BuildExtension):
         )
 
 
+def use_precompiled_header() -> None:
+    """Compile through pch_cxx.py, which parses ATen once per variant instead of once per source."""
+    if os.environ.get("CXX", "").endswith("pch_cxx.py"):
+        return
+    os.environ["PAGODA_REAL_CXX"] = os.environ.get("CXX", "c++")
+    os.environ["CXX"] = str(HERE / "pch_cxx.py")
+
+
 VARIANTS = requested_variants()
+use_precompiled_header()
 
 setup(
     name="pagoda-kernels",
