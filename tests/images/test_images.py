@@ -148,7 +148,7 @@ def test_executor_image_holds_and_imports_every_package(system):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     failures = [f for f in report["failures"] if not (f.split(":")[0] in NEEDS_TRITON and "'triton'" in f)]
     assert not failures and not report["outside"], report
-    assert "executor_svc.model_runner" in report["modules"]
+    assert "executor_svc.runner.model_runner" in report["modules"]
 
 
 def test_a_sigkilled_executor_started_again_serves_from_its_kv_offload_volume(system):
