@@ -75,7 +75,7 @@ def run_workload(tracers: tuple[RequestTracer, StepTracer] | None) -> tuple[int,
 
 def _sampling(scheduler: Scheduler, plan: StepPlan) -> list[int]:
     """Sequences of the plan that sample this step (their entry says so)."""
-    entries = scheduler._inflight.get(plan.step_id, {})
+    entries = scheduler.inflight.entries(plan.step_id)
     return [seq_id for seq_id, entry in entries.items() if entry.samples]
 
 

@@ -192,8 +192,8 @@ def executor_status_to_pb(engine: Engine, executor: ExecutorHandle) -> generatio
             "num_running": s.num_running,
             "num_waiting": s.num_waiting,
             "num_kv_blocks": s.config.num_blocks,
-            "num_free_kv_blocks": s.num_free_blocks,
-            "kv_cache_usage": s.kv_cache_usage,
+            "num_free_kv_blocks": s.kv.num_free_blocks,
+            "kv_cache_usage": s.kv.usage,
             "num_tier_blocks": len(s.tier) if s.tier is not None else 0,
         }
     return generation_pb2.ExecutorStatus(**fields)

@@ -24,31 +24,166 @@ Pure Python: no torch, no numpy, no protos (pagoda.step's dataclasses are plain)
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 from pagoda.step import (
-    BlockLoad,
+    FinishReason,
     LogprobEntry,
-    NewSequence,
     ScheduledSequence,
     SeqError,
     StepPlan,
     StepResult,
 )
+from scheduler_svc.core.admission import Admission
 from scheduler_svc.core.config import SchedulerConfig as SchedulerConfig
-from scheduler_svc.core.scheduler_state import SchedulerState
+from scheduler_svc.core.inflight import InflightStep, InflightSteps
+from scheduler_svc.core.roster import Roster
+from scheduler_svc.core.scheduler_types import SchedulerCounters, SequenceTracer
 from scheduler_svc.core.scheduler_types import SeqUpdate as SeqUpdate
 from scheduler_svc.core.sequence import SchedulerSequence, SequenceStatus
 from scheduler_svc.core.step_builder import StepBuilder, StepEntry
+from scheduler_svc.kv.kv_cache_manager import BlockHasher, KVCacheManager, cdiv, hash_block_tokens
+from scheduler_svc.kv.tier_index import TierIndex
+from scheduler_svc.spec.speculation import Drafter
 
 # A sequence is planned at most this many tokens ahead of the results (the
 # engine keeps at most two plans in flight, so this only guards misuse).
 MAX_PENDING_TOKENS = 2
 
 
-class Scheduler(SchedulerState):
-    """Plans the steps of one executor and applies their results."""
+class Scheduler:
+    """Plans the steps of one executor and applies their results.
+
+    Its parts, each owning one thing: ``roster`` (where each sequence is), ``kv`` (block accounting and the
+    prefix cache), ``tier`` (the executor's offload tier as known here), ``drafter`` (speculation),
+    ``inflight`` (plans whose results have not arrived) and ``counters``.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        block_hasher: BlockHasher = hash_block_tokens,
+        tier_hashes: Iterable[int] = (),
+        tracer: SequenceTracer | None = None,
+    ):
+        """``tier_hashes``: what the executor's offload tier holds (its Describe), with ``config.kv_offload``;
+        ``tracer``: told of preemptions and restarts (None: tracing off)."""
+        self.config = config
+        self._clock = clock
+        self._tracer = tracer
+        self.tier = TierIndex(config.block_size, tier_hashes) if config.kv_offload else None
+        self.kv = KVCacheManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, block_hasher, self.tier
+        )
+        self.drafter = Drafter(config, self.kv) if config.speculative != "off" else None
+        self.roster = Roster(config.max_priority_wait_s)
+        self.inflight = InflightSteps()
+        self.counters = SchedulerCounters()
+        self._admission = Admission(config, self.roster, self.kv, self.tier, self.counters, tracer)
+        self._next_step_id = 0
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def running(self) -> list[SchedulerSequence]:
+        """Running sequences in rank order (do not modify)."""
+        return self.roster.running
+
+    @property
+    def num_running(self) -> int:
+        return len(self.roster.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.roster.waiting)
+
+    @property
+    def may_plan_ahead(self) -> bool:
+        """Whether the next plan may be built before the last one's result arrives.
+
+        Not while a step verifying drafts is in flight (how many tokens it adds is
+        unknown), nor while a sequence would draft (drafts follow the known tokens).
+        """
+        if self.inflight.verifying_drafts:
+            return False
+        drafter = self.drafter
+        if drafter is None or not drafter.allows(len(self.running)):
+            return True
+        return not any(drafter.wants(seq) for seq in self.running)
+
+    def has_unfinished(self) -> bool:
+        return len(self.roster) > 0
+
+    def get(self, seq_id: int) -> SchedulerSequence | None:
+        """The unfinished sequence with this id, or None."""
+        return self.roster.get(seq_id)
+
+    def can_fit(self, num_prompt_tokens: int, max_tokens: int) -> bool:
+        """Whether a request could ever run here: within max_model_len and the whole pool."""
+        num_tokens = num_prompt_tokens + max_tokens
+        return (
+            num_prompt_tokens > 0
+            and max_tokens > 0
+            and num_tokens <= self.config.max_model_len
+            and cdiv(num_tokens, self.config.block_size) <= self.config.num_blocks
+        )
+
+    def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
+        """Prompt tokens the prefix cache would serve now (for the router); no side effects."""
+        return self.kv.peek_prefix_hit_tokens(token_ids, cache_salt, self.config.long_rope(len(token_ids)))
+
+    # -- requests in and out ----------------------------------------------------
+
+    def add(self, seq: SchedulerSequence) -> None:
+        """Queues a sequence: new, or taken from another scheduler (then at its priority's head).
+
+        Raises:
+            ValueError: the id is in use, or the request can never fit (see can_fit).
+        """
+        if self.roster.get(seq.seq_id) is not None:
+            raise ValueError(f"seq_id {seq.seq_id} is already scheduled")
+        if not self.can_fit(seq.num_prompt_tokens, seq.stopping.max_tokens):
+            raise ValueError(
+                f"{seq.num_prompt_tokens} prompt + {seq.stopping.max_tokens} max tokens cannot fit "
+                f"(max_model_len {self.config.max_model_len}, "
+                f"{self.config.num_blocks} blocks of {self.config.block_size})"
+            )
+        if seq.arrival_time_s is None:
+            seq.arrival_time_s = self._clock()
+        self.roster.add(seq, front=seq.num_admissions > 0)
+
+    def finish(self, seq_id: int, reason: FinishReason, stop_reason: int | None = None) -> None:
+        """Stops a sequence (stop string, error); its blocks are freed now. Unknown id: no-op."""
+        seq = self.roster.get(seq_id)
+        if seq is None:
+            return
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self._release(seq)
+
+    def abort(self, seq_id: int) -> None:
+        """A cancelled request: finished with ABORT. Unknown id: no-op."""
+        self.finish(seq_id, FinishReason.ABORT)
+
+    def take_all(self) -> list[SchedulerSequence]:
+        """Removes every unfinished sequence and resets to empty (the executor is gone).
+
+        The sequences keep their prompt and outputs so far; pending tokens are
+        lost (the next executor samples them again) and nothing is computed.
+        Their drafting records go with this core's drafter: where they are
+        placed next, they start drafting afresh.
+        """
+        seqs = self.roster.take_all()
+        for seq in seqs:
+            seq.reset_for_recompute()
+            seq.num_pending_tokens = 0
+            seq.status = SequenceStatus.WAITING
+        self.kv.reset()
+        self.inflight.clear()
+        if self.drafter is not None:
+            self.drafter.forget_all()
+        return seqs
 
     # -- one step -----------------------------------------------------------------
 
@@ -57,30 +192,29 @@ class Scheduler(SchedulerState):
 
         An empty plan (no work, nothing dropped) does not use up its step_id.
         """
-        self._compact_running()
         if self.config.rope_switch_len:
             self._restart_past_rope_switch()
         step = StepBuilder(self.config.max_num_batched_tokens)
-        step.speculate = self._drafter is not None and self._drafter.speculates(self._running)
+        step.speculate = self.drafter is not None and self.drafter.speculates(self.roster.running)
         self._schedule_running(step)
         if not step.num_preempted:
-            self._schedule_waiting(step, self._clock())
+            self._admission.admit_waiting(step, self._clock())
         plan = StepPlan(
             step_id=self._next_step_id,
             new_seqs=tuple(step.new_seqs),
             scheduled_seqs=tuple(step.scheduled_seqs),
-            dropped_seq_ids=tuple(self._dropped),
-            saves=self._tier.take_saves() if self._tier is not None else (),
+            dropped_seq_ids=self.roster.take_dropped(),
+            saves=self.tier.take_saves() if self.tier is not None else (),
         )
-        self._dropped = []
         if plan.has_work:
-            self._inflight[plan.step_id] = step.entries
-            if step.num_drafts:
-                self._draft_steps[plan.step_id] = step.num_model_drafts > 0 and not step.model_catch_up
-            if self._drafter is not None and _is_decode(plan, self.config.speculative_max_batch):
-                self._decode_batches[plan.step_id] = len(plan.scheduled_seqs)
-            if step.num_loads:
-                self._plan_loads[plan.step_id] = step.num_loads
+            decode = self.drafter is not None and _is_decode(plan, self.config.speculative_max_batch)
+            inflight = InflightStep(
+                step.entries,
+                drafts=step.num_model_drafts > 0 and not step.model_catch_up if step.num_drafts else None,
+                decode_batch=len(plan.scheduled_seqs) if decode else 0,
+                num_loads=step.num_loads,
+            )
+            self.inflight.add(plan.step_id, inflight)
         if plan.has_work or plan.dropped_seq_ids or plan.saves:
             self._next_step_id += 1
         return plan
@@ -91,17 +225,17 @@ class Scheduler(SchedulerState):
         Outputs of sequences that finished meanwhile are ignored. A sequence the
         executor reports as failed finishes with ERROR (it dropped it already).
         """
-        entries = self._inflight.pop(result.step_id, None)
-        drafts = self._draft_steps.pop(result.step_id, None)
-        decode_batch = self._decode_batches.pop(result.step_id, 0)
-        if self._drafter is not None:
-            self._drafter.on_step(result.timings, decode_batch, drafts)
-        if self._tier is not None:
-            self._tier.apply(result)
-            self._tier.cost.observe(self._plan_loads.pop(result.step_id, 0), result)
-        if entries is None:
+        planned = self.inflight.pop(result.step_id)
+        if self.drafter is not None:
+            drafts, decode_batch = (planned.drafts, planned.decode_batch) if planned is not None else (None, 0)
+            self.drafter.on_step(result.timings, decode_batch, drafts)
+        if self.tier is not None:
+            self.tier.apply(result)
+            self.tier.cost.observe(planned.num_loads if planned is not None else 0, result)
+        if planned is None:
             # A plan without work, or a result from before take_all().
             return []
+        entries = planned.entries
         updates = self._apply_errors(result.errors, entries)
         outputs = {out.seq_id: out for out in result.outputs}
         for entry in entries.values():
@@ -114,7 +248,7 @@ class Scheduler(SchedulerState):
                 seq.add_prompt_logprobs(out.prompt_logprobs_start, out.prompt_logprobs)
             if not entry.samples:
                 if current:
-                    self._kv.cache_full_blocks(seq, entry.num_computed_after)
+                    self.kv.cache_full_blocks(seq, entry.num_computed_after)
                 continue
             if out is None and not current:
                 # An earlier admission's step that did not run (failed, or the executor had dropped it).
@@ -125,8 +259,8 @@ class Scheduler(SchedulerState):
                 message = f"executor returned {num} tokens for a step with {entry.num_drafts} drafts"
                 updates.append(self._fail(seq.seq_id, message))
                 continue
-            if entry.num_drafts and self._drafter is not None:
-                self._drafter.on_verified(seq, entry, len(out.token_ids) - 1, current)
+            if entry.num_drafts and self.drafter is not None:
+                self.drafter.on_verified(seq, entry, len(out.token_ids) - 1, current)
             updates.append(self._accept_tokens(seq, out.token_ids, out.logprobs, entry, current))
         return updates
 
@@ -134,7 +268,7 @@ class Scheduler(SchedulerState):
 
     def _schedule_running(self, step: StepBuilder) -> None:
         """Running sequences in rank order; a failed allocation preempts from the tail."""
-        running, block_size = self._running, self.config.block_size
+        running, block_size = self.roster.running, self.config.block_size
         # Preemption pops from the tail of both lists, so indices stay aligned.
         wanted = [self._num_wanted(seq) for seq in running]
         step.num_decodes_left = wanted.count(1)
@@ -147,7 +281,7 @@ class Scheduler(SchedulerState):
             if num_wanted == 1:
                 step.num_decodes_left -= 1
                 num_tokens = 1
-                if step.speculate and self._drafter is not None and self._drafter.schedule(seq, step):
+                if step.speculate and self.drafter is not None and self.drafter.schedule(seq, step):
                     continue
             else:
                 num_tokens = min(num_wanted, step.budget - step.num_decodes_left)
@@ -189,36 +323,26 @@ class Scheduler(SchedulerState):
         never a sequence already scheduled in this step (those come before seq).
         """
         while True:
-            new_block_ids = self._kv.allocate_slots(seq, num_tokens)
+            new_block_ids = self.kv.allocate_slots(seq, num_tokens)
             if new_block_ids is not None:
                 return new_block_ids
-            victim = self._running[-1]
+            victim = self.roster.running[-1]
             if victim is not seq and wanted.pop() == 1:
                 step.num_decodes_left -= 1
-            self._preempt(victim)
+            self._preempt_tail()
             step.num_preempted += 1
             if victim is seq:
                 return None
 
-    def _preempt(self, seq: SchedulerSequence) -> None:
-        """Frees the tail running sequence and puts it at the head of its priority."""
-        assert self._running[-1] is seq
+    def _preempt_tail(self) -> None:
+        """Frees the tail running sequence and puts it at the head of its priority; the executor drops it."""
+        seq = self.roster.running[-1]
         if self._tracer is not None:
             self._tracer.on_preempted(seq)
-        self._running.pop()
-        self._requeue(seq)
+        self.kv.free(seq)  # its full blocks stay cached
+        self.roster.preempt_tail()
         seq.num_preemptions += 1
-        self._num_preemptions += 1
-
-    def _requeue(self, seq: SchedulerSequence) -> None:
-        """Frees a sequence taken out of running (its full blocks stay cached) and puts it at the head of its
-        priority, to be recomputed; the executor drops it."""
-        self._kv.free(seq)
-        if seq.executor_holds:
-            self._dropped.append(seq.seq_id)
-        seq.reset_for_recompute()
-        seq.status = SequenceStatus.WAITING
-        self._waiting.push(seq, front=True)
+        self.counters.num_preemptions += 1
 
     def _restart_past_rope_switch(self) -> None:
         """Sequences on the short LongRoPE factors whose next token is past the switch restart on the long ones.
@@ -231,82 +355,15 @@ class Scheduler(SchedulerState):
         switch = self.config.rope_switch_len
         crossing = [
             seq
-            for seq in self._running
+            for seq in self.roster.running
             if seq.num_computed_tokens >= switch and not seq.long_rope and self._num_wanted(seq)
         ]
         for seq in crossing:
             if self._tracer is not None:
                 self._tracer.on_rope_switch(seq)
-            self._requeue(seq)
-            self.num_rope_restarts += 1
-        if crossing:
-            self._running = [seq for seq in self._running if seq.status is SequenceStatus.RUNNING]
-
-    def _schedule_waiting(self, step: StepBuilder, now_s: float) -> None:
-        """Admits waiting sequences in order while budget, seats and blocks last."""
-        while step.budget > 0 and len(self._running) < self.config.max_num_seqs:
-            head = self._waiting.peek(now_s)
-            # A preempted sequence waits for its pending token before it resumes.
-            if head is None or head[0].num_pending_tokens or not self._admit(head[0], head[1], step):
-                return
-
-    def _admit(self, seq: SchedulerSequence, aged: bool, step: StepBuilder) -> bool:
-        """Starts (or resumes) a sequence from its cached prefix: device hits, then tier loads; False if blocks
-        lack."""
-        bs = self.config.block_size
-        long_rope = self.config.long_rope(seq.num_tokens)
-        if long_rope != seq.long_rope:  # its blocks' hashes are the other factor set's
-            seq.long_rope, seq.block_hashes = long_rope, []
-        scored = seq.sampling.prompt_logprobs is not None  # every prompt token is computed (it is scored)
-        hits = [] if scored else self._kv.get_computed_blocks(seq)
-        tier = self._tier
-        loads_pay = tier is not None and tier.cost.loads_pay and not scored
-        num_loads = self._kv.count_tier_blocks(seq, len(hits)) if loads_pay else 0
-        num_hit_tokens = (len(hits) + num_loads) * bs
-        num_tokens = min(seq.num_tokens - num_hit_tokens, step.budget)
-        new_ids = self._kv.allocate_slots(seq, num_loads * bs + num_tokens, hits)
-        if new_ids is None:
-            return False
-        loads = tuple(BlockLoad(seq.block_hashes[len(hits) + j], new_ids[j]) for j in range(num_loads))
-        self._waiting.remove(seq)
-        self._kv.record_prefix_query(seq.num_tokens, num_hit_tokens)
-        self._count_hits(seq, num_hit_tokens, num_loads * bs)
-        seq.num_admissions += 1
-        seq.status = SequenceStatus.RUNNING
-        seq.num_computed_tokens = num_hit_tokens
-        seq.executor_holds = True
-        seq.rank = (float("-inf") if aged else float(seq.priority), self._next_admission)
-        self._next_admission += 1
-        bisect.insort(self._running, seq, key=_rank)
-        step.new_seqs.append(
-            NewSequence(
-                seq_id=seq.seq_id,
-                request_id=seq.request_id,
-                token_ids=tuple(seq.token_ids),
-                num_prompt_tokens=seq.num_prompt_tokens,
-                sampling=seq.sampling,
-                block_ids=tuple(seq.block_ids),
-                num_computed_tokens=num_hit_tokens,
-                num_scheduled_tokens=num_tokens,
-                structured=seq.structured,
-                traceparent=self._tracer.traceparent(seq.seq_id) if self._tracer is not None else "",
-                loads=loads,
-                long_rope=long_rope,
-            )
-        )
-        step.num_loads += num_loads
-        step.commit(seq, num_tokens)
-        return True
-
-    def _count_hits(self, seq: SchedulerSequence, num_hit_tokens: int, num_loaded_tokens: int) -> None:
-        """Usage counts the first admission's hits (or the one after a failed load); swaps count resumes."""
-        if seq.num_admissions == 0 or seq.recount_cached_tokens:
-            seq.num_cached_tokens = num_hit_tokens
-            seq.num_offloaded_tokens = num_loaded_tokens
-            seq.recount_cached_tokens = False
-        self._num_offload_hit_tokens += num_loaded_tokens
-        if num_loaded_tokens and seq.num_preemptions:
-            self._num_swaps += 1
+            self.kv.free(seq)  # its short blocks stay cached
+            self.roster.requeue(seq)
+            self.counters.num_rope_restarts += 1
 
     # -- update internals ------------------------------------------------------------
 
@@ -335,7 +392,7 @@ class Scheduler(SchedulerState):
         # Known and computed tokens reach the end of the next block to cache: it is full now.
         next_full_tokens = (seq.num_registered_blocks + 1) * config.block_size
         if current and min(entry.num_computed_after, len(seq.token_ids)) >= next_full_tokens:
-            self._kv.cache_full_blocks(seq, entry.num_computed_after)
+            self.kv.cache_full_blocks(seq, entry.num_computed_after)
         if finished:
             self._release(seq)
         return SeqUpdate(seq, token_ids[:num_taken], logprobs[:num_taken], finished)
@@ -347,7 +404,7 @@ class Scheduler(SchedulerState):
         """
         updates = []
         for err in errors:
-            seq = self._seqs.get(err.seq_id)
+            seq = self.roster.get(err.seq_id)
             entry = entries.get(err.seq_id)
             if seq is None or (entry is not None and not self._is_current(seq, entry)):
                 continue
@@ -363,18 +420,27 @@ class Scheduler(SchedulerState):
 
     def _recompute_after_miss(self, seq: SchedulerSequence, block_hashes: tuple[int, ...]) -> None:
         """The executor could not load blocks of seq and dropped it: forget them, admit it again at the head."""
-        if self._tier is not None:
-            self._tier.forget(block_hashes)
-        self._kv.free(seq)
-        self._running_dirty = True
-        seq.reset_for_recompute()  # the executor holds it no more
+        if self.tier is not None:
+            self.tier.forget(block_hashes)
+        self.kv.free(seq)
+        seq.executor_holds = False  # it dropped the sequence already
+        self.roster.requeue(seq)
         seq.recount_cached_tokens = seq.num_admissions == 1
-        seq.status = SequenceStatus.WAITING
-        self._waiting.push(seq, front=True)
 
+    def _fail(self, seq_id: int, message: str) -> SeqUpdate:
+        seq = self.roster.get(seq_id)
+        assert seq is not None
+        seq.error_message = message
+        self.finish(seq_id, FinishReason.ERROR)
+        return SeqUpdate(seq, (), (), True)
 
-def _rank(seq: SchedulerSequence) -> tuple[float, int]:
-    return seq.rank
+    def _release(self, seq: SchedulerSequence) -> None:
+        """Finishes a sequence: frees its blocks (full ones stay cached), schedules its drop."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.kv.free(seq)
+        self.roster.finish(seq)
+        if self.drafter is not None:
+            self.drafter.forget(seq.seq_id)
 
 
 def _is_decode(plan: StepPlan, max_batch: int) -> bool:

@@ -1,8 +1,9 @@
-"""The plain types of a scheduler core: what one step result did to a sequence, and what it tells the request
-tracer. Its configuration is in scheduler_svc/core/config.py."""
+"""The plain types of a scheduler core: what one step result did to a sequence, what the core counts, and what
+it tells the request tracer. Its configuration is in scheduler_svc/core/config.py."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from pagoda.step import LogprobEntry
@@ -18,6 +19,19 @@ class SeqUpdate(NamedTuple):
     logprobs: tuple[LogprobEntry, ...]
     # The sequence finished in this update (see seq.finish_reason).
     finished: bool
+
+
+@dataclass(slots=True)
+class SchedulerCounters:
+    """What one scheduler core counted since it started (the metrics export what grew since the last step)."""
+
+    num_preemptions: int = 0
+    # Sequences recomputed on LongRoPE's long factors after growing past the switch length.
+    num_rope_restarts: int = 0
+    # Prompt (or resumed) tokens loaded from the offload tier instead of computed.
+    num_offload_hit_tokens: int = 0
+    # Preempted sequences resumed by loading their blocks from the offload tier.
+    num_swaps: int = 0
 
 
 class SequenceTracer(Protocol):

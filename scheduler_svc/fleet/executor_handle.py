@@ -211,7 +211,7 @@ class ExecutorHandle:
         """(queued + running sequences, KV usage) for the router."""
         if self.scheduler is None:
             return (1 << 30, 1.0)
-        return (self.scheduler.num_running + self.scheduler.num_waiting, self.scheduler.kv_cache_usage)
+        return (self.scheduler.num_running + self.scheduler.num_waiting, self.scheduler.kv.usage)
 
     def _open_channel(self) -> grpc.aio.Channel:
         options = [*KEEPALIVE_OPTIONS, *message_size_options(EXECUTOR_MESSAGE_BYTES), *CHANNEL_OPTIONS]

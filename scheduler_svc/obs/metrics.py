@@ -160,11 +160,11 @@ class SchedulerMetrics:
     def on_step(self, plan: StepPlan, result: StepResult, duration_s: float, scheduler: Scheduler) -> None:
         """Record a step, and export what the scheduler core counted since the last one."""
         counts = (
-            scheduler.num_preemptions,
-            scheduler.prefix_cache_queries,
-            scheduler.prefix_cache_hits,
-            scheduler.num_offload_hit_tokens,
-            scheduler.num_swaps,
+            scheduler.counters.num_preemptions,
+            scheduler.kv.prefix_cache_queries,
+            scheduler.kv.prefix_cache_hits,
+            scheduler.counters.num_offload_hit_tokens,
+            scheduler.counters.num_swaps,
         )
         last = self._exported.get(scheduler, (0, 0, 0, 0, 0))
         self._exported[scheduler] = counts
@@ -271,5 +271,5 @@ def kv_cache_usage(gauges: EngineGauges) -> float:
     """Used / total KV blocks over every live executor."""
     live = [e.scheduler for e in gauges.executors.values() if e.scheduler is not None]
     total = sum(s.config.num_blocks for s in live)
-    used = sum(s.config.num_blocks - s.num_free_blocks for s in live)
+    used = sum(s.config.num_blocks - s.kv.num_free_blocks for s in live)
     return used / total if total else 0.0

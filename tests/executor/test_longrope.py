@@ -195,7 +195,7 @@ def test_the_scheduler_chooses_the_set_transformers_uses(backend, phi3_long, hf,
     got, scheduler = _serve(_runner(phi3_long, backend), REQUESTS)
     for seq_id, (prompt, max_tokens) in REQUESTS.items():
         assert got[seq_id] == _hf_generate(hf, prompt, max_tokens), seq_id
-    assert scheduler.num_rope_restarts == 2
+    assert scheduler.counters.num_rope_restarts == 2
 
 
 def test_one_long_factor_set_for_every_token_would_be_other_tokens(hf):

@@ -374,7 +374,7 @@ class Engine:
 
 def check_invariants(scheduler: Scheduler) -> None:
     """Block accounting is exact: refs equal table entries, sharing only of cached full blocks."""
-    pool = scheduler.kv_cache_manager.pool
+    pool = scheduler.kv.pool
     bs = scheduler.config.block_size
     free_ids = [block.block_id for block in pool.free_queue]
     assert len(free_ids) == len(set(free_ids)) == pool.num_free_blocks

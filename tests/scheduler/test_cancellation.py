@@ -83,7 +83,7 @@ async def _step_until(system: System, done: Callable[[], bool]) -> None:
 def _assert_aborted(system: System) -> None:
     assert _num_aborted(system.engine) == 1
     assert not system.engine._requests and not system.scheduler.has_unfinished()
-    assert system.scheduler.num_free_blocks == INFO.num_kv_blocks
+    assert system.scheduler.kv.num_free_blocks == INFO.num_kv_blocks
 
 
 async def test_a_hang_up_as_an_output_arrives_aborts_the_request():

@@ -72,7 +72,7 @@ def test_a_sequence_crossing_the_switch_is_recomputed_on_the_long_factors():
     assert new == NewSequence(
         1, "req-1", tokens, 10, SamplingParams(), new.block_ids, 0, 13, long_rope=True
     )  # fmt: skip
-    assert len(new.block_ids) == 4 and s.num_rope_restarts == 1 and s.num_preemptions == 0
+    assert len(new.block_ids) == 4 and s.counters.num_rope_restarts == 1 and s.counters.num_preemptions == 0
     # Its short blocks stayed cached for short sequences (of 12 tokens: the last one is computed, not a hit).
     assert s.peek_prefix_hit_tokens(tokens[:12]) == 8
     assert s.peek_prefix_hit_tokens(tokens) == 0  # 13 tokens: long, and no long block of them yet
@@ -184,4 +184,4 @@ def test_random_workloads_give_transformers_tokens(seed, variant):
         expected = reference_output(prompt, max_tokens, model=copy_model, rope_switch_len=SWITCH)
         assert engine.outputs[seq_id] == expected, seq_id
     crossing = sum(1 for prompt, max_tokens in work if len(prompt) <= SWITCH < len(prompt) + max_tokens - 1)
-    assert scheduler.num_rope_restarts >= crossing > 0
+    assert scheduler.counters.num_rope_restarts >= crossing > 0

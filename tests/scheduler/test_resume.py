@@ -234,7 +234,7 @@ async def test_bad_resume_input_names_the_field_and_harms_nothing(bad, message):
     expected = await _generate(_system(), _request({"seed": 3}, {"max_tokens": 24}))
     running = system.engine.generate(_request({"seed": 3}, {"max_tokens": 24}))
     outputs = [await _next(system, running)]  # another request, admitted and streaming
-    before = (system.scheduler.num_free_blocks, system.engine.num_running, system.engine.num_waiting)
+    before = (system.scheduler.kv.num_free_blocks, system.engine.num_running, system.engine.num_waiting)
     resume = ResumeFrom(bad.get("resume_id", "req-1"), bad.get("delivered", (5,)))
     request = dataclasses.replace(
         _request(bad.get("sampling", {"seed": 3}), bad.get("stopping", {"max_tokens": 24})),
@@ -245,7 +245,7 @@ async def test_bad_resume_input_names_the_field_and_harms_nothing(bad, message):
         await anext(system.engine.generate(request))
     assert str(caught.value).startswith(message)
     assert caught.value.field == message.split(":")[0]
-    after = (system.scheduler.num_free_blocks, system.engine.num_running, system.engine.num_waiting)
+    after = (system.scheduler.kv.num_free_blocks, system.engine.num_running, system.engine.num_waiting)
     assert after == before and len(system.engine._requests) == 1
     while not outputs[-1].finished:
         outputs.append(await _next(system, running))

@@ -104,7 +104,7 @@ def _three_running_in_six_blocks():
     assert [n.block_ids for n in plan.new_seqs] == [(0, 1), (2, 3), (4, 5)]
     s.update(result(plan, {1: 1, 2: 2, 3: 3}))
     plan = s.schedule()  # position 7 still fits the second block of each
-    assert scheduled(plan) == [(1, 1), (2, 1), (3, 1)] and s.num_free_blocks == 0
+    assert scheduled(plan) == [(1, 1), (2, 1), (3, 1)] and s.kv.num_free_blocks == 0
     s.update(result(plan, {1: 1, 2: 2, 3: 3}))
     return s
 
@@ -116,7 +116,7 @@ def test_preemption_takes_the_most_recently_admitted_and_resumes_it_later():
     assert plan.dropped_seq_ids == (3,) and plan.new_seqs == ()
     victim = s.get(3)
     assert victim.status is SequenceStatus.WAITING and victim.block_ids == []
-    assert victim.num_computed_tokens == 0 and (victim.num_preemptions, s.num_preemptions) == (1, 1)
+    assert victim.num_computed_tokens == 0 and (victim.num_preemptions, s.counters.num_preemptions) == (1, 1)
     check_invariants(s)
     s.update(result(plan, {1: 1, 2: 2}))
     s.finish(1, FinishReason.STOP)
@@ -187,7 +187,7 @@ def test_overlap_plans_a_decode_before_the_previous_result_arrives():
     assert plan1.scheduled_seqs == (ScheduledSequence(1, 1, (1,)),)
     assert (s.get(1).num_pending_tokens, s.get(1).num_computed_tokens) == (2, 5)
     empty = s.schedule()  # two tokens ahead of the results: wait
-    assert not empty.has_work and empty.step_id == 2 and s.num_inflight_steps == 2
+    assert not empty.has_work and empty.step_id == 2 and len(s.inflight) == 2
     (upd,) = s.update(result(plan0, {1: 40}))
     assert upd.new_token_ids == (40,) and s.get(1).token_ids == [5, 6, 7, 8, 40]
     plan2 = s.schedule()
@@ -262,7 +262,7 @@ def test_a_preempted_sequence_waits_for_its_pending_token_before_resuming():
     s.abort(1)  # blocks free up, but 2 must not resume without its token
     plan2 = s.schedule()
     assert plan2.dropped_seq_ids == (1,) and not plan2.has_work
-    assert s.num_free_blocks == 4
+    assert s.kv.num_free_blocks == 4
     updates = s.update(result(plan0, {1: 50, 2: 51}))
     assert [(u.seq.seq_id, u.new_token_ids) for u in updates] == [(2, (51,))]
     assert s.update(result(plan1, {1: 52})) == []
@@ -283,7 +283,7 @@ def test_abort_frees_blocks_now_and_drops_on_the_next_plan():
     s.abort(1)
     s.abort(1)
     s.abort(12345)
-    assert s.num_running == 1 and s.num_waiting == 0 and s.num_free_blocks == 8
+    assert s.num_running == 1 and s.num_waiting == 0 and s.kv.num_free_blocks == 8
     plan = s.schedule()
     assert plan.dropped_seq_ids == (1,) and scheduled(plan) == [(2, 1)]
     assert s.schedule().dropped_seq_ids == ()
@@ -300,7 +300,7 @@ def test_finish_by_the_engine_and_executor_errors():
     updates = s.update(result(plan, {1: 3}, errors=[SeqError(2, "boom")]))
     assert [(u.seq.seq_id, u.new_token_ids, u.finished) for u in updates] == [(2, (), True)]
     assert updates[0].seq.finish_reason is FinishReason.ERROR and updates[0].seq.error_message == "boom"
-    assert s.num_free_blocks == 10 and not s.has_unfinished()
+    assert s.kv.num_free_blocks == 10 and not s.has_unfinished()
     assert s.schedule().dropped_seq_ids == (1, 2)
 
 
@@ -312,7 +312,7 @@ def test_take_all_empties_the_scheduler_and_another_resumes_them():
     s.schedule()  # in flight when the executor dies
     seqs = s.take_all()
     assert [seq.seq_id for seq in seqs] == [1, 2]
-    assert s.num_free_blocks == 10 and not s.has_unfinished() and s.num_running == 0
+    assert s.kv.num_free_blocks == 10 and not s.has_unfinished() and s.num_running == 0
     assert seqs[0].num_pending_tokens == 0 and seqs[0].block_ids == [] and seqs[0].num_computed_tokens == 0
     other = make_sched(num_blocks=10, max_num_seqs=1)
     other.add(make_seq(3, range(4)))
@@ -349,9 +349,9 @@ def test_cached_prompt_tokens_and_prefix_counters():
     s.add(second)
     engine.run()
     assert second.num_cached_tokens == 16
-    assert (s.prefix_cache_queries, s.prefix_cache_hits) == (40, 16)
+    assert (s.kv.prefix_cache_queries, s.kv.prefix_cache_hits) == (40, 16)
     assert engine.outputs[2] == reference_output(list(second.prompt_token_ids), 2)
-    assert s.num_free_blocks == 20 and s.kv_cache_usage == 0.0
+    assert s.kv.num_free_blocks == 20 and s.kv.usage == 0.0
 
 
 def test_preemption_keeps_outputs_identical_to_an_unconstrained_run():
@@ -366,8 +366,8 @@ def test_preemption_keeps_outputs_identical_to_an_unconstrained_run():
             engine.step()
             check_invariants(s)
         engine.run()  # sends the last drops
-        assert engine.executor.seqs == {} and s.num_free_blocks == num_blocks
-        return dict(engine.outputs), s.num_preemptions
+        assert engine.executor.seqs == {} and s.kv.num_free_blocks == num_blocks
+        return dict(engine.outputs), s.counters.num_preemptions
 
     small, num_preemptions = run(num_blocks=12)
     large, no_preemptions = run(num_blocks=200)

@@ -100,7 +100,7 @@ class Harness:
         """Results in flight are lost; every sequence restarts on a fresh executor."""
         outputs, reasons = self.engine.outputs, self.engine.finish_reasons
         seqs = self.scheduler.take_all()
-        assert self.scheduler.num_free_blocks == self.config.num_blocks
+        assert self.scheduler.kv.num_free_blocks == self.config.num_blocks
         self.engine = self._new_engine()
         self.engine.outputs, self.engine.finish_reasons = outputs, reasons
         for seq in seqs:
@@ -155,8 +155,8 @@ def test_random_programs_keep_block_accounting_exact_and_drain(config, max_infli
         steps += 1
         assert steps < MAX_DRAIN_STEPS, "livelock: requests did not finish"
     engine.step()  # the last dropped ids
-    pool = scheduler.kv_cache_manager.pool
-    assert scheduler.num_free_blocks == harness.config.num_blocks
+    pool = scheduler.kv.pool
+    assert scheduler.kv.num_free_blocks == harness.config.num_blocks
     assert all(block.ref_cnt == 0 for block in pool.blocks)
     assert engine.executor.seqs == {}
     assert set(engine.finish_reasons) == set(harness.requests)
@@ -179,7 +179,7 @@ def test_greedy_outputs_under_a_tiny_pool_equal_those_under_a_huge_pool(prompts,
         for i, prompt in enumerate(fitting):
             scheduler.add(SchedulerSequence(i, f"r{i}", prompt, SamplingParams(), StoppingCriteria(max_tokens)))
         engine.run(max_steps=MAX_DRAIN_STEPS)
-        return dict(engine.outputs), scheduler.num_preemptions
+        return dict(engine.outputs), scheduler.counters.num_preemptions
 
     tiny, _ = run(num_blocks)
     huge, num_preemptions = run(1000)

@@ -58,8 +58,8 @@ def test_drafts_are_planned_and_rejected_ones_rolled_back():
     assert seq.output_token_ids == [3, 1, 2, 7]
     # KV of positions 0..7 stays; the block made for the rejected draft alone goes back.
     assert seq.num_computed_tokens == 8 and seq.block_ids == [0, 1]
-    assert s.num_free_blocks == 8 and s.drafter.stats[DraftSource.NGRAM].num_accepted_tokens == 2
-    assert [b.block_id for b in s.kv_cache_manager.pool.cached.values()] == [0, 1]
+    assert s.kv.num_free_blocks == 8 and s.drafter.stats[DraftSource.NGRAM].num_accepted_tokens == 2
+    assert [b.block_id for b in s.kv.pool.cached.values()] == [0, 1]
     # No n-gram ends in (2, 7): one token, into the block freed just now.
     assert s.schedule().scheduled_seqs == (ScheduledSequence(1, 1, (2,), ()),)
 
@@ -72,8 +72,8 @@ def test_a_block_with_rejected_kv_is_never_cached():
     assert plan.scheduled_seqs == (ScheduledSequence(1, 1, (3,), (5, 6)),)
     s.update(result(plan, {1: (9,)}))  # the first draft is rejected
     assert seq.num_computed_tokens == 6 and seq.block_ids == [0, 1, 2]
-    cached = {b.block_id for b in s.kv_cache_manager.pool.cached.values()}
-    assert cached == {0, 1, 2} and s.num_free_blocks == 7
+    cached = {b.block_id for b in s.kv.pool.cached.values()}
+    assert cached == {0, 1, 2} and s.kv.num_free_blocks == 7
 
 
 def test_eos_inside_an_accepted_run_ends_the_sequence_there():
@@ -84,7 +84,7 @@ def test_eos_inside_an_accepted_run_ends_the_sequence_there():
     # All accepted: the tokens after EOS are dropped, as plain decoding never made them.
     (update,) = s.update(result(plan, {1: (EOS, 5, 1, 2, 9)}))
     assert update.finished and update.new_token_ids == (EOS,)
-    assert seq.output_token_ids == [2, EOS] and s.num_free_blocks == 10
+    assert seq.output_token_ids == [2, EOS] and s.kv.num_free_blocks == 10
 
 
 def test_drafts_leave_room_for_max_tokens():
@@ -112,7 +112,7 @@ def test_too_many_tokens_for_the_drafts_fail_the_sequence():
     plan = s.schedule()
     (update,) = s.update(result(plan, {1: (1, 2, 3, 4, 5)}))
     assert update.finished and "5 tokens for a step with 3 drafts" in seq.error_message
-    assert s.num_free_blocks == 10
+    assert s.kv.num_free_blocks == 10
 
 
 def test_fruitless_attempts_pause_a_sequence_then_it_tries_again():
@@ -142,7 +142,7 @@ def test_greedy_outputs_with_speculation_equal_those_without():
         for i, prompt in enumerate(prompts):
             scheduler.add(SchedulerSequence(i, f"r{i}", prompt, SamplingParams(), StoppingCriteria(30)))
         num_steps = engine.run(max_steps=MAX_DRAIN_STEPS)
-        assert scheduler.num_free_blocks == 24
+        assert scheduler.kv.num_free_blocks == 24
         return dict(engine.outputs), num_steps
 
     plain, plain_steps = run("off")
@@ -185,8 +185,8 @@ def test_random_programs_with_speculation_keep_block_accounting_exact(config, ki
     else:
         raise AssertionError("livelock: requests did not finish")
     engine.step()  # the last dropped ids
-    assert scheduler.num_free_blocks == harness.config.num_blocks
-    assert all(block.ref_cnt == 0 for block in scheduler.kv_cache_manager.pool.blocks)
+    assert scheduler.kv.num_free_blocks == harness.config.num_blocks
+    assert all(block.ref_cnt == 0 for block in scheduler.kv.pool.blocks)
     assert engine.executor.seqs == {}
     harness.check_outputs()
 
@@ -238,7 +238,7 @@ def test_model_drafts_are_planned_as_a_count_and_rolled_back():
     timings = StepTimings(prepare_ns=1, forward_ns=8, sample_ns=1, draft_ns=5)
     (update,) = s.update(result(plan, {1: (7, 8, 9)}, timings))  # 2 drafts accepted, then its own token
     assert update.new_token_ids == (7, 8, 9) and seq.output_token_ids == [6, 7, 8, 9]
-    assert seq.num_computed_tokens == 8 and seq.block_ids == [0, 1] and s.num_free_blocks == 8
+    assert seq.num_computed_tokens == 8 and seq.block_ids == [0, 1] and s.kv.num_free_blocks == 8
     stats = s.drafter.stats
     assert (stats[DraftSource.MODEL].num_draft_tokens, stats[DraftSource.MODEL].num_accepted_tokens) == (4, 2)
     assert stats[DraftSource.NGRAM].num_drafts == 0

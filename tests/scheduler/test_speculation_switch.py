@@ -143,7 +143,7 @@ def test_not_adaptive_the_draft_model_drafts_in_every_step_even_where_it_loses()
     # The prefill, then 399 steps of one token each, with drafts but for the last (max_tokens leaves no room);
     # no probe step either.
     assert executor.model_drafts == [0] + [1] * 398 + [0] and scheduler.drafter.switch.on
-    assert scheduler.num_free_blocks == 300
+    assert scheduler.kv.num_free_blocks == 300
     service = load_config(["--speculative", "draft", "--speculative-adaptive", "false"])
     assert not ServiceEngine(service)._scheduler_config(executor_info()).speculative_adaptive
     assert load_config([]).speculative_adaptive
@@ -167,7 +167,7 @@ def test_outputs_and_blocks_stay_exact_while_the_draft_model_goes_off_and_on(mon
     else:
         raise AssertionError("livelock: requests did not finish")
     assert dict(engine.outputs) == {i: reference_output(p, 60 + i, model=copy_model) for i, p in prompts.items()}
-    assert scheduler.num_free_blocks == 40 and scheduler.num_preemptions > 0
+    assert scheduler.kv.num_free_blocks == 40 and scheduler.counters.num_preemptions > 0
     if draft is wrong_draft or draft_ns == 50:  # it cannot pay: off, on again, off for longer
         assert scheduler.drafter.switch.off_steps > 3 and len(bursts(executor.model_drafts)) > 2
 

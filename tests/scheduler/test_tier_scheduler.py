@@ -56,7 +56,7 @@ def test_blocks_the_tier_holds_are_loaded_into_fresh_blocks_after_the_device_hit
     (new,) = s.schedule().new_seqs
     assert new.loads == tuple(BlockLoad(h, b) for h, b in zip(hashes, new.block_ids))
     assert new.num_computed_tokens == 16 and new.num_scheduled_tokens == 2 and len(new.block_ids) == 5
-    assert s.num_offload_hit_tokens == 16 and s.prefix_cache_hits == 16 and s.num_swaps == 0
+    assert s.counters.num_offload_hit_tokens == 16 and s.kv.prefix_cache_hits == 16 and s.counters.num_swaps == 0
     assert s.get(1).num_cached_tokens == 16 and s.get(1).num_offloaded_tokens == 16
 
 
@@ -151,7 +151,7 @@ def test_a_failed_load_forgets_the_hashes_and_recomputes_the_sequence():
     errors = (SeqError(1, "tier miss", (hashes[2], hashes[3])),)
     assert s.update(result(plan, errors=errors)) == []
     assert seq.status is SequenceStatus.WAITING and seq.num_pending_tokens == 1
-    assert hashes[2] not in s.tier and hashes[0] in s.tier and s.num_free_blocks == 16
+    assert hashes[2] not in s.tier and hashes[0] in s.tier and s.kv.num_free_blocks == 16
     assert s.schedule().new_seqs == ()  # it waits for the plan in flight, which cannot give it a token
     # That plan's error is about the failed admission: void, it does not finish the sequence.
     assert s.update(result(second, errors=(SeqError(1, "unknown sequence 1"),))) == []
@@ -220,7 +220,7 @@ def test_an_over_subscribed_run_swaps_instead_of_recomputing_and_changes_no_toke
     tier = FakeTier()
     swapped, scheduler = _run(14, tier, prompts, 12)
     assert dict(swapped.outputs) == expected
-    assert scheduler.num_preemptions > 0 and scheduler.num_swaps > 0 and tier.num_loads > 0
+    assert scheduler.counters.num_preemptions > 0 and scheduler.counters.num_swaps > 0 and tier.num_loads > 0
     recomputed, baseline = _run(14, None, prompts, 12)
     assert dict(recomputed.outputs) == expected
     assert sum(p.num_scheduled_tokens for p in swapped.plans) < sum(p.num_scheduled_tokens for p in recomputed.plans)
@@ -241,7 +241,7 @@ def test_dropped_writes_and_bad_blocks_never_change_a_token(drop_every):
     tier = LossyTier(capacity=20, drop_every=drop_every)
     engine, scheduler = _run(12, tier, prompts, 10)
     assert dict(engine.outputs) == expected
-    assert scheduler.tier.num_failed_loads > 0 and scheduler.num_preemptions > 0
+    assert scheduler.tier.num_failed_loads > 0 and scheduler.counters.num_preemptions > 0
 
 
 def _ready_handle(address: str, scheduler: Scheduler):
