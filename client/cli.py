@@ -194,6 +194,8 @@ def format_status(status: ServerStatus) -> str:
             lines.append(f"  kv cache dtype: {e.kv_cache_dtype}")
         if e.quantization:
             lines.append(f"  quantization: {e.quantization}")
+        if e.batch_invariant:
+            lines.append("  batch-invariant: yes")
         if e.kernels:
             lines.append("  kernels: " + "  ".join(f"{part}={path}" for part, path in e.kernels.items()))
         if e.kv_offload:

@@ -114,6 +114,12 @@ class ExecutorConfig:
         "built, else torch",
         serve=True,
     )
+    batch_invariant: bool = setting(
+        False,
+        "every token the same bits as the same request alone, whatever else is in the step: chunk size, batch, "
+        "prefix-cache hits, preemption, speculation (docs/durability.md); the C++ kernels on a CPU, Triton on CUDA",
+        serve=True,
+    )
     num_threads: int | None = setting(None, "intra-op threads", serve=True, doc_default="torch default")
     max_message_bytes: int = setting(64 * 2**20, "largest plan message accepted", parse=parse_size)
     metrics_port: int = setting(0, "Prometheus `/metrics` port", doc_default="`0` (off)")

@@ -183,6 +183,7 @@ def build_runner(config: ExecutorConfig, model_path: str, draft_path: str | None
         quantization=config.quantization,
         quantized_activations=config.quantized_activations,
         draft_model_path=draft_path,
+        batch_invariant=config.batch_invariant,
     )
 
 

@@ -250,3 +250,5 @@ class ExecutorInfo:
     # LongRoPE (Phi-3 128k, Phi-3.5): the sequence length past which a sequence runs on the long factors
     # (original_max_position_embeddings); 0: the model has one factor set (or is served no longer than that).
     rope_switch_len: int = 0
+    # Every token is the bits the same request gives alone, whatever else is in the step (docs/durability.md).
+    batch_invariant: bool = False

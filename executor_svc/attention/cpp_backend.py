@@ -12,6 +12,14 @@ stored by the kernel too (one small C++ loop instead of two index_copy_ of
 transposed views per layer). An int8 cache is quantized by that store and
 read as int8 by both kernels, which apply the per-(token, head) scales
 themselves; SDPA prefill dequantizes what it gathers.
+
+Batch-invariant (``batch_invariant=True``, docs/durability.md): every query row,
+decode or prefill or a speculative verify row, runs the decode kernel as a row
+of its own, over keys 0..its position in one pass (the KV axis never split),
+so a row's bits depend on its sequence's tokens alone: not on the batch, the
+chunk size, or whether its prefix came from the cache. Prefill rows then read
+their keys once per row instead of once per 16-row tile (about twice the
+prefill kernel's attention time; bench/bench_batch_invariant.py).
 """
 
 from __future__ import annotations
@@ -58,6 +66,10 @@ class CppStepState:
     block_tables: torch.Tensor  # [D, max_blocks] int64, contiguous
     context_lens: torch.Tensor  # [D] int64
     prefill_spans: torch.Tensor | None  # [P, 4] int64 for the prefill kernel (bf16 models), else None
+    # Batch-invariant: every token is a decode row (block_tables and context_lens are then per token, [T]).
+    rows_per_token: bool = False
+    # Whether decode may split a row's keys over threads (not when batch-invariant; cpu_kernel.cpp).
+    split_kv: bool = True
 
 
 class CppAttentionBackend:
@@ -65,13 +77,17 @@ class CppAttentionBackend:
 
     name = "cpp"
 
-    def __init__(self, dtype: torch.dtype):
+    def __init__(self, dtype: torch.dtype, batch_invariant: bool = False):
         self.dtype = dtype
+        self.batch_invariant = batch_invariant
         self.kernel, self.prefill_kernel = load_kernels(dtype)
 
     def prepare(self, meta: AttentionMetadata) -> CppStepState:
         """Decode block tables and lengths once for the step."""
         num_decode = meta.num_decode_seqs
+        if self.batch_invariant and meta.prefills:
+            tables, lens = _token_rows(meta)
+            return CppStepState(meta, SdpaPrefill((), [], []), tables, lens, None, rows_per_token=True, split_kv=False)
         spans = None
         if meta.prefills and self.prefill_kernel is not None:
             spans = torch.tensor(
@@ -84,6 +100,7 @@ class CppAttentionBackend:
             block_tables=meta.block_tables[:num_decode].contiguous(),
             context_lens=meta.context_lens[:num_decode].contiguous(),
             prefill_spans=spans,
+            split_kv=not self.batch_invariant,
         )
 
     def forward(self, q, k, v, cache: LayerKV, state: CppStepState, scale: float) -> torch.Tensor:
@@ -95,11 +112,12 @@ class CppAttentionBackend:
         num_decode = meta.num_decode_seqs
         window, softcap = meta.sliding_window or 0, meta.logit_softcap or 0.0
         decode_args = (cache.k, cache.v, state.block_tables, state.context_lens, scale, window, softcap, *scales)
-        if not meta.prefills:
-            return self.kernel.paged_decode(q, *decode_args).view(num_tokens, num_heads * head_dim)
+        if not meta.prefills or state.rows_per_token:
+            out = self.kernel.paged_decode(q, *decode_args, split_kv=state.split_kv)
+            return out.view(num_tokens, num_heads * head_dim)
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         if num_decode:
-            out[:num_decode] = self.kernel.paged_decode(q[:num_decode], *decode_args)
+            out[:num_decode] = self.kernel.paged_decode(q[:num_decode], *decode_args, split_kv=state.split_kv)
         if state.prefill_spans is not None and _prefill_fits(q, cache.k):
             spans = state.prefill_spans
             self.prefill_kernel.paged_prefill(
@@ -108,6 +126,21 @@ class CppAttentionBackend:
         else:
             state.sdpa.run(q, k, v, cache, scale, out)
         return out.view(num_tokens, num_heads * head_dim)
+
+
+def _token_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block table [T, max_blocks], context length [T]) of every token as a decode row of its own: a prefill
+    row at position p sees keys 0..p through its sequence's table."""
+    num_decode = meta.num_decode_seqs
+    seq_rows = [torch.arange(num_decode, dtype=torch.int64)]
+    lens = [meta.context_lens[:num_decode]]
+    for span in meta.prefills:
+        assert span.query_start == sum(len(r) for r in seq_rows), "prefill rows follow the decode rows in order"
+        seq_rows.append(torch.full((span.num_query_tokens,), span.seq_index, dtype=torch.int64))
+        first = span.num_cached_tokens + 1
+        lens.append(torch.arange(first, first + span.num_query_tokens, dtype=torch.int64))
+    rows = torch.cat(seq_rows)
+    return meta.block_tables.index_select(0, rows).contiguous(), torch.cat(lens).to(torch.int64).contiguous()
 
 
 def _prefill_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

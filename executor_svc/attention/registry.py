@@ -70,13 +70,27 @@ BACKENDS.register(
 BACKENDS.register(Implementation("torch", lambda device, dtype: TorchAttentionBackend(dtype), auto_priority=0))
 
 
-def get_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+def get_backend(name: str, device: torch.device, dtype: torch.dtype, batch_invariant: bool = False) -> AttentionBackend:
     """The attention backend called ``name`` (or ``auto``'s choice) for a device and model dtype.
 
+    ``batch_invariant``: a query row's bits depend on its sequence alone, not on the rest of the step (the C++
+    kernels run every row as a decode row; Triton fixes its split of the keys). The torch backend cannot: SDPA
+    blocks queries and keys by the chunk's length.
+
     Raises:
-        ValueError: an unknown name, or a backend this machine cannot run.
+        ValueError: an unknown name, or a backend this machine cannot run (batch-invariant: the torch one).
     """
-    return BACKENDS.create(name, device, dtype)
+    backend = BACKENDS.create(name, device, dtype)
+    if not batch_invariant:
+        return backend
+    if isinstance(backend, cpp_backend.CppAttentionBackend):
+        return cpp_backend.CppAttentionBackend(dtype, batch_invariant=True)
+    if backend.name == "triton":
+        from executor_svc.attention.triton_backend import TritonAttentionBackend  # imports triton
+
+        return TritonAttentionBackend(dtype, batch_invariant=True)
+    reason = cpp_backend.unavailable(device, dtype) or f"the {backend.name!r} attention backend was asked for"
+    raise ValueError(f"batch-invariant attention needs the cpp (CPU) or triton (CUDA) backend: {reason}")
 
 
 def backend_names() -> tuple[str, ...]:

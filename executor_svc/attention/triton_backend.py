@@ -9,6 +9,11 @@ each token carries its own position. Sliding windows and soft-capped scores
 the same slot-mapping write as the torch backend. An int8 cache is a third switch: the kernel
 loads int8 rows and multiplies each by its (token, head) scale as it loads it (no separate
 dequantize pass); the write quantizes as the C++ store does (``kv_cache.quantize_rows``).
+
+It is batch-invariant as written: each (token, KV head) is one program that walks
+its keys block by block from position 0 in one order, never split across
+programs, so a row's bits do not depend on the rest of the step
+(``batch_invariant`` only records that it was asked for).
 """
 
 from __future__ import annotations
@@ -120,8 +125,9 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def __init__(self, dtype: torch.dtype):
+    def __init__(self, dtype: torch.dtype, batch_invariant: bool = False):
         self.dtype = dtype
+        self.batch_invariant = batch_invariant
 
     def prepare(self, meta: AttentionMetadata) -> TritonStepState:
         """Token -> sequence and token -> position maps, once per step."""

@@ -88,6 +88,7 @@ class FusedDecode:
             meta.sliding_window or 0,
             meta.logit_softcap or 0.0,
             config.rms_norm_eps,
+            state.split_kv,
         )
         return hidden
 

@@ -63,12 +63,14 @@ class ModelRunner:
         quantization: str = "auto",
         quantized_activations: str = "auto",
         draft_model_path: str | None = None,
+        batch_invariant: bool = False,
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.batch_invariant = batch_invariant
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, self.dtype)
         # Implementations by name first: a bad name fails before the weights are read.
-        self.backend = get_backend(attention_backend, self.device, self.dtype)
+        self.backend = get_backend(attention_backend, self.device, self.dtype, batch_invariant)
         if self.kv_dtype == torch.int8 and self.backend.name == "torch":
             log.warning(
                 "kv_cache_int8_fallback",
@@ -141,6 +143,7 @@ class ModelRunner:
             kv_cache_bytes=self.kv_cache.num_bytes,
             draft_kv_cache_bytes=self.draft.kv_cache.num_bytes if self.draft is not None else 0,
             rope_switch_len=self.rope_switch_len,
+            batch_invariant=self.batch_invariant,
         )
 
     def _build_model(self, tensors: dict[str, torch.Tensor], ops: LayerOps) -> DecoderModel:

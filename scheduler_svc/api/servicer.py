@@ -142,7 +142,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
 
 # ExecutorStatus fields that are the executor's Describe, as it is (empty until it has described itself).
-_DESCRIBED = ("incarnation_id", "kv_cache_dtype", "quantization", "draft_model", "kv_offload")
+_DESCRIBED = ("incarnation_id", "kv_cache_dtype", "quantization", "draft_model", "kv_offload", "batch_invariant")
 
 
 def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:

@@ -119,7 +119,7 @@ void pick_layout(Job& job) {
 // Splits per item so that the work units keep every thread busy.
 int64_t choose_splits(const Job& job, int64_t num_seqs) {
   const int64_t num_items = num_seqs * job.num_kv_heads, num_threads = at::get_num_threads();
-  if (num_threads <= 1 || num_items >= 4 * num_threads) return 1;
+  if (!job.split_kv || num_threads <= 1 || num_items >= 4 * num_threads) return 1;
   int64_t max_len = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t len = job.context_lens[s];
@@ -263,10 +263,12 @@ bool check_scales(const at::Tensor& k_cache, const std::optional<at::Tensor>& k_
 // int8 with k_scale / v_scale [KVH, NB, BS] fp32); block_tables: [S, MB]
 // int64; context_lens: [S] int64 (positions 0..len-1 visible; with window > 0
 // only the last `window`); softcap > 0: scores (already scaled) become
-// softcap * tanh(score / softcap). Returns [S, H, D] in q's dtype.
+// softcap * tanh(score / softcap); split_kv false: never split a row's keys
+// (Job::split_kv). Returns [S, H, D] in q's dtype.
 at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
                         at::Tensor context_lens, double scale, int64_t window, double softcap,
-                        const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+                        const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                        bool split_kv) {
   q = q.contiguous();
   block_tables = block_tables.contiguous();
   context_lens = context_lens.contiguous();
@@ -282,6 +284,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
   Job job{q.size(1), k_cache.size(0), q.size(2), q.size(1) / k_cache.size(0), k_cache.size(2), k_cache.size(1),
           block_tables.size(1), block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
           static_cast<float>(scale), window, static_cast<float>(softcap), kNatural};
+  job.split_kv = split_kv;
   auto out = at::empty_like(q);
   PAGODA_DISPATCH_FLOATS(q.scalar_type(), "paged_decode (query)", [&] {
     using Q = scalar_t;

@@ -42,6 +42,10 @@ struct Job {
   int lanes;  // Lanes: dim order of the fp32 accumulators (and fp32 queries)
   const float* k_scales = nullptr;  // [KVH, NB * BS] scales of an int8 cache's rows (else nullptr)
   const float* v_scales = nullptr;
+  // Whether decode may split a sequence's KV axis over threads when the batch is small (partial softmaxes
+  // merged at the end). A split changes how a row rounds with the batch beside it; off (batch-invariant
+  // serving): every row is one pass over its keys, the same at any batch and as a row of a prefill chunk.
+  bool split_kv = true;
 };
 
 // One kv head's paged rows [NB * BS, D] and, for an int8 cache, their scales [NB * BS] (else nullptr).

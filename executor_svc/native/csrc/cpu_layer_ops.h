@@ -18,7 +18,8 @@ void store_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache
               const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale);
 at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
                         at::Tensor context_lens, double scale, int64_t window, double softcap,
-                        const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale);
+                        const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                        bool split_kv);
 
 namespace pagoda::quant {
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t n,

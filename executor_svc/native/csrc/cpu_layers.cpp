@@ -97,7 +97,7 @@ void decode_layers(at::Tensor hidden, at::Tensor normed, at::Tensor positions, a
                    at::TensorList v_caches, const c10::List<std::optional<at::Tensor>>& k_scales,
                    const c10::List<std::optional<at::Tensor>>& v_scales, at::Tensor slot_mapping,
                    at::Tensor block_tables, at::Tensor context_lens, int64_t num_heads, int64_t num_kv_heads,
-                   double attn_scale, int64_t window, double softcap, double eps) {
+                   double attn_scale, int64_t window, double softcap, double eps, bool split_kv) {
   const int64_t layers = int64_t(k_caches.size());
   TORCH_CHECK(layers > 0 && int64_t(v_caches.size()) == layers && int64_t(k_scales.size()) == layers &&
                   int64_t(v_scales.size()) == layers && int64_t(norms.size()) == 2 * layers,
@@ -117,7 +117,7 @@ void decode_layers(at::Tensor hidden, at::Tensor normed, at::Tensor positions, a
     const std::optional<at::Tensor> k_scale = k_scales.get(i), v_scale = v_scales.get(i);
     store_kv(k, v, k_caches[i], v_caches[i], slot_mapping, k_scale, v_scale);
     const at::Tensor attn = paged_decode(heads.narrow(1, 0, num_heads), k_caches[i], v_caches[i], block_tables,
-                                         context_lens, attn_scale, window, softcap, k_scale, v_scale);
+                                         context_lens, attn_scale, window, softcap, k_scale, v_scale, split_kv);
     x = add_rms_norm(linear(attn.view({tokens, num_heads * head_dim}), 4 * i + 1), hidden, norms[2 * i + 1], eps);
     const at::Tensor mlp = linear(linear.gated(x, 4 * i + 2), 4 * i + 3);
     if (i + 1 < layers) {

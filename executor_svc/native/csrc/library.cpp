@@ -83,7 +83,7 @@ TORCH_LIBRARY(pagoda, m) {
       "Tensor(c!)? k_scale=None, Tensor(d!)? v_scale=None) -> ()");
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale, "
-      "int window, float softcap=0., Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
+      "int window, float softcap=0., Tensor? k_scale=None, Tensor? v_scale=None, bool split_kv=True) -> Tensor");
   m.def(
       "paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor spans, float scale, "
       "Tensor(a!) out, int window=0, float softcap=0., Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
@@ -93,5 +93,5 @@ TORCH_LIBRARY(pagoda, m) {
       "Tensor[] weights, Tensor?[] scales, Tensor?[] biases, int[] kinds, int[] out_features, "
       "int widen_above, Tensor[] norms, Tensor[] k_caches, Tensor[] v_caches, Tensor?[] k_scales, Tensor?[] v_scales, "
       "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, int num_kv_heads, "
-      "float attn_scale, int window, float softcap, float eps) -> ()");
+      "float attn_scale, int window, float softcap, float eps, bool split_kv=True) -> ()");
 }
