@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from executor_svc.attention.cpp_backend import CppStepState
-from executor_svc.models.layer_ops import PanelWeight
+from executor_svc.models.layer_ops import WIDENED_F32_PANEL, PanelWeight
 from executor_svc.models.mlp import GatedMlp
 from executor_svc.native import loader
 from executor_svc.quant.gguf_blocks import BlockLinear
@@ -137,7 +137,7 @@ def prepare(model: Any) -> tuple[FusedDecode | None, str]:
 
 def _linear(weight: Any) -> tuple[Any, ...] | None:
     """(tensor, scales, kind, out features, widen_above or None) of a packed weight, or None."""
-    if isinstance(weight, PanelWeight):
+    if isinstance(weight, PanelWeight) and weight.path != WIDENED_F32_PANEL:  # fp32 panels of bf16 rows: Python
         kind = PANEL_BF16 if weight.panels.dtype == torch.bfloat16 else PANEL_F32
         return weight.panels, None, kind, weight.out_features, None
     if isinstance(weight, Int8Linear) and weight.path in ("amx-int8", "vnni-int8"):

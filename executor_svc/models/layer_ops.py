@@ -107,10 +107,13 @@ class CppLayerOps:
 
     name = "cpp"
 
-    def __init__(self, pack_weights: bool | None = None):
+    def __init__(self, pack_weights: bool | None = None, batch_invariant: bool = False):
+        """``batch_invariant``: every linear layer runs a kernel whose output rows do not depend on the other
+        rows of the call (our panel GEMMs), never oneDNN or sgemm, which choose their blocking by M."""
         self.kernel, gemm = load_kernels()
         self.torch_ops = TorchLayerOps()  # unpacked linear layers, argmax of other dtypes or layouts
-        self.pack_weights = _can_pack() if pack_weights is None else pack_weights
+        self.batch_invariant = batch_invariant
+        self.pack_weights = batch_invariant or (_can_pack() if pack_weights is None else pack_weights)
         self.gemm = gemm if self.pack_weights else None
 
     def pack(self, weight, dense=False):
@@ -135,19 +138,40 @@ class CppLayerOps:
         if weight.dtype == torch.bfloat16 and self.gemm is not None and self.gemm.bf16_kernels_ready():
             path = "amx-panel" if self.gemm.amx_ready() else "avx512bf16-panel"
             return PanelWeight(self.gemm.pack_bf16(weight), weight.shape[0], path)
+        if self.batch_invariant:
+            return self._pack_invariant(weight)
         if weight.dtype == torch.bfloat16:
             return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight, None), weight.shape[0])
         if weight.dtype == torch.float32 and self.gemm is not None and weight.dim() == 2:
             return PanelWeight(self.gemm.pack_f32(weight), weight.shape[0], "avx512-panel")
         return weight
 
+    def _pack_invariant(self, weight: torch.Tensor) -> PanelWeight:
+        """A weight for the fp32 panels when no bf16 panel kernel runs here: bf16 weights widened (exactly),
+        multiplied in fp32 and rounded once, as the bf16 kernels round (twice the bytes a step reads).
+
+        Raises:
+            ValueError: this build has no AVX-512 panel GEMM, or the weight is neither bf16 nor fp32.
+        """
+        if self.gemm is None or weight.dtype not in (torch.bfloat16, torch.float32) or weight.dim() != 2:
+            raise ValueError(
+                "batch-invariant linear layers need the C++ panel GEMMs (an AVX-512 kernel build) and bf16 or fp32 "
+                f"weights; got {weight.dtype} weights and {'no' if self.gemm is None else 'a'} panel GEMM"
+            )
+        path = "avx512-panel" if weight.dtype == torch.float32 else WIDENED_F32_PANEL
+        return PanelWeight(self.gemm.pack_f32(weight.float()), weight.shape[0], path)
+
     def linear(self, x, weight, bias=None):
         if isinstance(weight, PackedWeight):
             return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
         if isinstance(weight, PanelWeight):
             flat = x.reshape(-1, x.shape[-1])
+            shape = (*x.shape[:-1], weight.out_features)
+            if weight.path == WIDENED_F32_PANEL:  # bf16 rows widened, fp32 sums rounded to bf16 once
+                b = None if bias is None else bias.float()
+                return self.gemm.linear_f32(flat.float(), weight.panels, weight.out_features, b).to(x.dtype).view(shape)
             gemm = self.gemm.linear_f32 if weight.panels.dtype == torch.float32 else self.gemm.linear_bf16
-            return gemm(flat, weight.panels, weight.out_features, bias).view(*x.shape[:-1], weight.out_features)
+            return gemm(flat, weight.panels, weight.out_features, bias).view(shape)
         return self.torch_ops.linear(x, weight, bias)
 
     def rms_norm(self, x, weight, eps):
@@ -185,11 +209,16 @@ class PackedWeight:
         self.out_features = out_features
 
 
+# The path of a bf16 weight held as fp32 panels (batch-invariant layer ops on an AVX-512 CPU without bf16 panels).
+WIDENED_F32_PANEL = "avx512-panel-widened"
+
+
 class PanelWeight:
     """A linear weight as column panels for native/cpu_gemm.cpp, fp32 or bf16 (only ``linear`` reads it).
 
-    ``path`` names the kernel that multiplies it: ``avx512-panel`` (fp32), ``amx-panel`` (bf16 on AMX tiles) or
-    ``avx512bf16-panel`` (bf16 on AVX512-BF16 dot products, CPUs without AMX).
+    ``path`` names the kernel that multiplies it: ``avx512-panel`` (fp32), ``amx-panel`` (bf16 on AMX tiles),
+    ``avx512bf16-panel`` (bf16 on AVX512-BF16 dot products, CPUs without AMX) or ``avx512-panel-widened`` (a bf16
+    weight as fp32 panels, for bf16 rows: batch-invariant layer ops where no bf16 panel kernel runs).
     """
 
     def __init__(self, panels: torch.Tensor, out_features: int, path: str):
@@ -232,11 +261,20 @@ LAYER_OPS.register(Implementation("cpp", lambda device, dtype: CppLayerOps(), un
 LAYER_OPS.register(Implementation("torch", lambda device, dtype: TorchLayerOps(), auto_priority=0))
 
 
-def get_layer_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> LayerOps:
+def get_layer_ops(
+    name: str, device: torch.device, dtype: torch.dtype = torch.float32, batch_invariant: bool = False
+) -> LayerOps:
     """The layer ops called ``name``; ``auto``: the C++ ops on a CPU where the installed kernels load, else
-    torch.
+    torch. ``batch_invariant``: linear layers whose output rows are the same bits whatever else is in the step
+    (the C++ ops only: torch's matmuls choose their blocking by the number of rows).
 
     Raises:
-        ValueError: an unknown name, or ops this machine cannot run.
+        ValueError: an unknown name, or ops this machine cannot run (batch-invariant: anything but the C++ ops).
     """
-    return LAYER_OPS.create(name, device, dtype)
+    ops = LAYER_OPS.create(name, device, dtype)
+    if not batch_invariant:
+        return ops
+    if not isinstance(ops, CppLayerOps):
+        reason = unavailable(device, dtype) or f"the {ops.name!r} layer ops were asked for"
+        raise ValueError(f"batch-invariant linear layers need the cpp layer ops: {reason}")
+    return CppLayerOps(batch_invariant=True)

@@ -38,6 +38,9 @@ class Target:
     dtype: torch.dtype
     kernels: Any  # executor_svc.native.loader.Kernels, when the layer ops are the C++ ones
     activations: str  # one of ACTIVATIONS
+    # One activation kind at every step size (a row's bits must not depend on how many rows the step has), and
+    # only the C++ kernels (torch's matmuls choose their blocking by the number of rows).
+    batch_invariant: bool = False
 
     @property
     def kernel_ops(self) -> Any:
@@ -48,22 +51,36 @@ class Target:
         path = int8.int8_path(self.kernels, self.device)
         if self.dtype not in (torch.float32, torch.bfloat16) or (path == "vnni-int8" and self.activations == "bf16"):
             path = "torch-int8"  # the kernels take fp32 / bf16 rows; VNNI has no bf16 widening
+        if self.batch_invariant and path == "torch-int8":
+            raise ValueError(
+                "batch-invariant int8 layers need the C++ int8 kernels (AVX512-VNNI or AMX-INT8) on fp32 / bf16 "
+                "rows, and on VNNI int8 activations"
+            )
         if self.activations == "int8" or path == "vnni-int8":
             return path, int8.ALWAYS
         if self.activations == "bf16" or self.device.type == "cuda":
             return path, 0
-        return path, int8.WIDEN_ABOVE_ROWS
+        # Batch-invariant auto: int8 activations at every step on AMX-INT8 too (never widened past 128 rows).
+        return path, int8.ALWAYS if self.batch_invariant else int8.WIDEN_ABOVE_ROWS
 
     def block_kernels(self) -> tuple[Any, int]:
         """(the kernels' ops for GGUF blocks, or None for the torch code; widen_above)."""
         kernels = self.kernels
-        if kernels is None or self.device.type != "cpu" or "avx512_vnni" not in kernels.features:
-            return None, int8.ALWAYS  # the torch code is weight-only whatever widen_above says
+        usable = kernels is not None and self.device.type == "cpu" and "avx512_vnni" in kernels.features
         # Widened steps run on the bf16 AMX blocks, or without AMX on AVX512-BF16 dot products.
-        widens = "avx512_bf16" in kernels.features or ("amx" in kernels.features and kernels.ops.amx_ready())
+        widens = usable and (
+            "avx512_bf16" in kernels.features or ("amx" in kernels.features and kernels.ops.amx_ready())
+        )
+        if self.batch_invariant and (not usable or (self.activations == "bf16" and not widens)):
+            raise ValueError(
+                "batch-invariant GGUF layers need the C++ block kernels (AVX512-VNNI; bf16 activations also "
+                "AVX512-BF16 or AMX)"
+            )
+        if not usable:
+            return None, int8.ALWAYS  # the torch code is weight-only whatever widen_above says
         if self.activations == "bf16":
             return (kernels.ops, 0) if widens else (None, int8.ALWAYS)
-        if self.activations == "int8" or not widens:
+        if self.activations == "int8" or not widens or self.batch_invariant:  # batch-invariant: one kind
             return kernels.ops, int8.ALWAYS
         return kernels.ops, gguf_blocks.WIDEN_ABOVE_ROWS
 
@@ -166,9 +183,18 @@ class Quantization:
 
 
 def resolve_quantization(
-    name: str, activations: str, model_path: str | Path, device: torch.device, dtype: torch.dtype, ops: LayerOps
+    name: str,
+    activations: str,
+    model_path: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    ops: LayerOps,
+    batch_invariant: bool = False,
 ) -> Quantization:
     """The effective quantization for these flags, model and layer ops (``auto``: gguf for a .gguf file, else none).
+
+    ``batch_invariant``: the quantized layers keep one activation kind at every step size and run only the C++
+    kernels (checked here, before any weight is read).
 
     Raises:
         ValueError: an unknown mode or activations choice, or a mode this model cannot take (named).
@@ -182,4 +208,9 @@ def resolve_quantization(
     if mode.gguf_only and Path(model_path).suffix != ".gguf":
         raise ValueError(f"--quantization {name} keeps a GGUF file's blocks; {model_path} is not a .gguf file")
     kernels = loader.kernels() if ops.name == "cpp" else None
-    return Quantization(mode, Target(device, dtype, kernels, activations))
+    target = Target(device, dtype, kernels, activations, batch_invariant)
+    if batch_invariant and mode.name == "int8":
+        target.int8_path()  # raises where the int8 layers could not be batch-invariant
+    elif batch_invariant and mode.name != "none":
+        target.block_kernels()
+    return Quantization(mode, target)
