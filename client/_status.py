@@ -49,6 +49,8 @@ class ExecutorStatus:
     """Its weights' quantization (as ModelInfo.quantization); empty until described."""
     draft_model: str = ""
     """The draft model proposing speculative tokens on it (empty: none; ExecutorInfo.draft_model)."""
+    batch_invariant: bool = False
+    """It serves batch-invariant (as ExecutorInfo.batch_invariant)."""
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ class ModelRunner:
                 detail="the torch attention backend dequantizes the int8 KV cache as it gathers it: correct, and the "
                 "same capacity, but no faster than a bf16 cache (the C++ kernels read int8; make install builds them)",
             )
-        # batch_invariant: linear layers whose rows do not depend on the rest of the step (attention: not yet).
+        # batch_invariant: linear layers whose rows do not depend on the rest of the step (attention: get_backend).
         base_ops = get_layer_ops(layer_ops, self.device, self.dtype, batch_invariant)
         self.quantization = resolve_quantization(
             quantization, quantized_activations, model_path, self.device, self.dtype, base_ops, batch_invariant

@@ -34,7 +34,7 @@ class Lease(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., epoch: _Optional[int] = ..., holder_id: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes", "rope_switch_len")
+    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes", "rope_switch_len", "batch_invariant")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class ExecutorInfo(_message.Message):
     KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROPE_SWITCH_LEN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     model_name: str
     architecture: str
@@ -98,7 +99,8 @@ class ExecutorInfo(_message.Message):
     kv_cache_bytes: int
     draft_kv_cache_bytes: int
     rope_switch_len: int
-    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ..., rope_switch_len: _Optional[int] = ...) -> None: ...
+    batch_invariant: bool
+    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ..., rope_switch_len: _Optional[int] = ..., batch_invariant: _Optional[bool] = ...) -> None: ...
 
 class BlockLoad(_message.Message):
     __slots__ = ("block_hash", "block_id")

@@ -144,7 +144,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "max_prompt_tokens", "max_new_tokens", "kv_cache_dtype", "quantization")
+    __slots__ = ("model_name", "architecture", "dtype", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "max_prompt_tokens", "max_new_tokens", "kv_cache_dtype", "quantization", "batch_invariant")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class ModelInfo(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     dtype: str
@@ -167,7 +168,8 @@ class ModelInfo(_message.Message):
     max_new_tokens: int
     kv_cache_dtype: str
     quantization: str
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
+    batch_invariant: bool
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., batch_invariant: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "chat", "add_special_tokens")
@@ -204,7 +206,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorStatus(_message.Message):
-    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype", "quantization", "draft_model")
+    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype", "quantization", "draft_model", "batch_invariant")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +230,7 @@ class ExecutorStatus(_message.Message):
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     address: str
     incarnation_id: str
     state: str
@@ -244,7 +247,8 @@ class ExecutorStatus(_message.Message):
     kv_cache_dtype: str
     quantization: str
     draft_model: str
-    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ...) -> None: ...
+    batch_invariant: bool
+    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., batch_invariant: _Optional[bool] = ...) -> None: ...
 
 class ServerStatus(_message.Message):
     __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers", "spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total", "offload_hit_tokens_total", "num_swaps_total", "spec_model_num_drafts_total", "spec_model_draft_tokens_total", "spec_model_accepted_tokens_total")
