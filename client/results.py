@@ -153,3 +153,5 @@ class ModelInfo:
     """What the KV cache stores: the model dtype, or ``int8`` (quantized rows with scales)."""
     quantization: str = ""
     """The linear weights' quantization: ``none``, ``int8``, or a GGUF file's block types as stored."""
+    batch_invariant: bool = False
+    """Whether the executors serve batch-invariant: a request's tokens do not depend on the load beside it."""

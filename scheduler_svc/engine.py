@@ -342,6 +342,15 @@ class Engine:
                 expected=self.model.model_name,
             )
             return False
+        elif info.batch_invariant != self.model.batch_invariant:
+            # Served, but a request that moves between the two (failover, rebalancing) may change its tokens.
+            log.warning(
+                "executor_batch_invariance_differs",
+                executor=executor.address,
+                batch_invariant=info.batch_invariant,
+                first_executor=self.model.batch_invariant,
+                hint="start every executor with the same --batch-invariant",
+            )
         return True
 
     def on_executor_ready(self, executor: ExecutorHandle, info: ExecutorInfo) -> None:
