@@ -83,12 +83,9 @@ def w_mixed(mode: str, rounds: int) -> None:
         ".",
         "--rounds",
         str(rounds),
-        "--serve-args",
-        SERVE_ARGS[mode],
-        "--serve-args-b",
-        "--batch-invariant",
-        "--bench-args",
-        W_MIXED,
+        f"--serve-args={SERVE_ARGS[mode]}",
+        "--serve-args-b=--batch-invariant",
+        f"--bench-args={W_MIXED}",
     ]
     print(f"\n== {mode}: W-mixed served, A default vs B --batch-invariant\n$ {' '.join(command)}", flush=True)
     subprocess.run(command, check=True, cwd=here.parent, timeout=3 * 3600)
@@ -103,6 +100,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--w-mixed", action="store_true", help="then served W-mixed throughput (bench/ab_serve.py)")
+    parser.add_argument("--no-steps", action="store_true", help="skip the step table")
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -111,7 +109,7 @@ def main() -> int:
         model = str(prepare_default_model())
     print(f"model {model}  threads {torch.get_num_threads()}")
     modes = args.modes.split(",")
-    for mode in modes:
+    for mode in modes if not args.no_steps else ():
         step_table(model, mode, [int(b) for b in args.batches.split(",")], args.context, args.steps, args.rounds)
     if args.w_mixed:
         for mode in modes:
