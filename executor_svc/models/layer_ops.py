@@ -9,6 +9,7 @@ A new implementation is one class plus one ``LAYER_OPS.register`` entry.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Protocol
 
 import torch
@@ -265,16 +266,21 @@ def get_layer_ops(
     name: str, device: torch.device, dtype: torch.dtype = torch.float32, batch_invariant: bool = False
 ) -> LayerOps:
     """The layer ops called ``name``; ``auto``: the C++ ops on a CPU where the installed kernels load, else
-    torch. ``batch_invariant``: linear layers whose output rows are the same bits whatever else is in the step
-    (the C++ ops only: torch's matmuls choose their blocking by the number of rows).
+    torch. ``batch_invariant``: linear layers whose output rows are the same bits whatever else is in the step:
+    the C++ ops on a CPU, ``auto`` on CUDA the Triton ones (models/triton_layer_ops.py); torch's own matmuls
+    choose their blocking by the number of rows.
 
     Raises:
-        ValueError: an unknown name, or ops this machine cannot run (batch-invariant: anything but the C++ ops).
+        ValueError: an unknown name, or ops this machine cannot run (batch-invariant: the torch ops).
     """
     ops = LAYER_OPS.create(name, device, dtype)
     if not batch_invariant:
         return ops
-    if not isinstance(ops, CppLayerOps):
-        reason = unavailable(device, dtype) or f"the {ops.name!r} layer ops were asked for"
-        raise ValueError(f"batch-invariant linear layers need the cpp layer ops: {reason}")
-    return CppLayerOps(batch_invariant=True)
+    if isinstance(ops, CppLayerOps):
+        return CppLayerOps(batch_invariant=True)
+    if name == "auto" and device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        from executor_svc.models.triton_layer_ops import TritonLayerOps  # imports triton
+
+        return TritonLayerOps()
+    reason = unavailable(device, dtype) or f"the {ops.name!r} layer ops were asked for"
+    raise ValueError(f"batch-invariant linear layers need the cpp layer ops (CPU) or triton (CUDA): {reason}")
