@@ -63,7 +63,8 @@ def _linear_kernel(
         b = tl.load(
             w_ptr + cols[None, :] * stride_wn + k[:, None], mask=(cols[None, :] < N) & (k[:, None] < K), other=0.0
         )
-        if IEEE:  # fp32 (or, interpreted, bf16 widened: exact products) as IEEE fp32, not TF32
+        # fp32 (or, interpreted, bf16 widened: exact products) as IEEE fp32, not TF32; a constexpr branch
+        if IEEE:  # noqa: SIM108
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
