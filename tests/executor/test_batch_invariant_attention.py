@@ -3,7 +3,7 @@
 Decode alone, decode beside a long sequence or in a batch of 32, a row of a
 prefill chunk of any size (1..CONTEXT), a chunk after a cached prefix, and a
 short verify span (speculation): all the same row, for a bf16 and an int8
-cache. The default paths differ (the strict xfails of
+cache (and an fp32 one, whose default prefill is SDPA). The default paths differ (the strict xfails of
 test_batch_invariance_kernels.py: decode's split of the keys, and the prefill
 kernel's other algorithm).
 """
@@ -16,6 +16,7 @@ import torch
 from executor_svc.attention.cpp_backend import CppAttentionBackend, CppStepState, _token_rows
 from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
 from executor_svc.attention.registry import get_backend
+from executor_svc.kv.cache import LayerKV
 from tests.executor.test_batch_invariance_kernels import BLOCK, CONTEXT, HEAD_DIM, POSITIONS, _sequence
 
 SCALE = HEAD_DIM**-0.5
@@ -60,10 +61,10 @@ def backend(cpp_kernel) -> CppAttentionBackend:
     return backend
 
 
-@pytest.mark.parametrize("kv", ["bf16", "int8"])
+@pytest.mark.parametrize("kv", ["bf16", "int8", "fp32"])
 def test_unsplit_decode_row_does_not_depend_on_the_batch(cpp_kernel, kv):
     """split_kv=False: beside one long sequence (which made the default split) and in a batch of 32."""
-    q, cache, table = _sequence(kv)
+    q, cache, table = _cache(kv)
     bad = []
     for p in range(0, CONTEXT, 7):
         alone = _decode_unsplit(cpp_kernel, q, cache, table, [p])[0]
@@ -73,6 +74,14 @@ def test_unsplit_decode_row_does_not_depend_on_the_batch(cpp_kernel, kv):
     assert bad == []
 
 
+def _cache(kv: str):
+    """(q, cache, table) of test_batch_invariance_kernels' sequence; fp32: an fp32 model's queries and cache."""
+    if kv != "fp32":
+        return _sequence(kv)
+    q, cache, table = _sequence("bf16")
+    return q.float(), LayerKV(cache.k.float(), cache.v.float()), table
+
+
 def _decode_unsplit(ops, q, cache, table, positions: list[int]) -> torch.Tensor:
     lens = torch.tensor([p + 1 for p in positions], dtype=torch.int64)
     tables = table.expand(len(positions), -1).contiguous()
@@ -80,11 +89,11 @@ def _decode_unsplit(ops, q, cache, table, positions: list[int]) -> torch.Tensor:
     return ops.paged_decode(q[positions].contiguous(), cache.k, cache.v, tables, lens, SCALE, 0, 0.0, *scales, False)
 
 
-@pytest.mark.parametrize("kv", ["bf16", "int8"])
+@pytest.mark.parametrize("kv", ["bf16", "int8", "fp32"])
 def test_prefill_rows_equal_decode_rows_at_every_chunk_size(backend, kv):
     """Every position as a row of chunks of 1, 16, 100 and CONTEXT queries (each after its cached prefix),
     behind two decode rows, equals that position decoded alone."""
-    q, cache, table = _sequence(kv)
+    q, cache, table = _cache(kv)
     alone = torch.stack([_decode_unsplit(backend.kernel, q, cache, table, [p])[0] for p in range(CONTEXT)])
     decode_positions = [CONTEXT - 1, 3]
     for chunk in (1, 16, 100, CONTEXT):
@@ -95,10 +104,10 @@ def test_prefill_rows_equal_decode_rows_at_every_chunk_size(backend, kv):
         assert torch.equal(out[:2], alone[decode_positions])
 
 
-@pytest.mark.parametrize("kv", ["bf16", "int8"])
+@pytest.mark.parametrize("kv", ["bf16", "int8", "fp32"])
 def test_a_verify_span_equals_the_rows_decoded_one_by_one(backend, kv):
     """Speculation verifies 1 + drafts rows as one short span; each equals its position decoded."""
-    q, cache, table = _sequence(kv)
+    q, cache, table = _cache(kv)
     for p in POSITIONS[1:]:
         span = [(p - 3, 4)]
         out = _attend(backend, q[p - 3 : p + 1].contiguous(), cache, _meta(table, [], span))
