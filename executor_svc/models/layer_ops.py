@@ -281,6 +281,6 @@ def get_layer_ops(
     if name == "auto" and device.type == "cuda" and importlib.util.find_spec("triton") is not None:
         from executor_svc.models.triton_layer_ops import TritonLayerOps  # imports triton
 
-        return TritonLayerOps()
+        return TritonLayerOps(TorchLayerOps())
     reason = unavailable(device, dtype) or f"the {ops.name!r} layer ops were asked for"
     raise ValueError(f"batch-invariant linear layers need the cpp layer ops (CPU) or triton (CUDA): {reason}")

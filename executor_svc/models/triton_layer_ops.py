@@ -22,12 +22,11 @@ a tuned path.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-
-from executor_svc.models.layer_ops import TorchLayerOps
 
 BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -95,11 +94,30 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, N, eps, stride, A
     )
 
 
-class TritonLayerOps(TorchLayerOps):
-    """The torch ops with the linear layers and RMSNorms as fixed-configuration Triton kernels (CUDA)."""
+class TritonLayerOps:
+    """The linear layers and RMSNorms as fixed-configuration Triton kernels (CUDA); the rest is ``base``'s, the torch
+    ops (models/layer_ops.py passes them: this module imports nothing of it)."""
 
     name = "triton"
     batch_invariant = True
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def pack(self, weight: torch.Tensor, dense: bool = False) -> torch.Tensor:
+        return weight
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.base.silu_and_mul(gate_up)
+
+    def rotary_for(self, rope: Any, rope_rows: torch.Tensor) -> Any:
+        return self.base.rotary_for(rope, rope_rows)
+
+    def rotate(self, x: torch.Tensor, rotary: Any) -> torch.Tensor:
+        return self.base.rotate(x, rotary)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.base.argmax(logits)
 
     def linear(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()

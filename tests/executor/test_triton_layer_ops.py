@@ -20,7 +20,8 @@ from executor_svc.models.layer_ops import TorchLayerOps
 from executor_svc.models.triton_layer_ops import TritonLayerOps
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-ops, ref = TritonLayerOps(), TorchLayerOps()
+ref = TorchLayerOps()
+ops = TritonLayerOps(ref)
 gen = torch.Generator().manual_seed(0)
 for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float32, 1e-5)):
     for k, n, bias in ((96, 80, False), (200, 130, True)):

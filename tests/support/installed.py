@@ -78,7 +78,7 @@ def pinned(distribution: str) -> str:
 # Imports every module under the given packages in an isolated interpreter (-I: no PYTHONPATH, no cwd on the
 # path) and reports the failures, the files outside the venv, and whether torch or numpy got imported.
 # Modules of the CUDA path: they import triton, which only CUDA builds of torch bring.
-NEEDS_TRITON = {"executor_svc.attention.triton_backend"}
+NEEDS_TRITON = {"executor_svc.attention.triton_backend", "executor_svc.models.triton_layer_ops"}
 
 # Run by an installed interpreter with import roots as arguments: imports every module under them; prints a
 # JSON report (modules, failures, modules imported from outside the interpreter's prefix).
