@@ -6,7 +6,7 @@ runs `pagoda-scheduler` with the given flags; SIGUSR1 starts profiling its main
 thread (the event loop: every request, step and stream of the scheduler runs
 there) in CPU time, SIGUSR2 stops and writes OUT.prof. So the benchmark profiles only its
 measurement window, not start-up. `by_kind` sorts a profile's own time into
-the kinds of work a scheduler does.
+the kinds of work a scheduler does; `print_profile` prints the profiles of a folder that way.
 """
 
 from __future__ import annotations
@@ -40,6 +40,21 @@ def by_kind(stats: pstats.Stats) -> list[tuple[str, float]]:
         kind = next((k for k, keys in KINDS if any(key in where for key in keys)), "other")
         totals[kind] = totals.get(kind, 0.0) + own_s
     return sorted(totals.items(), key=lambda kv: kv[1], reverse=True)
+
+
+def print_profile(profile_dir: Path, top: int = 20) -> None:
+    """Each profiled scheduler's time by kind of work, then its top functions by own time."""
+    for path in sorted(profile_dir.glob("*.prof")):
+        stats = pstats.Stats(str(path))
+        total = stats.total_tt  # type: ignore[attr-defined]
+        print(f"\n== {path.stem}: {total:.1f} s of CPU in the loop's thread in the window, by kind of work (own time)")
+        for kind, seconds in by_kind(stats):
+            print(f"{seconds / total * 100:5.1f}%  {kind}")
+        print(f"-- top {top} functions by own time")
+        entries = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
+        for (file, line, name), (_, calls, own_s, cum_s, _) in entries[:top]:
+            where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
+            print(f"{own_s / total * 100:5.1f}% own {cum_s:7.2f} s cum {calls:>9} calls  {name}  ({where})")
 
 
 def main() -> None:

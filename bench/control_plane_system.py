@@ -41,6 +41,7 @@ class Proc:
     address: str
     metrics_port: int
     log_path: Path
+    http_address: str = ""  # a scheduler's OpenAI-compatible HTTP API, when it serves one
 
     @property
     def pid(self) -> int:
@@ -48,11 +49,20 @@ class Proc:
         return self.process.pid
 
 
-def spawn(name: str, argv: list[str], log_dir: Path, address: str, metrics_port: int) -> Proc:
-    """Start `argv` in its own process group, its output in `log_dir/<name>.log`."""
+def spawn(
+    name: str, argv: list[str], log_dir: Path, address: str, metrics_port: int, checkout: Path | None = None
+) -> Proc:
+    """Start `argv` in its own process group, its output in `log_dir/<name>.log`.
+
+    With `checkout` (a folder), `argv` runs there with that folder first on its import path, so a
+    `python -m` module comes from that checkout whichever environment's interpreter runs it.
+    """
     log_path = log_dir / f"{name}.log"
+    env = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=checkout, env=env
+        )
     return Proc(name, process, address, metrics_port, log_path)
 
 
@@ -133,28 +143,35 @@ def start_schedulers(
     extra_args: Sequence[str] = (),
     profile_dir: Path | None = None,
     timeout_s: float = 120,
+    http: bool = False,
+    checkout: Path | None = None,
 ) -> list[Proc]:
     """One scheduler per group of executor addresses, each READY on all of them when this returns.
 
     With `profile_dir`, the schedulers run under control_plane_profile.py: SIGUSR1 starts their profile,
-    SIGUSR2 writes it to `profile_dir/<name>.prof`.
+    SIGUSR2 writes it to `profile_dir/<name>.prof`. With `http`, each also serves the OpenAI-compatible
+    HTTP API (`--http-port`), answering /health when this returns. With `checkout`, the schedulers are
+    that checkout's (`scheduler_command`).
     """
     procs: list[Proc] = []
     try:
-        ports = free_ports(2 * len(groups))
+        ports = free_ports(3 * len(groups))
         for i, addresses in enumerate(groups):
             name = f"scheduler-{i}-{tag}"
-            port, metrics_port = ports[2 * i], ports[2 * i + 1]
-            argv = service_command("pagoda-scheduler", "scheduler_svc.main")
+            port, metrics_port, http_port = ports[3 * i : 3 * i + 3]
+            argv = scheduler_command(checkout)
             if profile_dir is not None:
                 argv = [sys.executable, str(PROFILE_SCRIPT), str(profile_dir / f"{name}.prof")]
             argv += ["--host", LOOPBACK, "--port", str(port), "--metrics-port", str(metrics_port)]
             argv += ["--executors", ",".join(addresses), "--log-format", "json", "--drain-timeout-s", "1"]
-            procs.append(spawn(name, argv + list(extra_args), log_dir, f"{LOOPBACK}:{port}", metrics_port))
+            argv += ["--http-port", str(http_port)] if http else []
+            proc = spawn(name, argv + list(extra_args), log_dir, f"{LOOPBACK}:{port}", metrics_port, checkout)
+            proc.http_address = f"{LOOPBACK}:{http_port}" if http else ""
+            procs.append(proc)
         for proc, addresses in zip(procs, groups):
             expected = len(addresses)
             wait_until(
-                lambda p=proc, n=expected: num_ready(p.address) == n,
+                lambda p=proc, n=expected: num_ready(p.address) == n and (not http or http_serving(p.http_address)),
                 timeout_s,
                 f"{proc.name} to drive its {expected} executors",
                 procs,
@@ -163,6 +180,27 @@ def start_schedulers(
         stop(procs)
         raise
     return procs
+
+
+def scheduler_command(checkout: Path | None) -> list[str]:
+    """This tree's `pagoda-scheduler`, or the scheduler module of `checkout` by its own .venv's python.
+
+    A checkout without a .venv runs under this interpreter: `spawn` puts the checkout first on the
+    import path, so its `scheduler_svc` and `pagoda` are imported, not this tree's.
+    """
+    if checkout is None:
+        return service_command("pagoda-scheduler", "scheduler_svc.main")
+    python = checkout / ".venv" / "bin" / "python"
+    return [str(python) if python.exists() else sys.executable, "-m", "scheduler_svc.main"]
+
+
+def http_serving(address: str) -> bool:
+    """Whether the HTTP API at `address` answers /health with 200."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:  # not listening yet, or 503 (urllib's HTTPError is an OSError)
+        return False
 
 
 def num_ready(address: str) -> int:

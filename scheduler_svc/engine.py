@@ -68,6 +68,8 @@ class Engine:
         self.draining = False
         self.on_health_change: Callable[[bool], None] = lambda serving: None
         self._requests: dict[int, RequestState] = {}
+        # Streams not woken for their executor's last step (released at its next one).
+        self._held: dict[ExecutorHandle, list[RequestState]] = {}
         # Sequences without an executor here -> since when (monotonic seconds).
         self._orphans: collections.OrderedDict[int, float] = collections.OrderedDict()
         self._seq_ids = itertools.count(1)
@@ -181,11 +183,12 @@ class Engine:
         await self._wait_for_model(deadline)
         state = self._admit(request, arrival_ns)
         self._log_admitted(state, resumed=request.resume is not None)
+        # One timer for the whole request, not one per response.
+        timer = asyncio.get_running_loop().call_later(max(deadline - time.monotonic(), 0.0), state.pending.expire)
         try:
             while True:
                 try:
-                    async with within(deadline - time.monotonic()):
-                        out = await state.outputs.get()
+                    out = await state.next_output()
                 except asyncio.TimeoutError:
                     raise DeadlineExceeded(
                         f"request timed out after {request.timeout_s or self.config.request_timeout_s}s"
@@ -194,6 +197,7 @@ class Engine:
                 if out.finished:
                     return
         finally:
+            timer.cancel()
             self._release(state)
 
     async def _wait_for_model(self, deadline: float) -> None:
@@ -393,24 +397,44 @@ class Engine:
             self._update_health()
 
     def on_updates(self, executor: ExecutorHandle, updates: list[SeqUpdate], result: StepResult) -> None:
+        """One step's tokens to their streams; the step's token metrics at once.
+
+        When the executor's next result is already waiting (this scheduler is its bottleneck), a
+        stream that has its first response is not woken for this step's tokens: they leave with the
+        next step's, one response instead of two (docs/durability.md section 5). What was held at the
+        last step is released now, so nothing waits more than one step.
+        """
+        held = self._held.pop(executor, ())
+        hold = executor.behind and not held
+        tokens = self.metrics.step_tokens()
+        holding = []
         for update in updates:
             state = self._requests.get(update.seq.seq_id)
             if state is None or state.finished:
                 continue
-            num_sent = state.num_sent_tokens
-            stop = state.on_update(update)
+            num_queued = state.num_queued_tokens
+            stop = state.on_update(update, hold)
+            if state.pending.holding:
+                holding.append(state)
             if stop is not None and executor.scheduler is not None:
                 executor.scheduler.finish(update.seq.seq_id, FinishReason.STOP)
-            self.metrics.on_tokens(state, state.num_sent_tokens - num_sent)
+            tokens.add(state, state.num_queued_tokens - num_queued)
             if state.finished:
                 reason = FinishReason.STOP if stop is not None else update.seq.finish_reason or FinishReason.STOP
                 if reason is FinishReason.ERROR:
                     log.error("sequence_failed", request_id=state.request_id, error=update.seq.error_message)
                 self.metrics.on_finished(state, reason)
+        tokens.observe()
+        for state in held:
+            state.pending.release()
+        if holding:
+            self._held[executor] = holding
         if updates:
             executor.wake()
 
     def on_executor_lost(self, executor: ExecutorHandle, seqs: list[SchedulerSequence]) -> None:
+        for state in self._held.pop(executor, ()):
+            state.pending.release()
         if self.tracer is not None:
             self.tracer.on_executor_lost(executor.address, seqs)
         moved = 0

@@ -27,7 +27,7 @@ import structlog
 
 from pagoda.runtime.deadline import within
 from pagoda.runtime.grpc_server import KEEPALIVE_OPTIONS, message_size_options
-from pagoda.step import ExecutorInfo, StepPlan, StepResult
+from pagoda.step import ExecutorInfo, StepPlan, StepResult, StepTimings
 from pagoda.step_pb import info_from_pb, plan_to_pb, result_from_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 from scheduler_svc.core.config import SchedulerConfig
@@ -38,6 +38,8 @@ from scheduler_svc.fleet.ownership import ExecutorView
 
 log = structlog.get_logger("scheduler")
 MAX_IN_FLIGHT = 2
+# An executor that waited longer than this (and a quarter of its step) for a plan was held back by us.
+STARVED_IDLE_NS = 200_000
 EXECUTOR_MESSAGE_BYTES = 256 * 2**20
 # Bounds of the calls outside the stream: the heartbeat, the full Describe, Acquire.
 POLL_TIMEOUT_S = 1.0
@@ -122,6 +124,10 @@ class ExecutorHandle:
         self._describing: asyncio.Task[None] | None = None
         self._release_reason = ""
         self._refused_by = ""
+        # Whether this scheduler holds the executor back at the result being applied: the result was
+        # here before the loop came for it, or the executor waited for its plan (the engine then wakes
+        # streams every other step, so that the scheduler's work per token falls when it is the limit).
+        self.behind = False
 
     @property
     def accepts_new(self) -> bool:
@@ -291,14 +297,18 @@ class ExecutorHandle:
                 if not in_flight:
                     await self._wait_for_work(reader)
                     continue
+                queued = not results.empty()
                 async with within(self._step_timeout_s):
                     msg = await results.get()
                 if msg is None:
                     await reader  # raises why the stream ended
                     raise ConnectionError("executor stream ended")
                 plan, sent_at = in_flight.popleft()
-                self._on_result(plan, result_from_pb(msg), time.monotonic() - sent_at)
+                result = result_from_pb(msg)
+                self.behind = queued or _starved(result.timings)
+                self._on_result(plan, result, time.monotonic() - sent_at)
         finally:
+            self.behind = False
             reader.cancel()
             call.cancel()
 
@@ -366,6 +376,11 @@ async def _read_results(call: ExecuteCall, queue: ResultQueue) -> None:
             queue.put_nowait(msg)
     finally:
         queue.put_nowait(None)
+
+
+def _starved(timings: StepTimings) -> bool:
+    """Whether the executor waited for this step's plan for more than a quarter of the step (plus noise)."""
+    return timings.idle_ns > STARVED_IDLE_NS + timings.step_ns // 4
 
 
 def _idle_state(view: ExecutorView) -> ExecutorState:

@@ -1,6 +1,6 @@
 """Prometheus metrics of the scheduler, named after vLLM's so dashboards fit.
 
-Counters are fed by the engine's hooks (on_step, on_tokens, ...); gauges read
+Counters are fed by the engine's hooks (on_step, step_tokens, ...); gauges read
 an `EngineGauges` at scrape time, a few read-only figures the engine has.
 """
 
@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from pagoda.step import FinishReason, StepPlan, StepResult
 from scheduler_svc.core.config import DraftSource
 from scheduler_svc.fleet.executor_handle import ExecutorHandle, ExecutorState
+from scheduler_svc.obs.step_histogram import StepHistogram, StepTokens
 
 if TYPE_CHECKING:
     from scheduler_svc.core.scheduler import Scheduler
@@ -90,9 +91,8 @@ class SchedulerMetrics:
         self.ttft = Histogram(
             P + "time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.itl = Histogram(
-            P + "inter_token_latency_seconds", "Inter-token latency", buckets=_LATENCY_BUCKETS, registry=r
-        )
+        # Fed a step at a time (StepTokens): one gap per sequence per step.
+        self.itl = StepHistogram(P + "inter_token_latency_seconds", "Inter-token latency", _LATENCY_BUCKETS, r)
         self.e2e = Histogram(
             P + "e2e_request_latency_seconds", "End-to-end latency", buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -137,7 +137,6 @@ class SchedulerMetrics:
         )
         # Executor address -> the incarnation last described (a new one is a restart).
         self._incarnations: dict[str, str] = {}
-        self._last_token_ns: dict[int, int] = {}
         # Scheduler-owned counters already exported, per scheduler core.
         self._exported: weakref.WeakKeyDictionary[Scheduler, tuple[int, ...]] = weakref.WeakKeyDictionary()
         self._spec_exported: weakref.WeakKeyDictionary[Scheduler, dict[DraftSource, tuple[int, int, int]]] = (
@@ -210,23 +209,13 @@ class SchedulerMetrics:
         sources = list(DraftSource) if source is None else [source]
         return sum(self.spec_totals[s][index] for s in sources)
 
-    def on_tokens(self, state: RequestState, num_tokens: int) -> None:
-        """Count generated tokens and the gap since the request's previous ones."""
-        if num_tokens <= 0:
-            return
-        self.generation_tokens.inc(num_tokens)
-        now = time.monotonic_ns()
-        last = self._last_token_ns.get(state.seq.seq_id)
-        if last is None:
-            self.ttft.observe((now - state.arrival_ns) / 1e9)
-        else:
-            self.itl.observe((now - last) / 1e9 / num_tokens)
-        self._last_token_ns[state.seq.seq_id] = now
+    def step_tokens(self) -> StepTokens:
+        """The accounting of one step's tokens: `add` per request, then `observe` once."""
+        return StepTokens(self.generation_tokens, self.ttft, self.itl)
 
     def on_finished(self, state: RequestState, reason: FinishReason) -> None:
         """Count a finished request by its reason, with its latencies."""
         now = time.monotonic_ns()
-        self._last_token_ns.pop(state.seq.seq_id, None)
         self.request_success.labels(finished_reason=reason.value).inc()
         self.num_requests_total += 1
         self.e2e.observe((now - state.arrival_ns) / 1e9)

@@ -13,16 +13,15 @@ stream goes on without a repeated or a missing character.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pagoda.step import FinishReason, LogprobEntry
+from pagoda.step import FinishReason
 from scheduler_svc.core.scheduler import SeqUpdate
 from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.request import RequestOutput, RequestTimings, Usage
 from scheduler_svc.text.detokenizer import IncrementalDetokenizer
+from scheduler_svc.text.output_buffer import Chunk, OutputBuffer
 from scheduler_svc.text.stop_checker import StopChecker
 from scheduler_svc.text.tokenizer import Tokenizer
 
@@ -40,7 +39,8 @@ class RequestState:
         self.arrival_ns = arrival_ns
         self.first_token_ns: int | None = None
         self.first_scheduled_ns: int | None = None
-        self.outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        # What the stream has not taken yet (merged: one response per wake-up of the stream).
+        self.pending = OutputBuffer()
         # The executor holding the sequence (None while it waits for one).
         self.executor: ExecutorHandle | None = None
         self.finished = False
@@ -49,20 +49,32 @@ class RequestState:
         self._detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_token_ids, skip_special_tokens)
         self._stop_checker = StopChecker(seq.stopping.stop, seq.stopping.include_stop_str_in_output)
         self._sent_prompt = False
-        # Output tokens the client has: the next response's output_index.
+        # Output tokens the stream has taken: the next response's output_index.
         self._num_sent_tokens = 0
+        # Output tokens pushed to the stream (taken or pending), delivered ones of a resume included.
+        self.num_queued_tokens = 0
+        # When the last output token was pushed (the inter-token latency's start).
+        self.last_token_ns: int | None = None
 
     @property
     def request_id(self) -> str:
         return self.seq.request_id
 
-    @property
-    def num_sent_tokens(self) -> int:
-        """Output tokens streamed to the client so far (delivered ones of a resume included)."""
-        return self._num_sent_tokens
+    def take_output(self) -> RequestOutput | None:
+        """Everything pending as one response, or None."""
+        chunk = self.pending.take()
+        return None if chunk is None else self._output(chunk)
 
-    def on_update(self, update: SeqUpdate) -> str | None:
-        """Stream the new tokens; returns the stop string that ended the request, if any."""
+    async def next_output(self) -> RequestOutput:
+        """The next response, waiting for one (asyncio.TimeoutError after `pending.expire()`)."""
+        return self._output(await self.pending.next())
+
+    def on_update(self, update: SeqUpdate, hold: bool = False) -> str | None:
+        """Stream the new tokens; returns the stop string that ended the request, if any.
+
+        `hold`: the engine will release them within a step (output_buffer.py); never the first
+        response, nor the last.
+        """
         now = time.monotonic_ns()
         if self.first_token_ns is None and update.new_token_ids:
             self.first_token_ns = now
@@ -79,7 +91,7 @@ class RequestState:
             tail = self._stop_checker.process(self._detokenizer.flush())[0] + self._stop_checker.flush()
             self._finish(emitted + tail, update, self.seq.finish_reason, self.seq.stop_reason)
         else:
-            self._put(emitted, update)
+            self._put(emitted, update, hold and self._sent_prompt)
         return None
 
     def _read_by_token(self, update: SeqUpdate) -> tuple[str, str | None, SeqUpdate]:
@@ -108,7 +120,7 @@ class RequestState:
             without text or tokens, is queued then.
         """
         delivered = self.seq.output_token_ids
-        self._num_sent_tokens = len(delivered)
+        self._num_sent_tokens = self.num_queued_tokens = len(delivered)
         if not delivered:
             return False
         _, matched = self._stop_checker.process(self._detokenizer.add(delivered))
@@ -123,31 +135,23 @@ class RequestState:
         """End the stream without further tokens (abort, executor error)."""
         if not self.finished:
             self.finished = True
-            self.outputs.put_nowait(self._output("", (), (), reason, None, message))
+            self.pending.end(reason, None, message)
 
-    def _put(self, text: str, update: SeqUpdate) -> None:
-        if text or update.new_token_ids:
-            self.outputs.put_nowait(self._output(text, update.new_token_ids, update.logprobs, None, None))
+    def _put(self, text: str, update: SeqUpdate, hold: bool = False) -> None:
+        self.num_queued_tokens += len(update.new_token_ids)
+        self.pending.push(text, update.new_token_ids, update.logprobs, hold)
 
     def _finish(self, text: str, update: SeqUpdate, reason: FinishReason | None, stop_reason: str | int | None) -> None:
         self.finished = True
-        self.outputs.put_nowait(
-            self._output(text, update.new_token_ids, update.logprobs, reason or FinishReason.STOP, stop_reason)
-        )
+        self._put(text, update)
+        self.pending.end(reason or FinishReason.STOP, stop_reason)
 
-    def _output(
-        self,
-        text: str,
-        token_ids: Sequence[int],
-        logprobs: Sequence[LogprobEntry],
-        reason: FinishReason | None,
-        stop_reason: str | int | None,
-        error: str = "",
-    ) -> RequestOutput:
+    def _output(self, chunk: Chunk) -> RequestOutput:
         first = not self._sent_prompt
         self._sent_prompt = True
         output_index = self._num_sent_tokens
-        self._num_sent_tokens += len(token_ids)
+        self._num_sent_tokens += len(chunk.token_ids)
+        reason, stop_reason, error = chunk.end or (None, None, "")
         usage: Usage | None = None
         timings: RequestTimings | None = None
         if reason is not None:
@@ -156,9 +160,9 @@ class RequestState:
             timings = self._timings()
         return RequestOutput(
             self.request_id,
-            text,
-            tuple(token_ids),
-            tuple(logprobs),
+            chunk.text,
+            chunk.token_ids,
+            chunk.logprobs,
             reason,
             stop_reason,
             usage,

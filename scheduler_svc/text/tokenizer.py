@@ -147,6 +147,11 @@ class Tokenizer:
             raise ValueError(f"invalid tokenizer_json: {e}") from e
         return cls(backend, chat_template, bos_token, eos_token)
 
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The `tokenizers` tokenizer, for code that needs its decoder or vocabulary directly."""
+        return self._backend
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of text; add_special_tokens applies the post-processor (e.g. BOS)."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids

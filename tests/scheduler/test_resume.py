@@ -271,3 +271,60 @@ def test_resume_and_the_new_response_fields_cross_the_client_edge():
     later = client_pb_convert.output_to_pb(RequestOutput("r-9", "b", (8,), output_index=4))
     assert (first.output_index, first.HasField("seed"), first.seed) == (3, True, 2**63 - 1)
     assert (later.output_index, later.HasField("seed")) == (4, False)
+
+
+async def _generate_slowly(system: System, request: GenerationRequest, steps_per_read: int) -> list[RequestOutput]:
+    """Every output of one request read by a stream that runs only every `steps_per_read` steps."""
+    outputs: list[RequestOutput] = []
+    stream = system.engine.generate(request)
+    try:
+        while not outputs or not outputs[-1].finished:
+            reading = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)  # the stream waits (the first time: the request is admitted)
+            for _ in range(steps_per_read):
+                system.step()  # synchronous: the stream cannot read in between
+            outputs.append(await asyncio.wait_for(reading, 5))
+    finally:
+        await stream.aclose()
+    return outputs
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("steps_per_read", [2, 3, 7])
+async def test_a_stream_that_falls_behind_gets_the_missed_steps_in_one_response(case, steps_per_read):
+    """Coalescing changes how tokens are grouped, never which: the same stream, fewer responses, exact indices."""
+    sampling, stopping = CASES[case]
+    fault_free = await _generate(_system(), _request(sampling, stopping))
+    slow = await _generate_slowly(_system(), _request(sampling, stopping), steps_per_read)
+    assert _token_ids(slow) == _token_ids(fault_free) and _text(slow) == _text(fault_free)
+    assert _logprobs(slow) == _logprobs(fault_free)
+    assert (slow[-1].finish_reason, slow[-1].stop_reason, slow[-1].usage) == (
+        fault_free[-1].finish_reason,
+        fault_free[-1].stop_reason,
+        fault_free[-1].usage,
+    )
+    assert len(slow) < len(fault_free) and max(len(out.token_ids) for out in slow) > 1
+    starts = [out.output_index for out in slow]
+    assert starts == [sum(len(out.token_ids) for out in slow[:i]) for i in range(len(slow))]
+    assert slow[0].prompt_token_ids == PROMPT and all(not out.prompt_token_ids for out in slow[1:])
+    # A resume from any response boundary of the merged stream continues it exactly.
+    for out in slow[1:]:
+        delivered = tuple(_token_ids(fault_free)[: out.output_index])
+        resumed = await _generate(_system(), _request(sampling, stopping, delivered=delivered))
+        assert list(delivered) + _token_ids(resumed) == _token_ids(fault_free)
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_a_scheduler_behind_its_executor_sends_two_steps_per_response_never_more(case):
+    """While the executor's next result is already waiting, streams are woken every other step: the first
+    response still carries the first token alone, no response waits more than one step, the stream is the same."""
+    sampling, stopping = CASES[case]
+    fault_free = await _generate(_system(), _request(sampling, stopping))
+    system = _system()
+    system.handle.behind = True  # every result was here before the scheduler came for it
+    behind = await _generate(system, _request(sampling, stopping))
+    assert _token_ids(behind) == _token_ids(fault_free) and _text(behind) == _text(fault_free)
+    assert behind[-1].usage == fault_free[-1].usage
+    sizes = [len(out.token_ids) for out in behind]
+    assert sizes[0] == 1 and max(sizes) == 2 and len(behind) < len(fault_free)
+    assert not system.engine._held or all(not states for states in system.engine._held.values())

@@ -32,7 +32,7 @@ def stream(stop: tuple[str, ...], group: int, include_stop: bool) -> tuple[str, 
         state.on_update(SeqUpdate(seq, token_ids, (), last))
         if state.finished:
             break
-    outputs = [state.outputs.get_nowait() for _ in range(state.outputs.qsize())]
+    outputs = list(iter(state.take_output, None))
     text = "".join(out.text for out in outputs)
     return text, [t for out in outputs for t in out.token_ids], outputs[-1].finish_reason, seq.output_token_ids
 
