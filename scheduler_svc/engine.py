@@ -433,8 +433,8 @@ class Engine:
             executor.wake()
 
     def on_executor_lost(self, executor: ExecutorHandle, seqs: list[SchedulerSequence]) -> None:
-        for state in self._held.pop(executor, ()):
-            state.pending.release()
+        for held in self._held.pop(executor, ()):
+            held.pending.release()
         if self.tracer is not None:
             self.tracer.on_executor_lost(executor.address, seqs)
         moved = 0
