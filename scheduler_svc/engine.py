@@ -288,7 +288,8 @@ class Engine:
     def _place(self, state: RequestState) -> None:
         """Queue the sequence on the best executor, or keep it until one is ready."""
         try:
-            executor, hit = choose_executor(list(self.executors.values()), state.seq.token_ids, state.seq.cache_salt)
+            executors = list(self.executors.values())
+            executor, hit = choose_executor(executors, state.seq.token_ids, state.seq.cache_salt, _behind(executors))
         except LookupError:
             state.executor = None
             self._orphans.setdefault(state.seq.seq_id, time.monotonic())
@@ -451,3 +452,9 @@ class Engine:
                 num_without_executor=len(self._orphans),
             )
         self._update_health()
+
+
+def _behind(executors: list[ExecutorHandle]) -> bool:
+    """Whether this scheduler holds back most of the executors it drives (new requests are then packed)."""
+    driven = [e for e in executors if e.accepts_new]
+    return len(driven) > 1 and 2 * sum(e.behind for e in driven) > len(driven)
