@@ -48,6 +48,7 @@ class OutputBuffer:
         self._logprobs: list[LogprobEntry] = []
         self._end: tuple[FinishReason, str | int | None, str] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._expired = False
         # Pending output held back from a waiting stream until `release` (see push).
         self.holding = False
@@ -112,7 +113,9 @@ class OutputBuffer:
         while not self.ready or self.holding:
             if self._expired:
                 raise asyncio.TimeoutError
-            self._waiter = asyncio.get_running_loop().create_future()
+            if self._loop is None:  # once per request: get_running_loop() costs a getpid() system call
+                self._loop = asyncio.get_running_loop()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:

@@ -78,6 +78,10 @@ class Choices:
         for i, first in enumerate(self.firsts):
             yield i, first
         running = [i for i, first in enumerate(self.firsts) if not first.finished]
+        if len(running) == 1:  # one stream left (n = 1, the common case): read it directly, no task or queue
+            async for out in self._streams[running[0]]:
+                yield running[0], out
+            return
         self._pumps = [asyncio.create_task(pump(i)) for i in running]
         num_left = len(running)
         while num_left:
