@@ -207,7 +207,14 @@ async def serve(config: ExecutorConfig) -> None:
         "executor_listening", address=f"{config.host}:{port}", tls=credentials is not None, tracing=tracer is not None
     )
 
-    loaded = await _load(config, servicer)
+    try:
+        loaded = await _load(config, servicer)
+    except BaseException:
+        # Stopped while the loop runs: a server left to the garbage collector at interpreter exit
+        # schedules its shutdown on a closed loop and can crash the process, so the launcher saw a
+        # signal instead of this failure's exit code.
+        await server.stop(grace=None)
+        raise
     info = loaded.runner.info
     metrics.kv_blocks.set(info.num_kv_blocks)
     if config.metrics_port:
