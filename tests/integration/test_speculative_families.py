@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 from support.pool import wait_pool_whole
-from support.system import fp32_launcher
+from support.services import wait_until
+from support.system import fp32_launcher, paused
 from support.tiny_model import hf_greedy, write_tokenizer_files
 
 from pagoda_client import Client
@@ -35,7 +36,7 @@ VOCAB = 384
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
 # Each request needs 20-25 blocks (a 20-40 token prompt and 60 outputs): any two running together outgrow
-# the pool, so sequences are preempted however the five requests' arrivals interleave.
+# the pool, and the five are queued together (the executor paused meanwhile), so sequences are preempted.
 NUM_OUTPUT = 60
 # Plain Llama runs in test_draft_model_e2e.py and test_speculative_e2e.py.
 FAMILY_ARCHS = [arch for arch in ARCHS if arch != "llama"]
@@ -85,14 +86,31 @@ def _prompts() -> list[list[int]]:
     return prompts
 
 
-def _generate(client: Client, prompts: list[list[int]]) -> list:
+def _generate(client: Client, prompts: list[list[int]], executor_pid: int | None = None) -> list:
+    """Each prompt's greedy result; with ``executor_pid``, all of them queued before the executor runs a step.
+
+    The executor is paused (SIGSTOP) until the scheduler holds every request, so they run together however
+    slowly the client's threads start on a loaded machine: without it, a request could end before the next
+    arrives, and nothing would be preempted.
+    """
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        return list(
-            pool.map(
-                lambda p: client.generate(token_ids=p, max_tokens=NUM_OUTPUT, temperature=0, ignore_eos=True),
-                prompts,
+
+        def submit() -> list[concurrent.futures.Future]:
+            return [
+                pool.submit(client.generate, token_ids=p, max_tokens=NUM_OUTPUT, temperature=0, ignore_eos=True)
+                for p in prompts
+            ]
+
+        if executor_pid is None:
+            return [f.result() for f in submit()]
+        with paused(executor_pid):
+            futures = submit()
+            wait_until(
+                lambda: (lambda s: s.num_running + s.num_waiting)(client.status()) == len(prompts),
+                30,
+                "every request queued at the scheduler",
             )
-        )
+        return [f.result() for f in futures]
 
 
 def test_greedy_with_drafts_equals_transformers(drafting_system):
@@ -100,7 +118,7 @@ def test_greedy_with_drafts_equals_transformers(drafting_system):
     prompts = _prompts()
     with Client(system.target, timeout=300) as client:
         first, again = (_generate(client, prompts[:1])[0] for _ in range(2))
-        results = _generate(client, prompts)
+        results = _generate(client, prompts, system.executor_pids[0])
         status = client.status()
         wait_pool_whole(client)
     assert status.executors[0].draft_model
