@@ -62,7 +62,7 @@ def read_json(raw: bytes) -> dict[str, Any]:
 JsonKind = Kind | Literal["dict", "list"]
 
 
-class _Fields:
+class Fields:
     """Typed access to a JSON object's fields; JSON null counts as absent."""
 
     def __init__(self, body: dict[str, Any]) -> None:
@@ -125,7 +125,7 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def table_params(f: _Fields, group: Group) -> dict[str, Any]:
+def table_params(f: Fields, group: Group) -> dict[str, Any]:
     """The parameters of one group that the body sets under their table ``http`` names.
 
     A row without an ``http`` name is not read here; one the body leaves out
@@ -146,7 +146,7 @@ def table_params(f: _Fields, group: Group) -> dict[str, Any]:
 
 def parse_completion(body: dict[str, Any], request_id: str) -> ParsedRequest:
     """A /v1/completions body."""
-    f = _Fields(body)
+    f = Fields(body)
     _refuse_unsupported(f)
     if f.get("echo", "bool", False):
         raise bad_request("echo", "echo is not supported")
@@ -175,7 +175,7 @@ def parse_completion(body: dict[str, Any], request_id: str) -> ParsedRequest:
 
 def parse_chat(body: dict[str, Any], request_id: str) -> ParsedRequest:
     """A /v1/chat/completions body."""
-    f = _Fields(body)
+    f = Fields(body)
     _refuse_unsupported(f)
     if f.get("functions", "list"):
         raise bad_request("functions", "the legacy functions parameter is not supported; use tools")
@@ -191,7 +191,7 @@ def parse_chat(body: dict[str, Any], request_id: str) -> ParsedRequest:
     if _set_given(stopping, "max_tokens", f.get("max_completion_tokens", "int")):
         aliases["max_tokens"] = "max_completion_tokens"
     prompt = PromptInput(
-        messages=_messages(body.get("messages")),
+        messages=parse_messages(body.get("messages")),
         add_generation_prompt=f.get("add_generation_prompt", "bool", True),
         tools_json=tools.tools_json if tools is not None else "",
     )
@@ -208,7 +208,7 @@ def parse_chat(body: dict[str, Any], request_id: str) -> ParsedRequest:
     return ParsedRequest(generation, f.get("model", "str"), stream, include_usage, aliases, user, _n(f), tools)
 
 
-def _chat_constraint(f: _Fields, tools: ToolSpec | None) -> tuple[Constraint | None, dict[str, str]]:
+def _chat_constraint(f: Fields, tools: ToolSpec | None) -> tuple[Constraint | None, dict[str, str]]:
     """The output constraint of a chat body (response_format, structured_outputs or a forced tool call)."""
     structured, aliases = _constraint(f)
     if tools is not None and tools.constraint is not None:
@@ -218,7 +218,7 @@ def _chat_constraint(f: _Fields, tools: ToolSpec | None) -> tuple[Constraint | N
     return structured, aliases
 
 
-def _constraint(f: _Fields) -> tuple[Constraint | None, dict[str, str]]:
+def _constraint(f: Fields) -> tuple[Constraint | None, dict[str, str]]:
     """response_format (OpenAI) or structured_outputs (vLLM's extension: json, regex, choice, grammar), and the
     name of the parameter it came from, for the engine's errors."""
     by_format, by_extension = _response_format(f), _structured_outputs(f)
@@ -232,12 +232,12 @@ def _constraint(f: _Fields) -> tuple[Constraint | None, dict[str, str]]:
     return None, {}
 
 
-def _structured_outputs(f: _Fields) -> Constraint | None:
+def _structured_outputs(f: Fields) -> Constraint | None:
     """vLLM's ``structured_outputs``: exactly one of json (a schema), regex, choice, grammar."""
     spec = f.get("structured_outputs", "dict")
     if not spec:
         return None
-    given = _Fields(spec)
+    given = Fields(spec)
     found = [key for key in ("json", "regex", "choice", "grammar") if spec.get(key) is not None]
     if len(found) != 1:
         raise bad_request("structured_outputs", "set exactly one of json, regex, choice, grammar")
@@ -257,38 +257,38 @@ def _set_given(given: dict[str, Any], name: str, value: Any) -> bool:
     return True
 
 
-def _refuse_unsupported(f: _Fields) -> None:
+def _refuse_unsupported(f: Fields) -> None:
     """Parameters whose meaning we cannot honour get a 400, not silence."""
     if f.get("logit_bias", "dict"):
         raise bad_request("logit_bias", "logit_bias is not supported")
 
 
-def _n(f: _Fields) -> int:
+def _n(f: Fields) -> int:
     n: int = f.get("n", "int", 1)
     if not 1 <= n <= MAX_N:
         raise bad_request("n", f"must be in [1, {MAX_N}], got {n}")
     return n
 
 
-def _response_format(f: _Fields) -> Constraint | None:
+def _response_format(f: Fields) -> Constraint | None:
     """text (None), json_object, or json_schema ({name, schema, strict}; the schema is always enforced)."""
     response_format = f.get("response_format", "dict")
-    kind = _Fields(response_format or {}).get("type", "str", "text")
+    kind = Fields(response_format or {}).get("type", "str", "text")
     if kind == "text":
         return None
     if kind == "json_object":
         return Constraint("json_object")
     if kind != "json_schema":
         raise bad_request("response_format.type", f"expected text, json_object or json_schema, got {kind!r}")
-    spec = _Fields(response_format or {}).get("json_schema", "dict")
-    schema = _Fields(spec or {}).get("schema", "dict")
+    spec = Fields(response_format or {}).get("json_schema", "dict")
+    schema = Fields(spec or {}).get("schema", "dict")
     if schema is None:
         raise bad_request("response_format.json_schema.schema", "expected a JSON schema object")
-    _Fields(spec or {}).get("strict", "bool")  # type-checked; the schema is enforced either way
+    Fields(spec or {}).get("strict", "bool")  # type-checked; the schema is enforced either way
     return Constraint("json_schema", text=json.dumps(schema))
 
 
-def _stopping(f: _Fields) -> dict[str, Any]:
+def _stopping(f: Fields) -> dict[str, Any]:
     """The table's stopping parameters, plus stop as one string or a list of them."""
     stopping = table_params(f, "stopping")
     stop = f.body.get("stop")
@@ -301,12 +301,12 @@ def _stopping(f: _Fields) -> dict[str, Any]:
     return stopping
 
 
-def _stream_flags(f: _Fields) -> tuple[bool, bool]:
+def _stream_flags(f: Fields) -> tuple[bool, bool]:
     stream = f.get("stream", "bool", False)
     options = f.get("stream_options", "dict")
     if options is not None and not stream:
         raise bad_request("stream_options", "stream_options is only allowed when stream is true")
-    include_usage = _Fields(options or {}).get("include_usage", "bool", False)
+    include_usage = Fields(options or {}).get("include_usage", "bool", False)
     return stream, include_usage
 
 
@@ -325,7 +325,8 @@ def _completion_prompt(prompt: Any) -> PromptInput:
     raise bad_request("prompt", "expected a string or an array of token ids")
 
 
-def _messages(messages: Any) -> tuple[ChatMessage, ...]:
+def parse_messages(messages: Any) -> tuple[ChatMessage, ...]:
+    """A chat body's ``messages`` (OpenAI's shape); a 400 naming the message at fault."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages", "expected a non-empty array of {role, content} objects")
     return tuple(_message(i, m) for i, m in enumerate(messages))
@@ -344,7 +345,7 @@ def _message(index: int, message: Any) -> ChatMessage:
         content = _text_parts(param, content)
     if not isinstance(content, str):
         raise bad_request(f"{param}.content", "expected a string or an array of text parts")
-    fields = _Fields(message)
+    fields = Fields(message)
     tool_calls = fields.get("tool_calls", "list") if role == "assistant" else None
     tool_call_id = fields.get("tool_call_id", "str", "") if role == "tool" else ""
     calls_json = json.dumps(tool_calls) if tool_calls else ""

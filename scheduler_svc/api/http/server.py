@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: aiohttp on the scheduler's event loop.
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions
-(`stream: true` → server-sent events), GET /health, GET /metrics. Every error
+(`stream: true` → server-sent events), vLLM's POST /tokenize and POST
+/detokenize (tokenize.py), GET /health, GET /metrics. Every error
 leaves as OpenAI's JSON error shape. A client that goes away cancels its
 handler (handler_cancellation), which closes the engine iterator and so
 aborts the request and frees its KV blocks.
@@ -40,6 +41,7 @@ from scheduler_svc.api.http.responses import (
     check_output,
     merged_usage,
 )
+from scheduler_svc.api.http.tokenize import detokenize_reply, parse_detokenize, parse_tokenize, tokenize_reply
 from scheduler_svc.errors import RequestError
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ class HttpApi:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/tokenize", self.tokenize)  # at the root, where vLLM serves them
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
         return app
@@ -156,12 +160,34 @@ class HttpApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: the token ids of a prompt, or of a chat as its template renders it."""
+        body = read_json(await request.read())
+        parsed = parse_tokenize(body)
+        self._check_model(parsed.model)
+        assert self.engine.tokenizer is not None and self.engine.limits is not None  # known with the model
+        return web.json_response(tokenize_reply(self.engine.tokenizer, parsed, self.engine.limits.max_model_len))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /detokenize: the text of token ids."""
+        body = read_json(await request.read())
+        parsed = parse_detokenize(body)
+        self._check_model(parsed.model)
+        assert self.engine.tokenizer is not None and self.engine.limits is not None  # known with the model
+        return web.json_response(detokenize_reply(self.engine.tokenizer, parsed, self.engine.limits.max_model_len))
+
     # ----- generation ------------------------------------------------------
 
     def _served_model(self) -> str:
         if self.engine.model is None or self.engine.limits is None or self.engine.tokenizer is None:
             raise unavailable("no executor has connected yet")
         return self.engine.model.model_name
+
+    def _check_model(self, model: str | None) -> None:
+        """A 404 when the body names a model other than the one served (a 503 before one is)."""
+        served = self._served_model()
+        if model and model != served:
+            raise model_not_found(model, served)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = read_json(await request.read())
@@ -173,8 +199,7 @@ class HttpApi:
             parsed = dataclasses.replace(
                 parsed, generation=dataclasses.replace(parsed.generation, traceparent=traceparent)
             )
-        if parsed.model and parsed.model != served:
-            raise model_not_found(parsed.model, served)
+        self._check_model(parsed.model)
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
             log.info("http_request", path=request.path, stream=parsed.stream, user=parsed.user)
