@@ -13,6 +13,7 @@ import math
 import sys
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from pagoda_bench.metrics import RequestRecord, compute_metrics, parse_goodput
 from pagoda_bench.progress import ProgressBar
@@ -30,7 +31,11 @@ from pagoda_client.cli_plugins import CliPlugin
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``pagoda bench`` (connection flags are added by the caller)."""
-    parser.add_argument("--backend", choices=("pagoda", "hf"), default="pagoda")
+    parser.add_argument("--backend", choices=("pagoda", "hf", "openai"), default="pagoda")
+    parser.add_argument(
+        "--base-url", help="--backend openai: an OpenAI-compatible server's root, e.g. http://127.0.0.1:8000"
+    )
+    parser.add_argument("--model-name", help="--backend openai: the requests' model (default: GET /v1/models' first)")
     parser.add_argument(
         "--workload", "--dataset-name", dest="workload", choices=("random", "sharegpt", "prefix"), default="random"
     )
@@ -49,7 +54,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
     parser.add_argument("--json", dest="json_path", metavar="PATH", help="write metrics and per-request records")
     parser.add_argument("--plot", dest="plot_dir", metavar="DIR", help="write PNG charts (needs matplotlib)")
-    parser.add_argument("--model", default="default", help="checkpoint folder for --backend hf / --compare-hf")
+    parser.add_argument(
+        "--model", default="default", help="checkpoint folder for --backend hf / --compare-hf, vocabulary of openai"
+    )
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="dtype of the HF baseline"
     )
@@ -123,6 +130,38 @@ def _run_pagoda(
         progress.close()
 
 
+def _run_openai(
+    args: argparse.Namespace, requests: list[BenchRequest], api_key: str | None
+) -> tuple[list[RequestRecord], float]:
+    from pagoda_bench.backend_openai import OpenAIBackendConfig, run_openai
+
+    config = OpenAIBackendConfig(
+        base_url=args.base_url,
+        model_name=args.model_name,
+        api_key=api_key,
+        temperature=args.temperature,
+        max_concurrency=args.max_concurrency,
+        max_duration_s=args.max_duration_s,
+        request_timeout_s=args.request_timeout_s,
+    )
+    arrivals = arrival_times(len(requests), args.request_rate, args.burstiness, args.seed)
+    progress = ProgressBar(len(requests), "openai", enabled=not args.no_progress)
+    try:
+        return run_openai(requests, arrivals, config, progress)
+    finally:
+        progress.close()
+
+
+def _check_openai_args(args: argparse.Namespace) -> None:
+    """--backend openai needs a loopback --base-url and runs alone."""
+    if not args.base_url:
+        raise ValueError("--backend openai needs --base-url")
+    if not is_loopback(f"[{urlsplit(args.base_url).hostname or ''}]:0"):
+        raise ValueError(f"pagoda bench only targets loopback addresses, not {args.base_url}")
+    if args.compare_hf or args.json_schema:
+        raise ValueError("--compare-hf and --json-schema go with --backend pagoda, not openai")
+
+
 def _run_hf(args: argparse.Namespace, model: Any, requests: list[BenchRequest]) -> tuple[list[RequestRecord], float]:
     from pagoda_bench.backend_hf import run_hf
 
@@ -149,6 +188,9 @@ def _hf_config(args: argparse.Namespace) -> Any:
 def run_bench(args: argparse.Namespace, connection: dict[str, Any]) -> int:
     """Run ``pagoda bench``; returns the exit code."""
     slos = parse_goodput(args.goodput)
+    use_openai = args.backend == "openai"
+    if use_openai:
+        _check_openai_args(args)
     use_pagoda = args.backend == "pagoda" or args.compare_hf
     use_hf = args.backend == "hf" or args.compare_hf
     if use_pagoda and not is_loopback(connection["target"]):
@@ -157,6 +199,10 @@ def run_bench(args: argparse.Namespace, connection: dict[str, Any]) -> int:
     vocab_size, eos_ids, tokenize = _vocabulary(use_pagoda, model, connection, args)
     requests = build_workload(args, vocab_size, eos_ids, tokenize)
     runs: dict[str, tuple[dict[str, Any], list[RequestRecord]]] = {}
+    if use_openai:
+        records, duration_s = _run_openai(args, requests, connection["api_key"])
+        runs["openai"] = (compute_metrics(records, duration_s, slos), records)
+        print(format_report(f"openai {args.base_url}", runs["openai"][0]))
     if use_pagoda:
         records, duration_s = _run_pagoda(args, requests, connection)
         runs["pagoda"] = (compute_metrics(records, duration_s, slos), records)
@@ -190,7 +236,11 @@ def throughput_ratio(pagoda: dict[str, Any], hf: dict[str, Any]) -> float | None
 def _vocabulary(
     use_pagoda: bool, model: Any, connection: dict[str, Any], args: argparse.Namespace
 ) -> tuple[int, tuple[int, ...], Callable[[str], list[int]]]:
-    """(vocab size, EOS ids, tokenize) from the server, else from the HF model."""
+    """(vocab size, EOS ids, tokenize) from the server, else from the HF model (openai: its checkpoint)."""
+    if args.backend == "openai":
+        from pagoda_bench.backend_openai import checkpoint_vocab
+
+        return checkpoint_vocab(args.model)
     if use_pagoda:
         from pagoda_client import Client
 
