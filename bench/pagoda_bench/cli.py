@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from pagoda_bench.compare import add_compare_arguments
 from pagoda_bench.metrics import RequestRecord, compute_metrics, parse_goodput
 from pagoda_bench.progress import ProgressBar
 from pagoda_bench.report import format_report, write_json, write_plots
@@ -72,6 +73,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--structured-fraction", type=float, default=1.0, help="share of requests --json-schema constrains"
     )
+    add_compare_arguments(parser)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -152,6 +154,28 @@ def _run_openai(
         progress.close()
 
 
+def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
+    """``--server ...``: each server started, measured over OpenAI's API and stopped, round after round."""
+    from pagoda_bench.backend_openai import checkpoint_vocab
+    from pagoda_bench.compare import check_compare_args, comparison_json, format_comparison, parse_servers, run_rounds
+
+    check_compare_args(args)
+    specs = parse_servers(args.server, is_loopback)
+    requests = build_workload(args, *checkpoint_vocab(args.model))
+
+    def run(base_url: str, model: str) -> tuple[list[RequestRecord], float]:
+        return _run_openai(
+            argparse.Namespace(**{**vars(args), "base_url": base_url, "model_name": model}), requests, api_key
+        )
+
+    results = run_rounds(args, specs, run)
+    print(format_comparison(results))
+    if args.json_path:
+        config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "func"}
+        write_json(args.json_path, config, {}, {"servers": comparison_json(results)})
+    return 0 if all(result.complete() for result in results) else 1
+
+
 def _check_openai_args(args: argparse.Namespace) -> None:
     """--backend openai needs a loopback --base-url and runs alone."""
     if not args.base_url:
@@ -187,6 +211,8 @@ def _hf_config(args: argparse.Namespace) -> Any:
 
 def run_bench(args: argparse.Namespace, connection: dict[str, Any]) -> int:
     """Run ``pagoda bench``; returns the exit code."""
+    if args.server:
+        return _run_comparison(args, connection["api_key"])
     slos = parse_goodput(args.goodput)
     use_openai = args.backend == "openai"
     if use_openai:

@@ -1,0 +1,156 @@
+"""``pagoda bench --server ...``: several servers measured on the same workload, in one run.
+
+Each round starts every server in turn (the order rotates by one each round, so none always runs first or
+right after another's load), sends the workload ``--runs-per-start`` times through the OpenAI backend, and stops
+it: the servers never share the machine. The first run after a start is the *first run* a user meets; the
+others are the *steady state*. The table gives, per server, the medians over rounds of both, how long the
+server took to answer, and each steady rate as a ratio of the first server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pagoda_bench.metrics import RequestRecord, compute_metrics
+from pagoda_bench.servers import ServerSpec, parse_server, started
+
+# (records, duration_s) of the workload sent to one server's base URL and model.
+RunWorkload = Callable[[str, str], tuple[list[RequestRecord], float]]
+
+
+@dataclass
+class ServerRuns:
+    """What one server did over the rounds: per start, its runs' metrics, and its start-up times."""
+
+    spec: ServerSpec
+    starts: list[list[dict[str, Any]]] = field(default_factory=list)
+    ready_s: list[float] = field(default_factory=list)
+
+    def first(self) -> list[float]:
+        return [runs[0]["output_throughput"] for runs in self.starts if runs]
+
+    def steady(self) -> list[float]:
+        return [run["output_throughput"] for runs in self.starts for run in runs[1:]]
+
+    def steady_ttft_ms(self) -> list[float]:
+        return [run["ttft_ms"]["median"] for runs in self.starts for run in runs[1:]]
+
+    def complete(self) -> bool:
+        return all(run["failed"] == 0 and run["completed"] > 0 for runs in self.starts for run in runs)
+
+
+def parse_servers(texts: Sequence[str], is_loopback: Callable[[str], bool]) -> list[ServerSpec]:
+    """The ``--server`` flags; names are unique and every URL is this machine's."""
+    specs = [parse_server(text) for text in texts]
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--server names must differ: {names}")
+    for spec in specs:
+        if not is_loopback(f"[{urlsplit(spec.base_url).hostname or ''}]:0"):
+            raise ValueError(f"pagoda bench only targets loopback addresses, not {spec.base_url}")
+    return specs
+
+
+def rotated(specs: Sequence[ServerSpec], round_index: int) -> list[ServerSpec]:
+    """Round ``round_index``'s order: the list rotated by the round number."""
+    shift = round_index % len(specs)
+    return [*specs[shift:], *specs[:shift]]
+
+
+def run_rounds(args: argparse.Namespace, specs: Sequence[ServerSpec], run: RunWorkload) -> list[ServerRuns]:
+    """Every round: each server started, measured ``args.runs_per_start`` times, stopped."""
+    results = {spec.name: ServerRuns(spec) for spec in specs}
+    log_dir = Path(args.server_log_dir)
+    for round_index in range(args.rounds):
+        for spec in rotated(specs, round_index):
+            label = f"round{round_index + 1}"
+            with started(spec, log_dir, label, args.server_start_timeout_s) as server:
+                runs: list[dict[str, Any]] = []
+                results[spec.name].starts.append(runs)
+                results[spec.name].ready_s.append(server.ready_s)
+                print(f"[{label}] {spec.name} answered after {server.ready_s:.1f}s ({server.model})", flush=True)
+                for index in range(args.runs_per_start):
+                    records, duration_s = run(spec.base_url, server.model)
+                    server.check_alive()
+                    metrics = compute_metrics(records, duration_s)
+                    runs.append(metrics)
+                    kind = "first" if index == 0 else "steady"
+                    print(
+                        f"[{label}] {spec.name} run {index + 1} ({kind}): {metrics['output_throughput']:.1f} tok/s, "
+                        f"median TTFT {metrics['ttft_ms']['median']:.0f} ms, {metrics['failed']} failed",
+                        flush=True,
+                    )
+    return [results[spec.name] for spec in specs]
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _spread(values: Sequence[float]) -> str:
+    return f"{min(values):.0f}-{max(values):.0f}" if values else "-"
+
+
+def format_comparison(results: Sequence[ServerRuns]) -> str:
+    """The table: first-run and steady output tok/s (medians, with their spread), TTFT, start-up, ratios."""
+    base = _median(results[0].steady())
+    header = (
+        f"{'server':<16}{'first run tok/s':>18}{'steady tok/s':>18}{'first/steady':>14}"
+        f"{'steady vs ' + results[0].spec.name:>20}{'TTFT ms':>10}{'ready s':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for result in results:
+        first, steady = _median(result.first()), _median(result.steady())
+        lines.append(
+            f"{result.spec.name:<16}{f'{first:.1f} ({_spread(result.first())})':>18}"
+            f"{f'{steady:.1f} ({_spread(result.steady())})':>18}{first / steady:>14.2f}"
+            f"{steady / base:>20.2f}{_median(result.steady_ttft_ms()):>10.0f}{_median(result.ready_s):>9.1f}"
+        )
+    lines.append("medians over rounds (min-max in parentheses); steady: every run after a start's first")
+    return "\n".join(lines)
+
+
+def comparison_json(results: Sequence[ServerRuns]) -> dict[str, Any]:
+    """Per server: its command, start-up times and every run's metrics, by start."""
+    return {
+        r.spec.name: {
+            "base_url": r.spec.base_url,
+            "command": list(r.spec.command),
+            "ready_s": r.ready_s,
+            "first_run_output_throughput": _median(r.first()),
+            "steady_output_throughput": _median(r.steady()),
+            "starts": r.starts,
+        }
+        for r in results
+    }
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of a comparison (``--server`` given at least twice... or once, to measure one server's starts)."""
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="NAME=URL COMMAND",
+        help="a server to start, measure over OpenAI's API and stop (repeat it to compare; docs/client.md)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --server: starts of each server")
+    parser.add_argument(
+        "--runs-per-start", type=int, default=3, help="with --server: workload runs per start (first + steady)"
+    )
+    parser.add_argument("--server-start-timeout-s", type=float, default=900.0, help="bound on a server's start")
+    parser.add_argument("--server-log-dir", default="bench-servers", help="with --server: the servers' output")
+
+
+def check_compare_args(args: argparse.Namespace) -> None:
+    """A comparison needs rounds, a first run and a steady one, and runs on OpenAI's API alone."""
+    if args.rounds < 1 or args.runs_per_start < 2:
+        raise ValueError("--server needs --rounds >= 1 and --runs-per-start >= 2 (a first run and a steady one)")
+    if args.backend != "pagoda" or args.base_url or args.compare_hf or args.json_schema:
+        raise ValueError("--server measures each server over OpenAI's API: no --backend, --base-url, --compare-hf")

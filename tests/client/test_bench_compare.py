@@ -1,0 +1,113 @@
+"""``pagoda bench --server ...``: servers started, measured in rotated rounds and stopped; their failures bounded."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+
+import pytest
+
+from pagoda.launch.launcher import free_port
+from pagoda_bench.compare import ServerRuns, format_comparison, parse_servers, rotated
+from pagoda_bench.servers import ServerError, ServerSpec, parse_server, started
+from pagoda_client.cli import main
+
+
+def _loopback(target: str) -> bool:
+    return target.startswith("[127.0.0.1]")
+
+
+def test_a_server_is_a_name_a_url_and_a_command():
+    spec = parse_server("vllm=http://127.0.0.1:8001/ bench/vllm_cpu.sh serve 8001 --max-num-seqs '64'")
+    assert spec == ServerSpec(
+        "vllm", "http://127.0.0.1:8001", ("bench/vllm_cpu.sh", "serve", "8001", "--max-num-seqs", "64")
+    )
+    for bad in ("vllm", "=http://127.0.0.1:1 cmd", "vllm=http://127.0.0.1:1", "vllm=127.0.0.1:1 cmd"):
+        with pytest.raises(ValueError, match="NAME=URL COMMAND"):
+            parse_server(bad)
+    with pytest.raises(ValueError, match="must differ"):
+        parse_servers(["a=http://127.0.0.1:1 x", "a=http://127.0.0.1:2 y"], _loopback)
+    with pytest.raises(ValueError, match="loopback"):
+        parse_servers(["a=http://10.0.0.1:1 x"], _loopback)
+
+
+def test_each_round_starts_with_the_next_server():
+    specs = [ServerSpec(name, "http://127.0.0.1:1", ("x",)) for name in "abc"]
+    orders = ["".join(s.name for s in rotated(specs, r)) for r in range(4)]
+    assert orders == ["abc", "bca", "cab", "abc"]
+
+
+def _metrics(tok_s: float, ttft_ms: float = 100.0, failed: int = 0) -> dict:
+    return {"output_throughput": tok_s, "ttft_ms": {"median": ttft_ms}, "failed": failed, "completed": 8}
+
+
+def test_the_table_takes_first_runs_and_steady_runs_apart():
+    a = ServerRuns(ServerSpec("a", "u", ("x",)), [[_metrics(50), _metrics(100), _metrics(110)]] * 3, [2.0] * 3)
+    b = ServerRuns(
+        ServerSpec("b", "u", ("x",)), [[_metrics(40), _metrics(50)], [_metrics(45), _metrics(55)]], [9.0, 11.0]
+    )
+    assert a.first() == [50, 50, 50] and sorted(b.steady()) == [50, 55]
+    row_a, row_b = format_comparison([a, b]).splitlines()[2:4]
+    # a: first 50, steady median 105 (0.48 of it); b: first 42.5, steady 52.5, 0.50 of a's steady.
+    assert row_a.split()[:6] == ["a", "50.0", "(50-50)", "105.0", "(100-110)", "0.48"]
+    assert row_b.split()[:7] == ["b", "42.5", "(40-45)", "52.5", "(50-55)", "0.81", "0.50"]
+    assert a.complete() and not ServerRuns(a.spec, [[_metrics(1, failed=1)]]).complete()
+
+
+def test_a_server_that_exits_is_reported_with_its_last_lines(tmp_path):
+    spec = ServerSpec(
+        "crash", f"http://127.0.0.1:{free_port()}", (sys.executable, "-c", "print('no model here'); exit(3)")
+    )
+    with pytest.raises(ServerError, match=r"crash exited with code 3(.|\n)*no model here"):
+        with started(spec, tmp_path, "round1", start_timeout_s=60):
+            pass
+
+
+def test_a_server_that_never_answers_is_given_up_and_stopped(tmp_path):
+    spec = ServerSpec("mute", f"http://127.0.0.1:{free_port()}", (sys.executable, "-c", "import time; time.sleep(600)"))
+    start = time.monotonic()
+    with pytest.raises(ServerError, match="did not answer .*/v1/models within 2s"):
+        with started(spec, tmp_path, "round1", start_timeout_s=2):
+            pass
+    assert time.monotonic() - start < 60
+
+
+def test_two_servers_compared_over_rotated_rounds(client_tiny_model_dir, tmp_path, capsys):
+    """Pagoda twice under two names, each started by its own command twice, measured twice per start."""
+    servers, ports = [], []
+    for name in ("one", "two"):
+        http_port, port = free_port(), free_port()
+        ports.append(http_port)
+        command = f"{sys.executable} -m pagoda_client.cli serve --model {client_tiny_model_dir} --dtype float32"
+        command += f" --kv-cache-memory 512KiB --http-port {http_port} --port {port}"
+        servers += ["--server", f"{name}=http://127.0.0.1:{http_port} {command}"]
+    out = tmp_path / "compare.json"
+    argv = ["bench", "--model", str(client_tiny_model_dir), "--num-prompts", "4", "--input-len-range", "4:24"]
+    argv += ["--output-len-range", "2:8", "--rounds", "2", "--runs-per-start", "2", "--no-progress"]
+    argv += ["--server-log-dir", str(tmp_path / "logs"), "--json", str(out), *servers]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    starts = [line.split("]")[0] + "] " + line.split()[1] for line in printed.splitlines() if "answered after" in line]
+    assert starts == ["[round1] one", "[round1] two", "[round2] two", "[round2] one"]
+    assert "steady vs one" in printed
+    document = json.loads(out.read_text())["servers"]
+    for name in ("one", "two"):
+        assert len(document[name]["starts"]) == 2
+        runs = [run for start in document[name]["starts"] for run in start]
+        assert all(run["completed"] == 4 and run["failed"] == 0 for run in runs)
+        assert document[name]["steady_output_throughput"] > 0
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
+        "one-round1.log",
+        "one-round2.log",
+        "two-round1.log",
+        "two-round2.log",
+    ]
+    # Every server stopped: nothing answers on their ports any more.
+    assert all(_refused(port) for port in ports)
+
+
+def _refused(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
