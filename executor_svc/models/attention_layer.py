@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from executor_svc.kv.cache import LayerKV
 from executor_svc.loading.model_config import ModelConfig
 from executor_svc.models.layer_ops import LayerOps
+from executor_svc.models.lora_hook import QKV, LoraDeltas
 
 # (name inside model.layers.N.) -> the tensor in the model's dtype and device; has(name) says whether it exists.
 TensorGetter = Callable[[str], torch.Tensor]
@@ -82,10 +83,17 @@ def attend(
     backend: Any,
     attn_state: Any,
     scale: float,
+    lora: LoraDeltas | None = None,
+    layer: int = 0,
 ) -> torch.Tensor:
-    """Attention of the step's tokens, before the output projection: [T, H * Dh]."""
+    """Attention of the step's tokens, before the output projection: [T, H * Dh].
+
+    ``lora``: the step's LoRA deltas (models.lora_hook), added to q/k/v of layer ``layer``; None: none.
+    """
     num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     qkv = ops.linear(x, weights.qkv, weights.qkv_bias)  # [T, (H + 2 KVH) Dh]
+    if lora is not None:
+        lora.add(layer, QKV, x, qkv)
     qkv = qkv.view(-1, num_heads + 2 * num_kv_heads, head_dim)
     qk = qkv[:, : num_heads + num_kv_heads]  # [T, H + KVH, Dh]
     if weights.q_norm is not None:

@@ -30,7 +30,8 @@ from executor_svc.models.activations import check_activation
 from executor_svc.models.attention_layer import AttentionWeights, attend, load_attention
 from executor_svc.models.layer_ops import LayerOps
 from executor_svc.models.llama import GGUF_GLOBAL_TENSORS, decoder_shapes, layer_tensors
-from executor_svc.models.mlp import FeedForward, gated_mlp_shapes, load_gated_mlp
+from executor_svc.models.lora_hook import O_PROJ, LoraDeltas
+from executor_svc.models.mlp import FeedForward, gated_mlp_shapes, load_gated_mlp, with_lora
 from executor_svc.models.registry import GgufSpec, MetadataGetter, ModelFamily
 from executor_svc.models.rope import RotaryEmbedding
 
@@ -95,20 +96,26 @@ class GemmaModel:
             rope_index=rope_index,
         )
 
-    def forward(self, input_ids, rope_rows, kv_cache, backend, attn_states: Sequence[Any]) -> torch.Tensor:
-        """Runs every layer over the flattened tokens [T] (rope_rows: as LlamaModel.forward's); returns hidden
+    def forward(
+        self, input_ids, rope_rows, kv_cache, backend, attn_states: Sequence[Any], lora: LoraDeltas | None = None
+    ) -> torch.Tensor:
+        """Runs every layer over the flattened tokens [T] (rope_rows, lora: as LlamaModel.forward's); returns hidden
         states [T, hidden] before the final norm."""
-        ops, config, eps, layers = self.ops, self.config, self.config.rms_norm_eps, self.layers
+        ops, config, eps, layers, scale = self.ops, self.config, self.config.rms_norm_eps, self.layers, self.scale
         rotaries = [ops.rotary_for(rope, rope_rows) for rope in self.ropes]
         hidden = F.embedding(input_ids, self.embed) * self.embed_scale  # [T, hidden], the residual stream
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             cache = kv_cache.layer(index)
-            rotary = rotaries[layer.rope_index]
-            attn = attend(ops, config, normed, layer.attn, rotary, cache, backend, attn_states[index], self.scale)
-            attn = ops.rms_norm(ops.linear(attn, layer.attn.o_proj), layer.post_attn_norm, eps)
+            rotary, state = rotaries[layer.rope_index], attn_states[index]
+            attn = attend(ops, config, normed, layer.attn, rotary, cache, backend, state, scale, lora, index)
+            attn_proj = ops.linear(attn, layer.attn.o_proj)
+            if lora is not None:
+                lora.add(index, O_PROJ, attn, attn_proj)
+            attn = ops.rms_norm(attn_proj, layer.post_attn_norm, eps)
             normed = ops.add_rms_norm(attn, hidden, layer.pre_ff_norm, eps)  # hidden += attn
-            mlp_out = ops.rms_norm(layer.mlp(normed), layer.post_ff_norm, eps)
+            mlp_out = layer.mlp(normed) if lora is None else with_lora(layer.mlp, normed, lora, index)
+            mlp_out = ops.rms_norm(mlp_out, layer.post_ff_norm, eps)
             if index + 1 < len(layers):
                 normed = ops.add_rms_norm(mlp_out, hidden, layers[index + 1].input_norm, eps)
             else:

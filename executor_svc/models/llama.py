@@ -28,12 +28,14 @@ from executor_svc.models.attention_layer import (
     load_attention,
 )
 from executor_svc.models.layer_ops import LayerOps
+from executor_svc.models.lora_hook import O_PROJ, LoraDeltas
 from executor_svc.models.mlp import (
     FeedForward,
     FeedForwardLoader,
     feed_forward_path,
     gated_mlp_shapes,
     load_gated_mlp,
+    with_lora,
 )
 from executor_svc.models.registry import GgufSpec, MetadataGetter, ModelFamily
 from executor_svc.models.rope import RotaryEmbedding
@@ -94,7 +96,9 @@ class LlamaModel:
             mlp=feed_forward(self.config, index, get, has, self.ops),
         )
 
-    def forward(self, input_ids, rope_rows, kv_cache, backend, attn_states: Sequence[Any]) -> torch.Tensor:
+    def forward(
+        self, input_ids, rope_rows, kv_cache, backend, attn_states: Sequence[Any], lora: LoraDeltas | None = None
+    ) -> torch.Tensor:
         """Runs every layer over the flattened tokens.
 
         Args:
@@ -103,6 +107,8 @@ class LlamaModel:
                 one factor set on LongRoPE's long factors (models.rope).
             kv_cache: executor_svc.kv.cache.KVCache, written at the step's slots.
             backend: attention backend; attn_states[i] is its per-step state for layer i.
+            lora: the step's LoRA deltas (models.lora_hook); None: no row has an adapter (the fused decode
+                runs such steps where it applies).
 
         Returns:
             Hidden states [T, hidden] before the final norm.
@@ -111,13 +117,17 @@ class LlamaModel:
         rotary = ops.rotary_for(self.rope, rope_rows)
         hidden = F.embedding(input_ids, self.embed)  # [T, hidden], the residual stream (updated in place)
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
-        if self.fused_decode is not None and self.fused_decode.applies(attn_states):
+        if lora is None and self.fused_decode is not None and self.fused_decode.applies(attn_states):
             return self.fused_decode.run(hidden, normed, rotary, kv_cache, attn_states[0])
         for index, layer in enumerate(layers):
             cache = kv_cache.layer(index)
-            attn_out = attend(ops, config, normed, layer.attn, rotary, cache, backend, attn_states[index], scale)
-            normed = ops.add_rms_norm(ops.linear(attn_out, layer.attn.o_proj), hidden, layer.post_norm, eps)
-            mlp_out = layer.mlp(normed)
+            state = attn_states[index]
+            attn_out = attend(ops, config, normed, layer.attn, rotary, cache, backend, state, scale, lora, index)
+            attn_proj = ops.linear(attn_out, layer.attn.o_proj)
+            if lora is not None:
+                lora.add(index, O_PROJ, attn_out, attn_proj)
+            normed = ops.add_rms_norm(attn_proj, hidden, layer.post_norm, eps)
+            mlp_out = layer.mlp(normed) if lora is None else with_lora(layer.mlp, normed, lora, index)
             if index + 1 < len(layers):
                 normed = ops.add_rms_norm(mlp_out, hidden, layers[index + 1].input_norm, eps)
             else:

@@ -16,6 +16,7 @@ from executor_svc.loading.model_config import ModelConfig
 from executor_svc.models.activations import GatedActivation, gated_activation
 from executor_svc.models.attention_layer import TensorGetter, TensorTest
 from executor_svc.models.layer_ops import LayerOps
+from executor_svc.models.lora_hook import DOWN, GATE_UP, LoraDeltas
 
 
 class FeedForward(Protocol):
@@ -45,10 +46,30 @@ class GatedMlp:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
+        return self.linear(self._activated(x), self.down)
+
+    def with_lora(self, x: torch.Tensor, lora: LoraDeltas, layer: int) -> torch.Tensor:
+        """As ``__call__``, with the step's LoRA deltas of layer ``layer`` added to gate/up and down."""
+        if lora.targets(layer, GATE_UP):  # the delta goes in before the activation: no fused gate_up + act
+            gate_up = self.linear(x, self.gate_up)  # [T, 2I]
+            lora.add(layer, GATE_UP, x, gate_up)
+            hidden = self.act(gate_up)
+        else:
+            hidden = self._activated(x)
+        out = self.linear(hidden, self.down)
+        lora.add(layer, DOWN, hidden, out)
+        return out
+
+    def _activated(self, x: torch.Tensor) -> torch.Tensor:
+        """act(gate(x)) * up(x) [T, I]: in one pass where the gate/up layer computes it (int8 on AMX)."""
         hidden = self.fused_act(x) if self.fused_act is not None else None
-        if hidden is None:
-            hidden = self.act(self.linear(x, self.gate_up))
-        return self.linear(hidden, self.down)
+        return self.act(self.linear(x, self.gate_up)) if hidden is None else hidden
+
+
+def with_lora(block: FeedForward, x: torch.Tensor, lora: LoraDeltas, layer: int) -> torch.Tensor:
+    """A layer's block with the step's LoRA deltas; a mixture of experts runs as it is (executor_svc.lora refuses
+    adapters of expert weights, so none targets it)."""
+    return block.with_lora(x, lora, layer) if isinstance(block, GatedMlp) else block(x)
 
 
 def feed_forward_path(blocks: list[FeedForward]) -> str:

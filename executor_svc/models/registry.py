@@ -22,6 +22,7 @@ from executor_svc.loading.model_config import ModelConfig
 if TYPE_CHECKING:
     from executor_svc.kv.cache import KVCache
     from executor_svc.models.layer_ops import LayerOps
+    from executor_svc.models.lora_hook import LoraDeltas
 
 
 class DecoderModel(Protocol):
@@ -39,10 +40,12 @@ class DecoderModel(Protocol):
         kv_cache: KVCache,
         backend: Any,
         attn_states: Sequence[Any],
+        lora: LoraDeltas | None = None,
     ) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's flattened tokens; attn_states[i] is layer i's backend state.
 
         rope_rows [T]: each token's row in the model's RoPE tables (``StepBatch.rope_rows``, models.rope).
+        lora: the step's LoRA deltas (models.lora_hook); the runner passes it only to a step with adapter rows.
         """
         ...
 

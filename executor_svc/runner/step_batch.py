@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from executor_svc.attention.metadata import AttentionMetadata, PrefillSpan
+from executor_svc.lora.batch import Segment, adapter_segments
 from executor_svc.serving.sequence_table import SequenceState
 
 
@@ -30,6 +31,8 @@ class StepBatch:
     # SamplingParams.prompt_logprobs: (state, its first row, that row's position, rows) of the chunk rows that
     # predict a prompt token (each row predicts the token after it).
     prompt_spans: list[tuple[SequenceState, int, int, int]] = dataclasses.field(default_factory=list)
+    # (adapter name, first row, end row) of each run of rows with one LoRA adapter (lora.batch); (): none.
+    lora_segments: tuple[Segment, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -43,6 +46,7 @@ def build_step_batch(
     device: torch.device,
     sliding_window: int | None = None,
     rope_offset: int = 0,
+    lora: bool = False,
 ) -> StepBatch:
     """Lays out the scheduled tokens, decode (one token) rows first.
 
@@ -56,8 +60,11 @@ def build_step_batch(
     ``rope_offset``: the rows of one factor set in the RoPE tables of a model
     with a LongRoPE switch (``RotaryEmbedding.max_len``), added to the rows of
     the sequences on the long factors; 0: the model has one set.
+    ``lora``: the runner has LoRA adapters; the rows of each adapter are then
+    laid out together (decode rows by adapter, then position; prefill chunks
+    by adapter) and ``lora_segments`` says where (``executor_svc.lora.batch``).
     """
-    rows = _rows(scheduled)
+    rows = _rows(scheduled, lora)
     input_ids: list[int] = []
     flat_blocks: list[int] = []
     starts, counts, block_counts = [], [], []
@@ -105,11 +112,13 @@ def build_step_batch(
         sample_rows=torch.tensor([r for _, rs in sampled.values() for r in rs], dtype=torch.int64).to(device),
         sample_states=[state for state, _ in sampled.values()],
         prompt_spans=prompt_spans,
+        lora_segments=adapter_segments((state.lora_name, len(ids)) for state, _, ids in rows) if lora else (),
     )
 
 
-def _rows(scheduled: list[tuple[SequenceState, int]]) -> list[tuple[SequenceState, int, list[int]]]:
-    """(state, first position, token ids) of each attention row: decode rows by context length, then chunks."""
+def _rows(scheduled: list[tuple[SequenceState, int]], lora: bool) -> list[tuple[SequenceState, int, list[int]]]:
+    """(state, first position, token ids) of each attention row: decode rows by context length, then chunks;
+    with ``lora``, the base model's rows first, then each adapter's."""
     decodes: list[tuple[SequenceState, int, list[int]]] = []
     chunks = []
     for state, num_scheduled in scheduled:
@@ -123,7 +132,11 @@ def _rows(scheduled: list[tuple[SequenceState, int]]) -> list[tuple[SequenceStat
         else:
             chunks.append((state, start, token_ids))
     # Decode rows by context length, so backends can group similar lengths.
-    decodes.sort(key=lambda row: row[1])
+    if not lora:
+        decodes.sort(key=lambda row: row[1])
+        return decodes + chunks
+    decodes.sort(key=lambda row: (row[0].lora_name or "", row[1]))
+    chunks.sort(key=lambda row: row[0].lora_name or "")
     return decodes + chunks
 
 

@@ -83,6 +83,8 @@ class SequenceState:
     num_draft_computed: int = 0
     # Its K and Q are rotated with LongRoPE's long factors (the plan's NewSequence.long_rope; models.rope).
     long_rope: bool = False
+    # The LoRA adapter its rows run with (executor_svc.lora; docs/lora.md); None: the base model.
+    lora_name: str | None = None
 
     @property
     def num_sample_rows(self) -> int:

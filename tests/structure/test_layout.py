@@ -9,7 +9,7 @@ from support.installed import REPO, setup_script
 from structure.import_graph import circles, graph, modules
 
 # A service's top level holds its entry point, config and the pieces every subsystem meets; the rest is in folders.
-MAX_TOP_LEVEL_MODULES = 12
+MAX_TOP_LEVEL_MODULES = 13
 # The one folder named otherwise than its import name (documented in docs/architecture.md).
 RENAMED = {"pagoda_client": "client"}
 

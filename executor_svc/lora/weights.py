@@ -1,0 +1,76 @@
+"""An adapter on the device, laid out for the step: one A and one B matrix per fused linear layer it adapts.
+
+The modules of one fused layer become one pair: their A matrices stacked
+([r_q + r_k + r_v, in]) and their B matrices side by side in a block matrix
+over the columns they cover, each module's scale folded in (zeros where a
+module's rows meet another module's ranks, and for a module in between that
+the adapter leaves alone). So the delta of a fused layer is two GEMMs, the
+second writing a contiguous range of its columns. Both are packed by the
+model's layer ops (never quantized), so they run the same GEMM kernels as the
+base weights: at decode sizes the C++ panel kernels take half the time of
+torch's bf16 matmul. Weights are in the model's dtype (bf16 adapters for bf16
+and int8 models, fp32 for an fp32 model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from executor_svc.lora.adapter import LoraAdapter, LoraModule
+
+# A weight [out, in] -> the form the layer ops' linear takes (LayerOps.pack with dense=True).
+Packer = Callable[[torch.Tensor], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraLinear:
+    """An adapter's delta on one fused linear layer of one layer: ``out[:, start:end] += (x a^T) b^T``."""
+
+    a: Any  # [R, in], packed (R: the ranks of the modules it covers, summed)
+    b: Any  # [end - start, R], packed, scales folded in
+    start: int  # the first output column it adds to
+    end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceLora:
+    """A resident adapter: per layer, the fused linear layers it adapts (``models.lora_hook.LINEARS``)."""
+
+    name: str
+    layers: list[dict[str, LoraLinear]]
+    num_bytes: int  # of its matrices on the device
+
+
+def to_device(
+    name: str, adapter: LoraAdapter, num_layers: int, pack: Packer, dtype: torch.dtype, device: torch.device
+) -> DeviceLora:
+    """The adapter's device form, in ``dtype``, packed with ``pack``."""
+    grouped: dict[tuple[int, str], list[LoraModule]] = {}
+    for (layer, _), module in adapter.modules.items():
+        grouped.setdefault((layer, module.target.linear), []).append(module)
+    layers: list[dict[str, LoraLinear]] = [{} for _ in range(num_layers)]
+    num_bytes = 0
+    for (layer, linear), modules in grouped.items():
+        a, b, start = _fused_pair(sorted(modules, key=lambda m: m.target.column_start))
+        a, b = a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
+        num_bytes += (a.numel() + b.numel()) * a.element_size()
+        layers[layer][linear] = LoraLinear(pack(a), pack(b), start, start + b.shape[0])
+    return DeviceLora(name, layers, num_bytes)
+
+
+def _fused_pair(modules: list[LoraModule]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(A [R, in], scaled block B [columns, R], first column) of the modules of one fused layer, in fp32."""
+    start = modules[0].target.column_start
+    end = max(m.target.column_start + m.target.out_features for m in modules)
+    a = torch.cat([m.a.float() for m in modules])
+    b = torch.zeros(end - start, a.shape[0])
+    rank_offset = 0
+    for m in modules:
+        row = m.target.column_start - start
+        b[row : row + m.target.out_features, rank_offset : rank_offset + m.rank] = m.b.float() * m.scale
+        rank_offset += m.rank
+    return a, b, start
