@@ -58,6 +58,9 @@ class Loaded:
     bos_token_id: int | None = None
     # The offload tier the runner stores blocks in (docs/kv-offload.md); None: none.
     tier: OpenTier | None = None
+    # The start-up warm-up (runner.warmup): its time and what it ran; 0 and "" for the simulated runner.
+    warmup_s: float = 0.0
+    warmup: str = ""
 
 
 async def load_model(
@@ -79,7 +82,7 @@ async def load_model(
         draft_path = await asyncio.to_thread(resolve_draft_model, config, tokenizer)
     runner = await servicer.run_model(build_runner, config, model_path, draft_path)
     tier = await servicer.run_model(open_runner_tier, config, runner, model_path, tier_lock, servicer.metrics)
-    await servicer.run_model(runner.warmup)
+    warmup = await servicer.run_model(runner.warmup)
     await servicer.run_model(release_freed_memory)  # the load's freed copies go back to the OS
     eos_token_ids = tuple(tokenizer.eos_token_ids or runner.info.eos_token_ids)
     await asyncio.to_thread(runner.enable_constraints, tokenizer.tokenizer_json, eos_token_ids)
@@ -87,7 +90,9 @@ async def load_model(
     library = loader.loaded()
     model_name = config.model_name or runner.info.model_name
     library_path = str(library.library) if library is not None else ""
-    return Loaded(runner, tokenizer, model_name, kernels, library_path, runner.config.bos_token_id, tier)
+    bos_token_id = runner.config.bos_token_id
+    summary = warmup.summary()
+    return Loaded(runner, tokenizer, model_name, kernels, library_path, bos_token_id, tier, warmup.seconds, summary)
 
 
 def open_runner_tier(
@@ -217,6 +222,7 @@ async def serve(config: ExecutorConfig) -> None:
         raise
     info = loaded.runner.info
     metrics.kv_blocks.set(info.num_kv_blocks)
+    metrics.warmup_s.set(loaded.warmup_s)
     if config.metrics_port:
         metrics.serve(config.host, config.metrics_port)
     tier = loaded.tier
@@ -233,6 +239,8 @@ async def serve(config: ExecutorConfig) -> None:
         kv_offload=kv_offload,
         num_tier_blocks=len(tier.store.hashes()) if tier is not None else 0,
         rss_bytes=rss_bytes(),
+        warmup_s=round(loaded.warmup_s, 3),
+        warmup=loaded.warmup,
     )
 
     stop = asyncio.Event()

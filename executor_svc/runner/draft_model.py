@@ -227,26 +227,10 @@ class DraftModel:
 
     # -- start-up ---------------------------------------------------------------
 
-    def warmup(self) -> None:
-        """One small prefill and one decode pass through every layer; the KV contents are restored."""
-        # Two drafts: the prompt's KV and the first draft's, num_tokens + 1 positions.
-        num_tokens = min(8, self.kv_cache.num_blocks * self.block_size - 1)
-        if num_tokens < 1:
-            return
-        num_blocks = -(-(num_tokens + 1) // self.block_size)
-        saved = [tensor.narrow(dim, 0, num_blocks).clone() for tensor, dim in self.kv_cache.block_tensors()]
-        state = SequenceState(
-            -1,
-            "warmup",
-            list(range(num_tokens)),
-            num_tokens,
-            SamplingParams(temperature=0.0),
-            list(range(num_blocks)),
-            0,
-        )
-        state.num_model_draft_tokens = 2
-        with torch.inference_mode():
-            self.propose([state])
-        self._proposed = []
-        for (tensor, dim), contents in zip(self.kv_cache.block_tensors(), saved):
-            tensor.narrow(dim, 0, num_blocks).copy_(contents)
+    def block_state(self) -> bytes:
+        """Which blocks hold valid draft KV (the warm-up restores it with the cache's contents)."""
+        return bytes(self._full)
+
+    def restore_block_state(self, state: bytes) -> None:
+        """Sets which blocks hold valid draft KV back to ``state`` (from block_state)."""
+        self._full = bytearray(state)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -21,11 +22,13 @@ from executor_svc.attention.layer_states import LayerStates
 from executor_svc.kv.cache import KVCache, KVCacheSpec, default_block_size, num_blocks_for_budget
 from executor_svc.loading.model_config import ModelConfig
 from executor_svc.loading.weights import load_checkpoint, validate_tensors
+from executor_svc.lora.registry import LoraInfo, LoraRegistry
 from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
 from executor_svc.models.registry import parse_model_config
 from executor_svc.models.rope import rope_switch_len
 from executor_svc.quant.modes import resolve_quantization
+from executor_svc.runner import sequence_loras, warmup
 from executor_svc.runner.device import dtype_name, resolve_device, resolve_dtype, resolve_kv_dtype
 from executor_svc.runner.draft_model import DraftCheckpoint, DraftModel, load_draft_checkpoint
 from executor_svc.runner.step_batch import StepBatch, build_step_batch
@@ -33,7 +36,6 @@ from executor_svc.sampling.constraints import ConstraintEngine, StepMasks
 from executor_svc.sampling.prompt_logprobs import prompt_logprobs, with_prompt_logprobs
 from executor_svc.sampling.sampler import SampleRequest, sample
 from executor_svc.serving.sequence_table import SequenceState, SequenceTable
-from pagoda.params import SamplingParams
 from pagoda.step import ExecutorInfo, SeqError, SeqOutput, StepPlan, StepResult, StepTimings
 
 if TYPE_CHECKING:
@@ -64,6 +66,9 @@ class ModelRunner:
         quantized_activations: str = "auto",
         draft_model_path: str | None = None,
         batch_invariant: bool = False,
+        max_loras: int = 4,
+        max_lora_rank: int = 64,
+        max_cpu_loras: int | None = None,
     ):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -120,6 +125,17 @@ class ModelRunner:
         self.constraints: ConstraintEngine | None = None
         # The offload tier's side of each step (attach_tier); None: no tier, loads are refused recoverably.
         self.tier_io: TierStepIO | None = None
+        # LoRA adapters (add_lora): max_loras resident at once, packed for the model's layer ops, never quantized.
+        self.loras = LoraRegistry(
+            self.config,
+            functools.partial(self.model.ops.pack, dense=True),
+            self.dtype,
+            self.device,
+            max_loras=max_loras,
+            max_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
+            in_use=lambda: sequence_loras.in_use(self._seqs),
+        )
 
     def _describe(self, model_name: str, extra_eos_token_ids: tuple[int, ...]) -> ExecutorInfo:
         """What Describe reports of the model and the KV cache; the servicer adds itself and the tokenizer."""
@@ -176,6 +192,27 @@ class ModelRunner:
         """Serve the plans' loads and saves through this offload tier (docs/kv-offload.md)."""
         self.tier_io = tier_io
 
+    def add_lora(self, name: str, path: str) -> LoraInfo:
+        """Registers the PEFT LoRA adapter in folder ``path`` as ``name``: read and checked now, made resident
+        when a sequence names it (docs/lora.md).
+
+        Raises:
+            LoraAdapterError: it does not fit this model; the message names the problem and nothing changes.
+            LoraRegistryError: the name is taken.
+        """
+        info = self.loras.register(name, path)
+        log.info("lora_added", name=name, path=path, rank=info.rank, target_modules=list(info.target_modules))
+        return info
+
+    def remove_lora(self, name: str) -> None:
+        """Forgets adapter ``name``.
+
+        Raises:
+            LoraRegistryError: unknown, or a running sequence uses it.
+        """
+        self.loras.unregister(name)
+        log.info("lora_removed", name=name)
+
     def num_sequences(self) -> int:
         """Sequences whose state this runner holds."""
         return len(self._seqs)
@@ -190,13 +227,19 @@ class ModelRunner:
         if self.draft is not None:
             self.draft.reset()
 
-    def execute(self, step: StepPlan) -> StepResult:
+    def execute(self, step: StepPlan, lora_names: Mapping[int, str] | None = None) -> StepResult:
         """Runs one step plan: its saves copied out, its loads filled, one forward over all scheduled tokens,
-        then sampling."""
+        then sampling.
+
+        ``lora_names``: the LoRA adapter of new sequences of this step, by seq_id (until the plan carries it);
+        a sequence whose adapter is unknown, or cannot be made resident, fails alone.
+        """
         start_ns = time.perf_counter_ns()
         tier_io = self.tier_io
         save_ns = tier_io.save(step.saves) if tier_io is not None and step.saves else 0
         scheduled, errors = self._table.apply(step, can_load=tier_io is not None)
+        if lora_names or len(self.loras):
+            scheduled = sequence_loras.admit(self.loras, self._seqs, step, scheduled, errors, lora_names or {})
         if self.draft is not None:
             self.draft.follow(step, self._seqs)
         requests = self._table.loads_of(step)
@@ -238,34 +281,18 @@ class ModelRunner:
                 errors.append(SeqError(state.seq_id, f"step failed: {type(exc).__name__}: {exc}"))
             return StepResult(step_id=step.step_id, errors=tuple(errors))
 
-    def warmup(self) -> None:
-        """One small prefill + decode through every layer; KV contents are restored."""
-        num_tokens = min(8, self.kv_cache.num_blocks * self.block_size - 1)
-        if num_tokens < 1:
-            return
-        num_blocks = -(-(num_tokens + 1) // self.block_size)
-        block_ids = tuple(range(num_blocks))
-        saved = [tensor.narrow(dim, 0, num_blocks).clone() for tensor, dim in self.kv_cache.block_tensors()]
-        state = SequenceState(
-            -1, "warmup", list(range(num_tokens)), num_tokens, SamplingParams(temperature=0.0), list(block_ids), 0
-        )
-        with torch.inference_mode():
-            for num_scheduled in (num_tokens, 1):
-                batch = build_step_batch([(state, num_scheduled)], self.block_size, self.device)
-                hidden = self._forward(batch)
-                self.model.compute_logits(hidden[batch.sample_rows])
-                state.num_computed_tokens += num_scheduled
-                state.token_ids.append(0)
-            for (tensor, dim), contents in zip(self.kv_cache.block_tensors(), saved):
-                tensor.narrow(dim, 0, num_blocks).copy_(contents)
-        if self.draft is not None:
-            self.draft.warmup()
+    def warmup(self) -> warmup.WarmupReport:
+        """One step of each kind the scheduler sends (runner.warmup); KV contents and sequences are left as they
+        were."""
+        return warmup.run(self)
 
     # -- the step -----------------------------------------------------------
 
     def _run(self, step_id, scheduled, errors, start_ns) -> StepResult:
         draft_ns = self._propose_drafts(scheduled)
-        batch = build_step_batch(scheduled, self.block_size, self.device, rope_offset=self._rope_offset)
+        batch = build_step_batch(
+            scheduled, self.block_size, self.device, rope_offset=self._rope_offset, lora=len(self.loras) > 0
+        )
         # The masks of the constrained rows are computed while the forward runs (None: no row is constrained).
         masks = self.constraints.start(batch.sample_states) if self.constraints is not None else None
         prepared_ns = time.perf_counter_ns()
@@ -307,7 +334,10 @@ class ModelRunner:
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         layer_states = self._layer_states.prepare(self.backend, batch.attn_meta)  # [num_layers]
-        return self.model.forward(batch.input_ids, batch.rope_rows, self.kv_cache, self.backend, layer_states)
+        if not batch.lora_segments:  # no row has an adapter: the model's own path (the fused decode included)
+            return self.model.forward(batch.input_ids, batch.rope_rows, self.kv_cache, self.backend, layer_states)
+        lora = sequence_loras.step_deltas(self.loras, batch.lora_segments, self.model.ops.linear)
+        return self.model.forward(batch.input_ids, batch.rope_rows, self.kv_cache, self.backend, layer_states, lora)
 
     def _sample(
         self,

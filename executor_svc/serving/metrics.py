@@ -50,6 +50,9 @@ class ExecutorMetrics:
         self.seq_errors = Counter("pagoda_executor_sequence_errors", "Sequences that failed alone", registry=r)
         self.num_sequences = Gauge("pagoda_executor_num_sequences", "Sequences held", registry=r)
         self.kv_blocks = Gauge("pagoda_executor_kv_blocks", "KV cache blocks allocated", registry=r)
+        self.warmup_s = Gauge(
+            "pagoda_executor_warmup_seconds", "Start-up warm-up steps run before READY (runner.warmup)", registry=r
+        )
         # Exposed as pagoda_executor_kernel_info{attention=...,gemm=...,...} 1
         self.kernel_info = Info(
             "pagoda_executor_kernel", "Kernel paths the executor runs (executor_svc.native.active)", registry=r
