@@ -161,12 +161,16 @@ def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
 
     check_compare_args(args)
     specs = parse_servers(args.server, is_loopback)
-    requests = build_workload(args, *checkpoint_vocab(args.model))
+    vocabulary = checkpoint_vocab(args.model)
+    # Run k's prompts (seed --seed + k): new to the server, the same for every server.
+    workloads = [
+        build_workload(argparse.Namespace(**{**vars(args), "seed": args.seed + k}), *vocabulary)
+        for k in range(args.runs_per_start)
+    ]
 
-    def run(base_url: str, model: str) -> tuple[list[RequestRecord], float]:
-        return _run_openai(
-            argparse.Namespace(**{**vars(args), "base_url": base_url, "model_name": model}), requests, api_key
-        )
+    def run(base_url: str, model: str, index: int) -> tuple[list[RequestRecord], float]:
+        options = argparse.Namespace(**{**vars(args), "base_url": base_url, "model_name": model})
+        return _run_openai(options, workloads[index], api_key)
 
     results = run_rounds(args, specs, run)
     print(format_comparison(results))

@@ -3,8 +3,11 @@
 Each round starts every server in turn (the order rotates by one each round, so none always runs first or
 right after another's load), sends the workload ``--runs-per-start`` times through the OpenAI backend, and stops
 it: the servers never share the machine. The first run after a start is the *first run* a user meets; the
-others are the *steady state*. The table gives, per server, the medians over rounds of both, how long the
-server took to answer, and each steady rate as a ratio of the first server's.
+others are the *steady state*. Run k of every start draws its prompts with seed ``--seed + k``: each run's
+prompts are new to the server (the same prompts again would be served from its prefix cache, and a second run
+would skip most of its prefill), and every server gets the same prompts at the same place. The table gives,
+per server, the medians over rounds of both, how long the server took to answer, and each steady rate as a
+ratio of the first server's.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from urllib.parse import urlsplit
 from pagoda_bench.metrics import RequestRecord, compute_metrics
 from pagoda_bench.servers import ServerSpec, parse_server, started
 
-# (records, duration_s) of the workload sent to one server's base URL and model.
-RunWorkload = Callable[[str, str], tuple[list[RequestRecord], float]]
+# (records, duration_s) of run k's workload (its seed: --seed + k) sent to one server's base URL and model.
+RunWorkload = Callable[[str, str, int], tuple[list[RequestRecord], float]]
 
 
 @dataclass
@@ -76,7 +79,7 @@ def run_rounds(args: argparse.Namespace, specs: Sequence[ServerSpec], run: RunWo
                 results[spec.name].ready_s.append(server.ready_s)
                 print(f"[{label}] {spec.name} answered after {server.ready_s:.1f}s ({server.model})", flush=True)
                 for index in range(args.runs_per_start):
-                    records, duration_s = run(spec.base_url, server.model)
+                    records, duration_s = run(spec.base_url, server.model, index)
                     server.check_alive()
                     metrics = compute_metrics(records, duration_s)
                     runs.append(metrics)

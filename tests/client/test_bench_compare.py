@@ -98,6 +98,12 @@ def test_two_servers_compared_over_rotated_rounds(client_tiny_model_dir, tmp_pat
         runs = [run for start in document[name]["starts"] for run in start]
         assert all(run["completed"] == 4 and run["failed"] == 0 for run in runs)
         assert document[name]["steady_output_throughput"] > 0
+    # Run k of every start sends seed + k's prompts: new to the server each run, the same for both servers.
+    inputs = {
+        name: [[run["total_input_tokens"] for run in start] for start in document[name]["starts"]] for name in document
+    }
+    assert inputs["one"] == inputs["two"] and all(start == inputs["one"][0] for start in inputs["one"])
+    assert inputs["one"][0][0] != inputs["one"][0][1]
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
         "one-round1.log",
         "one-round2.log",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 import torch
 from protocol.conftest import scrape
 from support.services import executor_service
 from support.tiny_model import build_tiny_model
 
-from executor_svc.kv.cache import KVCacheSpec
+from executor_svc.kv.cache import KVCache, KVCacheSpec
 from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.runner.warmup import layout
 from pagoda import step as t
@@ -53,6 +55,17 @@ def record_forwards(runner: ModelRunner) -> list[tuple[int, list[tuple[int, int]
 def block_contents(runner: ModelRunner) -> list[torch.Tensor]:
     caches = [runner.kv_cache] + ([runner.draft.kv_cache] if runner.draft is not None else [])
     return [tensor.clone() for cache in caches for tensor, _ in cache.block_tensors()]
+
+
+def test_the_kv_cache_is_resident_once_allocated():
+    """The warm-up writes no pass over the pool: allocating it zeroed faults every page in already."""
+    spec = KVCacheSpec(4, 2, 64, 32, torch.int8)
+    cache = KVCache(spec, 64 * 2**20 // spec.bytes_per_block, torch.device("cpu"))
+    num_pages = cache.num_bytes // 4096
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for tensor, _ in cache.block_tensors():
+        tensor.fill_(1)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < num_pages // 100
 
 
 def test_the_layout_fits_the_pool_and_the_context():
