@@ -6,9 +6,6 @@ import json
 import math
 import re
 import socket
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 from fixtures_tiny import TINY_EOS_ID, TINY_VOCAB_SIZE
@@ -22,21 +19,9 @@ from pagoda_bench.progress import ProgressBar
 from pagoda_bench.workload import random_workload
 from pagoda_client import Client
 from pagoda_client.cli import main
+from tests.http.conftest import wait_http_health
 
 NUM_PROMPTS = 8
-
-
-def _wait_http_health(base_url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        assert time.monotonic() < deadline, f"{base_url}/health never answered 200"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +31,7 @@ def http_tiny_system(client_tiny_model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("bench-openai-logs")
     with fp32_launcher(client_tiny_model_dir, logs, "512KiB", http_port=port, startup_timeout_s=180) as system:
         base_url = f"http://127.0.0.1:{port}"
-        _wait_http_health(base_url)
+        wait_http_health(base_url, timeout_s=60)
         yield system, base_url
 
 
