@@ -51,6 +51,8 @@ class ExecutorStatus:
     """The draft model proposing speculative tokens on it (empty: none; ExecutorInfo.draft_model)."""
     batch_invariant: bool = False
     """It serves batch-invariant (as ExecutorInfo.batch_invariant)."""
+    loras: tuple[str, ...] = ()
+    """The LoRA adapters registered on it, by name (ExecutorInfo.loras)."""
 
 
 @dataclass(frozen=True)

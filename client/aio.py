@@ -14,7 +14,7 @@ from pagoda_client._base import BaseClient, CallDriver, StreamDriver
 from pagoda_client.core import calls
 from pagoda_client.core.calls import UnaryCall
 from pagoda_client.options import Message
-from pagoda_client.results import GenerationDelta, GenerationResult, ModelInfo, ServerStatus
+from pagoda_client.results import GenerationDelta, GenerationResult, LoraAdapter, ModelInfo, ServerStatus
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -114,6 +114,14 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
     async def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         """What model the server serves, and its limits."""
         return await self._unary(calls.model_info_call(), timeout)
+
+    async def load_lora_adapter(self, name: str, path: str, *, timeout: float | None = None) -> LoraAdapter:
+        """Register a LoRA adapter on every executor (arguments and errors: ``Client.load_lora_adapter``)."""
+        return await self._unary(calls.load_lora_call(name, path), timeout)
+
+    async def unload_lora_adapter(self, name: str, *, timeout: float | None = None) -> None:
+        """Unregister a LoRA adapter (errors: ``Client.unload_lora_adapter``)."""
+        await self._unary(calls.unload_lora_call(name), timeout)
 
     async def tokenize(self, text: str | None = None, **options: Unpack[TokenizeOptions]) -> list[int]:
         """Token ids of ``text`` (or of ``messages=`` through the chat template)."""

@@ -153,10 +153,13 @@ def cmd_models(args: argparse.Namespace) -> int:
     with _client(args) as client:
         info = client.model_info()
     if args.json:
-        print(json.dumps(info.__dict__ | {"eos_token_ids": list(info.eos_token_ids)}))
+        print(json.dumps(dataclasses.asdict(info)))
         return 0
     for key, value in info.__dict__.items():
-        print(f"{key:<20}{value}")
+        if key != "loras":
+            print(f"{key:<20}{value}")
+    for a in info.loras:  # what --lora may name
+        print(f"{'lora':<20}{a.name}  rank {a.rank}  {','.join(a.target_modules)}  {a.path}")
     return 0
 
 
@@ -196,6 +199,8 @@ def format_status(status: ServerStatus) -> str:
             lines.append(f"  quantization: {e.quantization}")
         if e.batch_invariant:
             lines.append("  batch-invariant: yes")
+        if e.loras:
+            lines.append(f"  loras: {', '.join(e.loras)}")
         if e.kernels:
             lines.append("  kernels: " + "  ".join(f"{part}={path}" for part, path in e.kernels.items()))
         if e.kv_offload:

@@ -27,6 +27,7 @@ _CALL_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--priority", "priority", int, "lower is served first (default 0)"),
     ("--request-id", "request_id", str, "the request's id (also sent as x-request-id)"),
     ("--cache-salt", "cache_salt", str, "isolates the prefix cache from requests with another salt"),
+    ("--lora", "lora", str, "run with this LoRA adapter, by name (pagoda models lists them)"),
     ("--traceparent", "traceparent", str, "W3C trace context to continue (00-<trace id>-<span id>-<flags>)"),
 )
 

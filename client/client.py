@@ -13,7 +13,7 @@ from pagoda_client._base import DEFAULT_TARGET, BaseClient, CallDriver, StreamDr
 from pagoda_client.core import calls
 from pagoda_client.core.calls import UnaryCall
 from pagoda_client.options import Message
-from pagoda_client.results import GenerationDelta, GenerationResult, ModelInfo, ServerStatus
+from pagoda_client.results import GenerationDelta, GenerationResult, LoraAdapter, ModelInfo, ServerStatus
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -94,7 +94,7 @@ class Client(BaseClient[grpc.Channel]):
         the model's chat template). The options (``GenerateOptions``) are the
         sampling and stopping parameters of ``pagoda.params`` (``max_tokens``,
         ``temperature``, ``seed``, ``logprobs``, ``stop``, ``ignore_eos``, ...)
-        and the call's own (``priority``, ``cache_salt``, ``request_id``,
+        and the call's own (``priority``, ``cache_salt``, ``lora``, ``request_id``,
         ``skip_special_tokens``, ``add_generation_prompt``, ``timeout``); one
         left out takes the server's default (temperature 0 is greedy).
 
@@ -119,6 +119,24 @@ class Client(BaseClient[grpc.Channel]):
     def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         """What model the server serves, and its limits."""
         return self._unary(calls.model_info_call(), timeout)
+
+    def load_lora_adapter(self, name: str, path: str, *, timeout: float | None = None) -> LoraAdapter:
+        """Register the LoRA adapter in the PEFT folder ``path`` (on the executors' file system) as ``name`` on
+        every executor; requests name it with ``lora=name``. Needs an API key where the server has keys.
+
+        Raises:
+            PagodaError: INVALID_ARGUMENT (it does not fit the model: the message says why), NOT_FOUND (no such
+                folder), ALREADY_EXISTS (the name holds another adapter), UNAVAILABLE (no executor).
+        """
+        return self._unary(calls.load_lora_call(name, path), timeout)
+
+    def unload_lora_adapter(self, name: str, *, timeout: float | None = None) -> None:
+        """Unregister the adapter ``name``: new requests naming it fail with NOT_FOUND, running ones finish.
+
+        Raises:
+            PagodaError: NOT_FOUND (no such adapter).
+        """
+        self._unary(calls.unload_lora_call(name), timeout)
 
     def tokenize(self, text: str | None = None, **options: Unpack[TokenizeOptions]) -> list[int]:
         """Token ids of ``text`` (or of ``messages=`` through the chat template); see ``TokenizeOptions``."""

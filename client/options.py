@@ -27,6 +27,8 @@ class CallOptions(TypedDict, total=False):
     priority: int | None
     # Mixed into the prefix-cache hashes: requests with different salts share no cached blocks.
     cache_salt: str | None
+    # The LoRA adapter to run with, by name (``ModelInfo.loras``); None or empty: the base model.
+    lora: str | None
     # The request's id (the server makes one when unset); also sent as x-request-id metadata.
     request_id: str | None
     # Drop special tokens (e.g. EOS) from the returned text (server default true).

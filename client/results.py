@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 # The logprob types are the step protocol's own (the same on both hops), re-exported.
 from pagoda.step import LogprobEntry as LogprobEntry
+from pagoda.step import LoraAdapter as LoraAdapter
 from pagoda.step import TokenLogprob as TokenLogprob
 
 # The status types are generated from their proto messages (make proto), re-exported.
@@ -155,3 +156,5 @@ class ModelInfo:
     """The linear weights' quantization: ``none``, ``int8``, or a GGUF file's block types as stored."""
     batch_invariant: bool = False
     """Whether the executors serve batch-invariant: a request's tokens do not depend on the load beside it."""
+    loras: tuple[LoraAdapter, ...] = ()
+    """The LoRA adapters requests may name (the ``lora`` option), sorted by name."""

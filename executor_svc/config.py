@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from pagoda.runtime.flags import parse_config, parse_size, setting
-from pagoda.runtime.shared_settings import log_format_setting, otlp_endpoint_setting
+from pagoda.runtime.shared_settings import log_format_setting, lora_setting, lora_specs, otlp_endpoint_setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +120,19 @@ class ExecutorConfig:
         "prefix-cache hits, preemption, speculation (docs/durability.md); the C++ kernels on a CPU, Triton on CUDA",
         serve=True,
     )
+    lora: tuple[str, ...] = lora_setting(
+        "a LoRA adapter to register at start, `NAME=PATH` (a PEFT folder: `adapter_config.json`, "
+        "`adapter_model.safetensors`); repeat the flag for more (docs/lora.md)",
+        serve=True,
+    )
+    max_loras: int = setting(4, "LoRA adapters resident on the device at once", serve=True)
+    max_lora_rank: int = setting(64, "the largest LoRA rank accepted", serve=True)
+    max_cpu_loras: int | None = setting(
+        None,
+        "checked LoRA adapters kept in host memory (an LRU; others are read from their folder again when needed)",
+        serve=True,
+        doc_default="all registered",
+    )
     num_threads: int | None = setting(None, "intra-op threads", serve=True, doc_default="torch default")
     max_message_bytes: int = setting(64 * 2**20, "largest plan message accepted", parse=parse_size)
     metrics_port: int = setting(0, "Prometheus `/metrics` port", doc_default="`0` (off)")
@@ -156,6 +169,13 @@ class ExecutorConfig:
         for name in ("kv_offload_size", "kv_offload_memory", "kv_offload_queue"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("--max-loras and --max-lora-rank must be positive")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < 0:
+            raise ValueError("--max-cpu-loras must not be negative")
+        lora_specs(self.lora)
+        if self.simulate and self.lora:
+            raise ValueError("--lora needs a model: a simulated executor (--simulate) serves no LoRA adapters")
         if self.simulate_time_scale < 0:
             raise ValueError("--simulate-time-scale must not be negative")
         if self.simulate and self.draft_model:

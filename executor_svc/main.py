@@ -18,12 +18,14 @@ import structlog
 from executor_svc.config import ExecutorConfig, load_config
 from executor_svc.loading.memory import rss_bytes
 from executor_svc.loading.tokenizer_files import TokenizerFiles
+from executor_svc.lora.errors import LoraAdapterError
 from executor_svc.serving.metrics import ExecutorMetrics
 from executor_svc.serving.sequence_table import Runner
 from executor_svc.serving.servicer import ExecutorServicer
 from executor_svc.serving.step_tracing import StepTracer
 from pagoda.runtime import grpc_server
 from pagoda.runtime.logs import configure_logging, run_logged
+from pagoda.runtime.shared_settings import lora_specs
 from pagoda.tracing import setup_tracing, shutdown_tracing
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 
@@ -83,6 +85,11 @@ async def load_model(
     runner = await servicer.run_model(build_runner, config, model_path, draft_path)
     tier = await servicer.run_model(open_runner_tier, config, runner, model_path, tier_lock, servicer.metrics)
     warmup = await servicer.run_model(runner.warmup)
+    for name, path in lora_specs(config.lora).items():  # a bad one fails the start, naming the problem
+        try:
+            await servicer.run_model(runner.add_lora, name, path)
+        except LoraAdapterError as exc:
+            raise LoraAdapterError(f"--lora {name}={path}: {exc}") from None
     await servicer.run_model(release_freed_memory)  # the load's freed copies go back to the OS
     eos_token_ids = tuple(tokenizer.eos_token_ids or runner.info.eos_token_ids)
     await asyncio.to_thread(runner.enable_constraints, tokenizer.tokenizer_json, eos_token_ids)
@@ -189,6 +196,9 @@ def build_runner(config: ExecutorConfig, model_path: str, draft_path: str | None
         quantized_activations=config.quantized_activations,
         draft_model_path=draft_path,
         batch_invariant=config.batch_invariant,
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
+        max_cpu_loras=config.max_cpu_loras,
     )
 
 

@@ -76,6 +76,8 @@ class NewSequence:
     # Rotate its K and Q with LongRoPE's long factors (ExecutorInfo.rope_switch_len; the scheduler decides, by
     # its length at admission); False: the short ones, or the model's only RoPE.
     long_rope: bool = False
+    # The LoRA adapter it runs with (ExecutorInfo.loras); "": the base model.
+    lora_name: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +211,20 @@ class StepResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraAdapter:
+    """A LoRA adapter registered on an executor (docs/lora.md)."""
+
+    name: str
+    # The PEFT folder it was read from, on the executor's file system.
+    path: str
+    # The largest rank of its modules, and the modules it adapts.
+    rank: int
+    target_modules: tuple[str, ...]
+    # A digest of its weights: blocks computed with it are keyed by it in the prefix cache and the offload tier.
+    fingerprint: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ExecutorInfo:
     """What Describe returns: the model and the KV cache of one executor."""
 
@@ -252,3 +268,8 @@ class ExecutorInfo:
     rope_switch_len: int = 0
     # Every token is the bits the same request gives alone, whatever else is in the step (docs/durability.md).
     batch_invariant: bool = False
+    # The LoRA adapters registered, the most resident on the device at once (the scheduler runs at most that
+    # many distinct adapters among the executor's sequences), and the largest rank it accepts.
+    loras: tuple[LoraAdapter, ...] = ()
+    max_loras: int = 0
+    max_lora_rank: int = 0

@@ -21,6 +21,7 @@ from pagoda.step import (
     BlockSave,
     ExecutorInfo,
     LogprobEntry,
+    LoraAdapter,
     NewSequence,
     ScheduledSequence,
     SeqError,
@@ -139,12 +140,29 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
 
 def info_to_pb(info: ExecutorInfo) -> executor_pb2.ExecutorInfo:
     """Describe's answer."""
-    return copy_by_name(executor_pb2.ExecutorInfo, info, kernels=dict(info.kernels))
+    return copy_by_name(
+        executor_pb2.ExecutorInfo, info, kernels=dict(info.kernels), loras=[lora_to_pb(a) for a in info.loras]
+    )
 
 
 def info_from_pb(msg: executor_pb2.ExecutorInfo) -> ExecutorInfo:
     """The executor described by Describe's answer (kernels sorted by name)."""
-    return copy_by_name(ExecutorInfo, msg, kernels=tuple(sorted(msg.kernels.items())))
+    return copy_by_name(
+        ExecutorInfo,
+        msg,
+        kernels=tuple(sorted(msg.kernels.items())),
+        loras=tuple(lora_from_pb(a) for a in msg.loras),
+    )
+
+
+def lora_to_pb(adapter: LoraAdapter) -> common_pb2.LoraAdapter:
+    """A registered LoRA adapter, as Describe, LoadLora and the client API carry it."""
+    return copy_by_name(common_pb2.LoraAdapter, adapter)
+
+
+def lora_from_pb(msg: common_pb2.LoraAdapter) -> LoraAdapter:
+    """The adapter of a LoraAdapter message."""
+    return copy_by_name(LoraAdapter, msg)
 
 
 def logprobs_to_pb(entries: Iterable[LogprobEntry]) -> list[common_pb2.LogprobEntry]:

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from pagoda.runtime.flags import parse_config, parse_size, setting
-from pagoda.runtime.shared_settings import log_format_setting, otlp_endpoint_setting
+from pagoda.runtime.shared_settings import log_format_setting, lora_setting, lora_specs, otlp_endpoint_setting
 from pagoda.step import MAX_DRAFT_TOKENS
 from scheduler_svc.core.config import SPECULATIVE_METHODS
 
@@ -76,6 +76,11 @@ class SchedulerServiceConfig:
         "pause drafting where it does not pay, per sequence and for the draft model globally "
         "(docs/speculative-decoding.md); `false`: always draft where the batch rule allows",
     )
+    lora: tuple[str, ...] = lora_setting(
+        "a LoRA adapter to register on every executor, `NAME=PATH` (a PEFT folder on the executors' file system), "
+        "also on executors that join or restart later; repeat the flag for more (docs/lora.md)",
+        serve=False,
+    )
     step_timeout_s: float = setting(60.0, "watchdog: a step longer than this marks the executor unhealthy")
     metrics_port: int = setting(0, "Prometheus `/metrics` port", doc_default="`0` (off)")
     http_port: int = setting(0, "OpenAI-compatible HTTP API port", doc_default="`0` (off)")
@@ -111,6 +116,7 @@ class SchedulerServiceConfig:
             raise ValueError(f"--num-speculative-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}]")
         if self.speculative_max_batch < 1:
             raise ValueError("--speculative-max-batch must be positive")
+        lora_specs(self.lora)
 
     @property
     def executor_targets(self) -> list[str]:

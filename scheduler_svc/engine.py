@@ -24,7 +24,8 @@ import grpc
 import structlog
 
 from pagoda.runtime.deadline import within
-from pagoda.step import ExecutorInfo, FinishReason, StepPlan, StepResult
+from pagoda.runtime.shared_settings import lora_specs
+from pagoda.step import ExecutorInfo, FinishReason, LoraAdapter, StepPlan, StepResult
 from scheduler_svc.api import validation
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core.config import SchedulerConfig
@@ -33,6 +34,7 @@ from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, Unavailable
 from scheduler_svc.fleet.executor_handle import ExecutorHandle
 from scheduler_svc.fleet.fleet import Fleet
+from scheduler_svc.fleet.loras import LoraCatalog, check_name
 from scheduler_svc.fleet.ownership import ORPHAN_TIMEOUT_S
 from scheduler_svc.fleet.router import choose_executor
 from scheduler_svc.obs.metrics import SchedulerMetrics
@@ -62,6 +64,10 @@ class Engine:
         self.fleet = Fleet(config, self, self._scheduler_config, executor_credentials)
         self.fleet.on_tick = self._on_heartbeat
         self.executors: dict[str, ExecutorHandle] = self.fleet.executors
+        # LoRA adapters: which executor has which; those to load on every executor (docs/lora.md).
+        self.loras = LoraCatalog(
+            self.executors, lora_specs(config.lora), on_loaded=self._place_orphans, in_use=self._loras_in_use
+        )
         self.model: ExecutorInfo | None = None
         self.tokenizer: Tokenizer | None = None
         self.limits: validation.Limits | None = None
@@ -118,6 +124,7 @@ class Engine:
             speculative_adaptive=self.config.speculative_adaptive,
             kv_offload=self.config.kv_offload and bool(info.kv_offload),
             rope_switch_len=info.rope_switch_len,
+            max_loras=info.max_loras,
         )
 
     def _speculative(self, info: ExecutorInfo) -> str:
@@ -152,7 +159,9 @@ class Engine:
             raise Unavailable(f"scheduler {self.scheduler_id} holds no executor now; try another scheduler")
 
     def _on_heartbeat(self) -> None:
-        """After each heartbeat round: end old orphans when another scheduler can take them; health."""
+        """After each heartbeat round: wanted LoRA adapters to executors that lack them; end old orphans when
+        another scheduler can take them; health."""
+        self.loras.tick()
         if self._orphans and self.fleet.ownership.others_live():
             now = time.monotonic()
             for seq_id, since in list(self._orphans.items()):
@@ -216,6 +225,8 @@ class Engine:
         sampling = validation.sampling_params(request.sampling, self.limits)
         stopping = validation.stopping_criteria(request.stopping, len(token_ids), self.limits)
         validation.check_structured(request.structured)
+        if request.lora:
+            self.loras.check_known(request.lora)
         delivered: tuple[int, ...] = ()
         if request.resume is not None:
             validation.check_resume(request.resume, len(token_ids), stopping, self.limits)
@@ -234,6 +245,7 @@ class Engine:
             arrival_time_s=arrival_ns / 1e9,
             output_token_ids=delivered,
             structured=request.structured,
+            lora_name=request.lora,
         )
         self._check_fits(seq)
         if self.tracer is not None:
@@ -254,7 +266,11 @@ class Engine:
             log.info("request_admitted", max_tokens=seq.stopping.max_tokens, **fields)
             return
         scheduler = state.executor.scheduler if state.executor is not None else None
-        cached = scheduler.peek_prefix_hit_tokens(seq.token_ids, seq.cache_salt) if scheduler is not None else 0
+        cached = (
+            scheduler.peek_prefix_hit_tokens(seq.token_ids, seq.cache_salt, seq.lora_fingerprint)
+            if scheduler is not None
+            else 0
+        )
         log.info(
             "request_resumed",
             num_delivered=len(seq.output_token_ids),
@@ -287,9 +303,17 @@ class Engine:
 
     def _place(self, state: RequestState) -> None:
         """Queue the sequence on the best executor, or keep it until one is ready."""
+        seq = state.seq
         try:
             executors = list(self.executors.values())
-            executor, hit = choose_executor(executors, state.seq.token_ids, state.seq.cache_salt, _behind(executors))
+            pack = _behind(executors)
+            if seq.lora_name:  # only executors with its adapter, with the same weights
+                executors, seq.lora_fingerprint = self.loras.holders(seq.lora_name, seq.lora_fingerprint)
+                if not executors and seq.lora_name not in self.loras.wanted:
+                    self._orphans.pop(seq.seq_id, None)
+                    state.fail(FinishReason.ERROR, f"LoRA adapter {seq.lora_name!r} was unloaded: no executor has it")
+                    return
+            executor, hit = choose_executor(executors, seq.token_ids, seq.cache_salt, pack, seq.lora_fingerprint)
         except LookupError:
             state.executor = None
             self._orphans.setdefault(state.seq.seq_id, time.monotonic())
@@ -321,6 +345,24 @@ class Engine:
         self._requests.pop(state.seq.seq_id, None)
         if self.tracer is not None:
             self.tracer.end(state.seq, state.finish_reason or FinishReason.ABORT)
+
+    # ----- LoRA adapters ---------------------------------------------------
+
+    def lora_adapters(self) -> tuple[LoraAdapter, ...]:
+        """The adapters requests may name now, by name."""
+        return self.loras.adapters()
+
+    async def load_lora(self, name: str, path: str) -> LoraAdapter:
+        """Registers a PEFT adapter on every executor (and on those that come later); see LoraCatalog.load."""
+        check_name(name, self.model.model_name if self.model is not None else "")
+        return await self.loras.load(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        """Unregisters an adapter everywhere; requests admitted with it finish first. NotFound: unknown."""
+        self.loras.unload(name)
+
+    def _loras_in_use(self) -> set[str]:
+        return {state.seq.lora_name for state in self._requests.values() if state.seq.lora_name}
 
     @property
     def num_waiting(self) -> int:
@@ -359,11 +401,15 @@ class Engine:
         return True
 
     def on_executor_ready(self, executor: ExecutorHandle, info: ExecutorInfo) -> None:
+        self._place_orphans()
+        self._update_health()
+
+    def _place_orphans(self) -> None:
+        """Tries again to place each request that waits for an executor (one came, or got an adapter)."""
         for seq_id in list(self._orphans):
             state = self._requests.get(seq_id)
             if state is not None:
                 self._place(state)
-        self._update_health()
 
     def _set_model(self, info: ExecutorInfo) -> None:
         self.model = info

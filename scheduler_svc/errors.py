@@ -29,3 +29,11 @@ class ExecutorFailure(RequestError):
 
 class DeadlineExceeded(RequestError):
     """The request's deadline passed before it finished (DEADLINE_EXCEEDED / HTTP 504)."""
+
+
+class NotFound(RequestError):
+    """The request names something the server does not have, e.g. a LoRA adapter (NOT_FOUND / HTTP 404)."""
+
+
+class AlreadyExists(RequestError):
+    """A name is taken by something else, e.g. another LoRA adapter (ALREADY_EXISTS / HTTP 409)."""

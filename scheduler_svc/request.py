@@ -93,6 +93,8 @@ class GenerationRequest:
     structured: Constraint | None = None
     # W3C trace context the client sent (validated at the edge; empty: none), docs/tracing.md.
     traceparent: str = ""
+    # The LoRA adapter to run with, by name (docs/lora.md); "": the base model.
+    lora: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

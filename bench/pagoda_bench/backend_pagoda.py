@@ -28,6 +28,12 @@ class PagodaBackendConfig:
     # Constrain a share of the requests (spread evenly over the workload's order) to this JSON schema.
     json_schema: str | None = None
     structured_fraction: float = 1.0
+    # LoRA adapters the requests name in turn (request i: loras[i % len]); "" for the base model; (): none.
+    loras: tuple[str, ...] = ()
+
+    def lora_of(self, index: int) -> str | None:
+        """The adapter request ``index`` names, or None for the base model."""
+        return self.loras[index % len(self.loras)] or None if self.loras else None
 
     def schema_of(self, index: int) -> str | None:
         """The schema request ``index`` is constrained to, or None."""
@@ -48,6 +54,7 @@ async def _run_one(
             temperature=config.temperature,
             timeout=config.request_timeout_s,
             json_schema=config.schema_of(request.index),
+            lora=config.lora_of(request.index),
         ) as deltas:
             async for delta in deltas:
                 if delta.token_ids:

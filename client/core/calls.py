@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 from google.protobuf.message import Message as ProtoMessage
 
+from pagoda.step_pb import lora_from_pb
 from pagoda.v1 import generation_pb2
 from pagoda_client.core import convert
 from pagoda_client.core.requests import Metadata, detokenize_request, tokenize_request
@@ -33,7 +34,7 @@ from pagoda_client.core.retry import Deadline, Jitter, RetryPolicy
 from pagoda_client.core.targets import DEFAULT_TARGET, Endpoint, Targets
 from pagoda_client.errors import PagodaError, rpc_status
 from pagoda_client.options import TokenizeOptions
-from pagoda_client.results import ModelInfo, ServerStatus
+from pagoda_client.results import LoraAdapter, ModelInfo, ServerStatus
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -183,6 +184,18 @@ def model_info_call() -> UnaryCall[ModelInfo]:
 def status_call() -> UnaryCall[ServerStatus]:
     """``GetStatus``."""
     return UnaryCall("GetStatus", generation_pb2.GetStatusRequest(), convert.status_from_pb)
+
+
+def load_lora_call(name: str, path: str) -> UnaryCall[LoraAdapter]:
+    """``LoadLoraAdapter``: retried as any unary call, which is safe, as loading a name again with the same folder
+    returns the adapter loaded."""
+    request = generation_pb2.LoadLoraAdapterRequest(name=name, path=path)
+    return UnaryCall("LoadLoraAdapter", request, lora_from_pb)
+
+
+def unload_lora_call(name: str) -> UnaryCall[None]:
+    """``UnloadLoraAdapter``."""
+    return UnaryCall("UnloadLoraAdapter", generation_pb2.UnloadLoraAdapterRequest(name=name), lambda _: None)
 
 
 def tokenize_call(text: str | None, options: Mapping[str, Any]) -> UnaryCall[list[int]]:

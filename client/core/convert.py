@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from pagoda.by_name import copy_by_name
-from pagoda.step_pb import logprobs_from_pb
+from pagoda.step_pb import logprobs_from_pb, lora_from_pb
 from pagoda.v1 import generation_pb2
 from pagoda_client.results import FinishReason, GenerationDelta, ModelInfo, ServerStatus, Timings, Usage
 
@@ -49,7 +49,7 @@ def delta_from_pb(pb: generation_pb2.GenerateResponse) -> GenerationDelta:
 
 def model_info_from_pb(pb: generation_pb2.ModelInfo) -> ModelInfo:
     """A ``ModelInfo`` from its proto."""
-    return copy_by_name(ModelInfo, pb)
+    return copy_by_name(ModelInfo, pb, loras=tuple(lora_from_pb(a) for a in pb.loras))
 
 
 def status_from_pb(pb: generation_pb2.ServerStatus) -> ServerStatus:

@@ -66,6 +66,7 @@ def _set_call_options(request: generation_pb2.GenerateRequest, options: Mapping[
     request.request_id = options.get("request_id") or ""
     request.priority = options.get("priority") or 0
     request.cache_salt = options.get("cache_salt") or ""
+    request.lora = options.get("lora") or ""
     if options.get("skip_special_tokens") is not None:
         request.skip_special_tokens = options["skip_special_tokens"]
     structured = constraint_to_pb(constraint_of(options))

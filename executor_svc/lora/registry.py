@@ -13,6 +13,10 @@ runner fails it with a message saying so; a scheduler that keeps at most
 meets it). Which adapters are in use is the owner's to say (``in_use``: the
 runner's sequences'), asked only when a slot must be freed.
 
+Removing an adapter that running sequences use retires it: it leaves the
+listing at once and goes when the last of them ends (``sweep``), so a
+request that runs with it finishes with it, preempted and recomputed or not.
+
 Called from the runner's one model thread, like the steps.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -40,6 +45,8 @@ class LoraInfo:
     path: str
     rank: int  # its largest module rank
     target_modules: tuple[str, ...]  # inside model.layers.N. ("self_attn.q_proj", ...)
+    # A digest of its two files: KV computed with it is keyed by this (the scheduler's block hashes).
+    fingerprint: str
 
 
 class LoraRegistry:
@@ -77,6 +84,7 @@ class LoraRegistry:
         self._stamps: dict[str, tuple[int, ...]] = {}  # its files' sizes and times when it was registered
         self._host: collections.OrderedDict[str, LoraAdapter] = collections.OrderedDict()  # least recent first
         self._resident: collections.OrderedDict[str, DeviceLora] = collections.OrderedDict()  # least recent first
+        self._retiring: set[str] = set()  # removed while in use: gone when no running sequence uses them
 
     def __len__(self) -> int:
         """Registered adapters."""
@@ -86,8 +94,8 @@ class LoraRegistry:
         return name in self._infos
 
     def infos(self) -> tuple[LoraInfo, ...]:
-        """Every registered adapter, in registration order."""
-        return tuple(self._infos.values())
+        """Every registered adapter new sequences may name, in registration order (not the retiring ones)."""
+        return tuple(info for name, info in self._infos.items() if name not in self._retiring)
 
     def resident_names(self) -> tuple[str, ...]:
         """The resident adapters, least recently used first."""
@@ -100,30 +108,59 @@ class LoraRegistry:
     def register(self, name: str, path: str | Path) -> LoraInfo:
         """Reads and checks the adapter at ``path`` and registers it as ``name`` (not resident yet).
 
+        The same adapter (folder and files) registered again under its name is returned as it is (and kept, if
+        it was retiring): a scheduler replays its adapters to every executor it finds.
+
         Raises:
             LoraAdapterError: the adapter does not fit the model (nothing changes).
-            LoraRegistryError: ``name`` is empty or taken.
+            LoraRegistryError: ``name`` is empty or holds another adapter.
         """
         if not name:
             raise LoraRegistryError("an adapter needs a name")
-        if name in self._infos:
-            raise LoraRegistryError(f"LoRA adapter {name!r} is registered already (remove it first)")
+        fingerprint = _fingerprint(path)
+        known = self._infos.get(name)
+        if known is not None:
+            if (known.path, known.fingerprint) != (str(path), fingerprint):
+                raise LoraRegistryError(
+                    f"LoRA adapter {name!r} is registered already, from {known.path} (remove it first)"
+                )
+            self._retiring.discard(name)
+            return known
         adapter = load_adapter(path, self.config, self.max_rank)
-        info = LoraInfo(name, str(path), adapter.rank, adapter.target_modules)
+        info = LoraInfo(name, str(path), adapter.rank, adapter.target_modules, fingerprint)
         self._infos[name] = info
         self._stamps[name] = _stamp(path)
         self._keep_on_host(name, adapter)
         return info
 
-    def unregister(self, name: str) -> None:
-        """Forgets an adapter: its folder, host copy and slot.
+    def unregister(self, name: str) -> bool:
+        """Forgets an adapter: its folder, host copy and slot; at once, or, while running sequences use it,
+        when the last of them ends (``sweep``). Returns whether it went at once.
 
         Raises:
-            LoraRegistryError: unknown, or a running sequence uses it.
+            LoraRegistryError: unknown (or retiring already).
         """
+        if name in self._retiring:
+            raise LoraRegistryError(f"LoRA adapter {name!r} is being removed already")
         self._check_known(name)
         if name in set(self.in_use()):
-            raise LoraRegistryError(f"LoRA adapter {name!r} is in use by running sequences")
+            self._retiring.add(name)
+            return False
+        self._forget(name)
+        return True
+
+    def sweep(self) -> tuple[str, ...]:
+        """Forgets the retiring adapters no running sequence uses any more; returns their names."""
+        if not self._retiring:
+            return ()
+        busy = set(self.in_use())
+        gone = tuple(name for name in self._retiring if name not in busy)
+        for name in gone:
+            self._retiring.discard(name)
+            self._forget(name)
+        return gone
+
+    def _forget(self, name: str) -> None:
         del self._infos[name]
         del self._stamps[name]
         self._host.pop(name, None)
@@ -182,6 +219,18 @@ class LoraRegistry:
         if name not in self._infos:
             known = ", ".join(self._infos) or "none"
             raise LoraRegistryError(f"unknown LoRA adapter {name!r} (registered: {known})")
+
+
+def _fingerprint(path: str | Path) -> str:
+    """A digest of an adapter's two files (what its KV depends on); missing files are load_adapter's to name."""
+    digest = hashlib.blake2b(digest_size=12)
+    for file in (CONFIG_FILE, WEIGHTS_FILE):
+        try:
+            with open(Path(path) / file, "rb") as f:
+                digest.update(hashlib.file_digest(f, "blake2b").digest())
+        except OSError:
+            return ""
+    return digest.hexdigest()
 
 
 def _stamp(path: str | Path) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -109,7 +109,6 @@ class ModelRunner:
         if draft is not None and draft_kv_cache is not None:
             self.draft = DraftModel(draft, draft_kv_cache, self.backend, self.config.vocab_size)
         self._layer_states = LayerStates(self.config.layers)
-        self.info = self._describe(checkpoint.name, checkpoint.extra_eos_token_ids)
         self._table = SequenceTable(
             self.kv_cache.num_blocks,
             self.block_size,
@@ -136,6 +135,7 @@ class ModelRunner:
             max_cpu_loras=max_cpu_loras,
             in_use=lambda: sequence_loras.in_use(self._seqs),
         )
+        self.info = self._describe(checkpoint.name, checkpoint.extra_eos_token_ids)
 
     def _describe(self, model_name: str, extra_eos_token_ids: tuple[int, ...]) -> ExecutorInfo:
         """What Describe reports of the model and the KV cache; the servicer adds itself and the tokenizer."""
@@ -161,6 +161,8 @@ class ModelRunner:
             draft_kv_cache_bytes=self.draft.kv_cache.num_bytes if self.draft is not None else 0,
             rope_switch_len=self.rope_switch_len,
             batch_invariant=self.batch_invariant,
+            max_loras=self.loras.max_loras,
+            max_lora_rank=self.loras.max_rank,
         )
 
     def _build_model(self, tensors: dict[str, torch.Tensor], ops: LayerOps) -> DecoderModel:
@@ -194,24 +196,33 @@ class ModelRunner:
 
     def add_lora(self, name: str, path: str) -> LoraInfo:
         """Registers the PEFT LoRA adapter in folder ``path`` as ``name``: read and checked now, made resident
-        when a sequence names it (docs/lora.md).
+        when a sequence names it (docs/lora.md). The same adapter again under its name is returned as it is.
 
         Raises:
             LoraAdapterError: it does not fit this model; the message names the problem and nothing changes.
-            LoraRegistryError: the name is taken.
+            LoraRegistryError: the name holds another adapter.
         """
+        known = name in self.loras
         info = self.loras.register(name, path)
-        log.info("lora_added", name=name, path=path, rank=info.rank, target_modules=list(info.target_modules))
+        if not known:
+            log.info("lora_added", name=name, path=path, rank=info.rank, target_modules=list(info.target_modules))
         return info
 
-    def remove_lora(self, name: str) -> None:
-        """Forgets adapter ``name``.
+    def remove_lora(self, name: str) -> int:
+        """Forgets adapter ``name``: new sequences may not name it; the running sequences that use it finish
+        with it first. Returns how many those are.
 
         Raises:
-            LoraRegistryError: unknown, or a running sequence uses it.
+            LoraRegistryError: unknown.
         """
-        self.loras.unregister(name)
-        log.info("lora_removed", name=name)
+        at_once = self.loras.unregister(name)
+        running = 0 if at_once else sum(state.lora_name == name for state in self._seqs.values())
+        log.info("lora_removed" if at_once else "lora_retiring", name=name, num_running=running)
+        return running
+
+    def lora_adapters(self) -> tuple[LoraInfo, ...]:
+        """The adapters new sequences may name, in registration order."""
+        return self.loras.infos()
 
     def num_sequences(self) -> int:
         """Sequences whose state this runner holds."""
@@ -224,22 +235,24 @@ class ModelRunner:
     def reset(self) -> None:
         """Drops every sequence (a new scheduler stream starts from scratch)."""
         self._seqs.clear()
+        for name in self.loras.sweep():
+            log.info("lora_removed", name=name)
         if self.draft is not None:
             self.draft.reset()
 
-    def execute(self, step: StepPlan, lora_names: Mapping[int, str] | None = None) -> StepResult:
+    def execute(self, step: StepPlan) -> StepResult:
         """Runs one step plan: its saves copied out, its loads filled, one forward over all scheduled tokens,
         then sampling.
 
-        ``lora_names``: the LoRA adapter of new sequences of this step, by seq_id (until the plan carries it);
-        a sequence whose adapter is unknown, or cannot be made resident, fails alone.
+        A new sequence whose LoRA adapter (``NewSequence.lora_name``) is unknown, or cannot be made resident,
+        fails alone.
         """
         start_ns = time.perf_counter_ns()
         tier_io = self.tier_io
         save_ns = tier_io.save(step.saves) if tier_io is not None and step.saves else 0
         scheduled, errors = self._table.apply(step, can_load=tier_io is not None)
-        if lora_names or len(self.loras):
-            scheduled = sequence_loras.admit(self.loras, self._seqs, step, scheduled, errors, lora_names or {})
+        if len(self.loras) or any(new.lora_name for new in step.new_seqs):
+            scheduled = sequence_loras.admit(self.loras, self._seqs, step, scheduled, errors)
         if self.draft is not None:
             self.draft.follow(step, self._seqs)
         requests = self._table.loads_of(step)
@@ -250,6 +263,8 @@ class ModelRunner:
         if save_ns or load_ns:
             timings = dataclasses.replace(result.timings, load_ns=load_ns, save_ns=save_ns)
             result = dataclasses.replace(result, timings=timings)
+        for name in self.loras.sweep():  # retiring adapters whose last sequence ended
+            log.info("lora_removed", name=name)
         return result
 
     def _load(self, requests, scheduled, errors):

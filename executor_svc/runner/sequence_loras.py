@@ -10,7 +10,7 @@ alone, with a message that says which.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 
@@ -32,16 +32,14 @@ def admit(
     step: StepPlan,
     scheduled: Scheduled,
     errors: list[SeqError],
-    names: Mapping[int, str],
 ) -> Scheduled:
-    """Binds each new sequence of ``step`` to its adapter (``names`` by seq_id, else the one its state has) and
-    makes that resident; a sequence that cannot have it is dropped with an error. Returns what still runs."""
+    """Makes the adapter of each new sequence of ``step`` (``SequenceState.lora_name``, from the plan)
+    resident; a sequence that cannot have it is dropped with an error. Returns what still runs."""
     failed = set()
     for new in step.new_seqs:
         state = seqs.get(new.seq_id)
         if state is None:  # refused by the plan checks
             continue
-        state.lora_name = names.get(new.seq_id, state.lora_name)
         reason = None if state.lora_name is None else _acquire(registry, state.lora_name)
         if reason is not None:
             del seqs[new.seq_id]

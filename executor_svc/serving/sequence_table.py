@@ -45,6 +45,19 @@ class Runner(Protocol):
         """Sequences whose state the runner holds."""
         ...
 
+    def add_lora(self, name: str, path: str) -> Any:
+        """Registers a LoRA adapter (``executor_svc.lora.registry.LoraInfo``); raises LoraAdapterError or
+        LoraRegistryError (docs/lora.md)."""
+        ...
+
+    def remove_lora(self, name: str) -> int:
+        """Unregisters an adapter; returns the running sequences that finish with it first."""
+        ...
+
+    def lora_adapters(self) -> tuple[Any, ...]:
+        """The adapters new sequences may name (LoraInfo)."""
+        ...
+
 
 class PlanError(ValueError):
     """A step plan entry this runner cannot follow (reported per sequence)."""
@@ -228,6 +241,7 @@ class SequenceTable:
             entry.num_computed_tokens,
             entry.structured,
             long_rope=entry.long_rope,
+            lora_name=entry.lora_name or None,
         )
 
     def _check_loads(self, entry: NewSequence) -> None:

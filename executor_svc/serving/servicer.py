@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -27,13 +28,15 @@ import grpc
 import structlog
 
 from executor_svc.loading.tokenizer_files import TokenizerFiles
+from executor_svc.lora.errors import LoraAdapterError, LoraRegistryError
 from executor_svc.serving.lease import LeaseRefused, LeaseTable
 from executor_svc.serving.metrics import ExecutorMetrics
 from executor_svc.serving.sequence_table import Runner
 from executor_svc.serving.step_tracing import StepTracer
-from pagoda.step import ExecutorInfo, StepResult
-from pagoda.step_pb import info_to_pb, plan_from_pb, result_to_pb
-from pagoda.v1 import executor_pb2, executor_pb2_grpc
+from pagoda.by_name import copy_by_name
+from pagoda.step import ExecutorInfo, LoraAdapter, StepResult
+from pagoda.step_pb import info_to_pb, lora_to_pb, plan_from_pb, result_to_pb
+from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
 
 if TYPE_CHECKING:
     from executor_svc.kv.tier.store import TierStore
@@ -123,6 +126,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             lease_epoch=self.leases.epoch,
             schedulers=self.leases.live_schedulers(),
             lease_claimants=self.leases.claimants(),
+            loras=tuple(_adapter(info) for info in self.runner.lora_adapters()),
         )
         if request.brief:
             info = dataclasses.replace(info, tokenizer_json="", chat_template="")
@@ -136,6 +140,32 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "scheduler_id: must not be empty")
         lease = self.leases.acquire(request.scheduler_id)
         return executor_pb2.Lease(granted=lease.granted, epoch=lease.epoch, holder_id=lease.holder_id)
+
+    async def LoadLora(self, request, context) -> common_pb2.LoraAdapter:
+        """Registers an adapter on the model thread, between steps (docs/lora.md)."""
+        await self._check_ready(context)
+        if not request.name or not request.path:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name and path: both must be set")
+        if not await asyncio.to_thread(os.path.isdir, request.path):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"LoRA adapter {request.name!r}: no folder {request.path}")
+        try:
+            async with self._lock:
+                info = await self.run_model(self.runner.add_lora, request.name, request.path)
+        except LoraRegistryError as exc:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except LoraAdapterError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"LoRA adapter {request.name!r}: {exc}")
+        return lora_to_pb(_adapter(info))
+
+    async def UnloadLora(self, request, context) -> executor_pb2.UnloadLoraResponse:
+        """Unregisters an adapter; sequences that run with it finish first."""
+        await self._check_ready(context)
+        try:
+            async with self._lock:
+                running = await self.run_model(self.runner.remove_lora, request.name)
+        except LoraRegistryError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        return executor_pb2.UnloadLoraResponse(num_running=running)
 
     async def Execute(self, request_iterator, context):
         await self._check_ready(context)
@@ -219,6 +249,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             return dataclasses.replace(out, tier_added=tuple(self.tier.snapshot()), tier_reset=True)
         added, removed = self.tier.take_deltas()
         return dataclasses.replace(out, tier_added=added, tier_removed=removed) if added or removed else out
+
+
+def _adapter(info) -> LoraAdapter:
+    """A registered adapter (``executor_svc.lora.registry.LoraInfo``) as the wire carries it."""
+    return copy_by_name(LoraAdapter, info)
 
 
 async def _lease_of(context) -> tuple[str, int]:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import hashlib
 import struct
 import time
+from typing import NoReturn
 
 from executor_svc.config import ExecutorConfig
 from executor_svc.loading.tokenizer_files import TokenizerFiles
+from executor_svc.lora.errors import LoraAdapterError, LoraRegistryError
 from executor_svc.serving.sequence_table import SequenceState, SequenceTable
 from executor_svc.simulate.cost import SMOLLM2_BF16_CPU, StepCost, StepFeatures
 from executor_svc.simulate.tokenizer import SPECIAL_TOKENS, simulated_tokenizer_files
@@ -68,6 +70,16 @@ class SimulatedRunner:
 
     def warmup(self) -> None:
         """Nothing to warm up (the servicer's start-up is the same for both runners)."""
+
+    def add_lora(self, name: str, path: str) -> NoReturn:
+        """Refused: a simulated model has no weights to adapt."""
+        raise LoraAdapterError("a simulated executor (--simulate) serves no LoRA adapters")
+
+    def remove_lora(self, name: str) -> NoReturn:
+        raise LoraRegistryError(f"unknown LoRA adapter {name!r} (registered: none)")
+
+    def lora_adapters(self) -> tuple[()]:
+        return ()
 
     def execute(self, step: StepPlan) -> StepResult:
         """Follows `step`, samples every sequence that reaches its end, and sleeps the modelled step time."""

@@ -36,6 +36,8 @@ class ServeFlag:
     services: tuple[str, ...]
     help: str
     check: Callable[[str], Any]
+    # The flag may be given several times (``setting(repeat=True)``).
+    repeat: bool = False
 
     @property
     def flag(self) -> str:
@@ -60,7 +62,11 @@ def serve_flags() -> list[ServeFlag]:
             seen = found.get(field.name)
             if seen is None:
                 found[field.name] = ServeFlag(
-                    field.name, (service,), field.metadata["help"], converter(config_cls, field)
+                    field.name,
+                    (service,),
+                    field.metadata["help"],
+                    converter(config_cls, field),
+                    bool(field.metadata.get("repeat")),
                 )
             else:
                 found[field.name] = dataclasses.replace(seen, services=(*seen.services, service))
@@ -80,6 +86,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
             type=argparse_type(_as_given(flag.check)),
             metavar=flag.name.upper(),
             help=flag.help.replace("%", "%%"),
+            **({"action": "append"} if flag.repeat else {}),
             **bare_flag_options(flag.check),
         )
 
@@ -90,7 +97,8 @@ def passthrough(args: argparse.Namespace, service: str) -> list[str]:
     for flag in serve_flags():
         value = getattr(args, flag.name, None)
         if service in flag.services and value is not None and flag.name not in LAUNCHER_HANDLED:
-            argv += [flag.flag, "true" if value is True else str(value)]
+            for each in value if flag.repeat else [value]:
+                argv += [flag.flag, "true" if each is True else str(each)]
     return argv
 
 

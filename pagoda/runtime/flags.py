@@ -50,6 +50,7 @@ def setting(
     serve: bool = False,
     doc_default: str | None = None,
     parse: Callable[[str], Any] | None = None,
+    repeat: bool = False,
 ) -> Any:
     """A config field: its default and help text (the flag's ``--help`` and its docs row).
 
@@ -57,8 +58,10 @@ def setting(
         serve: ``pagoda serve`` offers the flag and passes it to every process of this service.
         doc_default: the default as the docs say it, when the value alone does not (``"model's"``).
         parse: converts the flag's text (default: by the field's type).
+        repeat: the flag may be given several times (a tuple of ``parse``'s values, the default ``()``);
+            its environment variable holds them comma-separated.
     """
-    metadata: dict[str, Any] = {"help": help, "serve": serve}
+    metadata: dict[str, Any] = {"help": help, "serve": serve, "repeat": repeat}
     if doc_default is not None:
         metadata["doc_default"] = doc_default
     if parse is not None:
@@ -131,6 +134,11 @@ def argparse_type(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def repeat_options(field: dataclasses.Field[Any]) -> dict[str, Any]:
+    """A repeatable flag (``setting(repeat=True)``) collects every value it is given."""
+    return {"action": "append"} if field.metadata.get("repeat") else {}
+
+
 def bare_flag_options(convert: Callable[[str], Any]) -> dict[str, Any]:
     """A boolean flag given alone means true (`--simulate`); it also takes a value (`--simulate false`)."""
     return {"nargs": "?", "const": True} if convert is parse_bool else {}
@@ -170,6 +178,7 @@ def build_parser(config_cls: type[DataclassInstance], prog: str, description: st
             dest=field.name,
             default=None,
             type=argparse_type(convert),
+            **repeat_options(field),
             **bare_flag_options(convert),
             metavar=field.name.upper(),
             help=f"{_escaped(field.metadata.get('help', ''))} (env {env_name(field.name)}; default {default!r})",
@@ -198,12 +207,15 @@ def parse_config(
     for field in dataclasses.fields(config_cls):
         given = getattr(args, field.name, None)
         if given is None and env_name(field.name) in environ:
+            text = environ[env_name(field.name)]
+            convert = _converter(field, hints[field.name])
             try:
-                given = _converter(field, hints[field.name])(environ[env_name(field.name)])
+                repeated = field.metadata.get("repeat")
+                given = [convert(item) for item in text.split(",") if item] if repeated else convert(text)
             except ValueError as exc:
                 parser.error(f"{env_name(field.name)}: {exc}")
         if given is not None:
-            values[field.name] = given
+            values[field.name] = tuple(given) if isinstance(given, list) else given
     try:
         return config_cls(**values)
     except (TypeError, ValueError) as exc:

@@ -1,6 +1,7 @@
 """Settings both services have with one meaning: defined here once, a field of each service's config.
 
-``pagoda serve`` passes each of them to every process (both services mark them ``serve``).
+``pagoda serve`` passes each of them to every process (both services mark them ``serve``), but ``--lora``
+to the executors only.
 """
 
 from __future__ import annotations
@@ -27,3 +28,29 @@ def otlp_endpoint_setting() -> Any:
         doc_default="none (off)",
         parse=check_otlp_endpoint,
     )
+
+
+def parse_lora_spec(text: str) -> str:
+    """A ``--lora`` value, ``NAME=PATH`` with both parts set; kept as given."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(f"--lora takes NAME=PATH (a PEFT adapter folder), not {text!r}")
+    return text
+
+
+def lora_specs(specs: tuple[str, ...]) -> dict[str, str]:
+    """``--lora`` values as name -> path.
+
+    Raises:
+        ValueError: a name given twice.
+    """
+    pairs = [spec.partition("=")[::2] for spec in specs]
+    names = [name for name, _ in pairs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--lora: a name given twice in {list(specs)}")
+    return dict(pairs)
+
+
+def lora_setting(help: str, serve: bool) -> Any:
+    """``--lora NAME=PATH``, repeatable: LoRA adapters to register at start (docs/lora.md)."""
+    return setting((), help, serve=serve, repeat=True, parse=parse_lora_spec)

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from pagoda.v1 import common_pb2 as pagoda_dot_v1_dot_common__pb2
 from pagoda.v1 import executor_pb2 as pagoda_dot_v1_dot_executor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -53,6 +54,16 @@ class ExecutorStub:
                 request_serializer=pagoda_dot_v1_dot_executor__pb2.StepPlan.SerializeToString,
                 response_deserializer=pagoda_dot_v1_dot_executor__pb2.StepResult.FromString,
                 _registered_method=True)
+        self.LoadLora = channel.unary_unary(
+                '/pagoda.v1.Executor/LoadLora',
+                request_serializer=pagoda_dot_v1_dot_executor__pb2.LoadLoraRequest.SerializeToString,
+                response_deserializer=pagoda_dot_v1_dot_common__pb2.LoraAdapter.FromString,
+                _registered_method=True)
+        self.UnloadLora = channel.unary_unary(
+                '/pagoda.v1.Executor/UnloadLora',
+                request_serializer=pagoda_dot_v1_dot_executor__pb2.UnloadLoraRequest.SerializeToString,
+                response_deserializer=pagoda_dot_v1_dot_executor__pb2.UnloadLoraResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServicer:
@@ -87,6 +98,26 @@ class ExecutorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLora(self, request, context):
+        """Register a LoRA adapter from a PEFT folder (read and checked now; on the
+        device when a sequence names it). Registering a name again with the same
+        folder and weights returns it as it is. INVALID_ARGUMENT: the adapter
+        does not fit the model (the message says why); ALREADY_EXISTS: the name
+        holds another adapter; NOT_FOUND: no such folder.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLora(self, request, context):
+        """Unregister an adapter: no new sequence may name it; sequences that run
+        with it finish first (it leaves ExecutorInfo.loras at once). NOT_FOUND:
+        no adapter of that name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -104,6 +135,16 @@ def add_ExecutorServicer_to_server(servicer, server):
                     servicer.Execute,
                     request_deserializer=pagoda_dot_v1_dot_executor__pb2.StepPlan.FromString,
                     response_serializer=pagoda_dot_v1_dot_executor__pb2.StepResult.SerializeToString,
+            ),
+            'LoadLora': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLora,
+                    request_deserializer=pagoda_dot_v1_dot_executor__pb2.LoadLoraRequest.FromString,
+                    response_serializer=pagoda_dot_v1_dot_common__pb2.LoraAdapter.SerializeToString,
+            ),
+            'UnloadLora': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLora,
+                    request_deserializer=pagoda_dot_v1_dot_executor__pb2.UnloadLoraRequest.FromString,
+                    response_serializer=pagoda_dot_v1_dot_executor__pb2.UnloadLoraResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -191,6 +232,60 @@ class Executor:
             '/pagoda.v1.Executor/Execute',
             pagoda_dot_v1_dot_executor__pb2.StepPlan.SerializeToString,
             pagoda_dot_v1_dot_executor__pb2.StepResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLora(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagoda.v1.Executor/LoadLora',
+            pagoda_dot_v1_dot_executor__pb2.LoadLoraRequest.SerializeToString,
+            pagoda_dot_v1_dot_common__pb2.LoraAdapter.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLora(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagoda.v1.Executor/UnloadLora',
+            pagoda_dot_v1_dot_executor__pb2.UnloadLoraRequest.SerializeToString,
+            pagoda_dot_v1_dot_executor__pb2.UnloadLoraResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pagoda.v1 import common_pb2 as pagoda_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apagoda/v1/generation.proto\x12\tpagoda.v1\x1a\x16pagoda/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"s\n\tChatInput\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.pagoda.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\"\n\rTokenIdsInput\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x98\x01\n\x10StoppingCriteria\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x05 \x01(\x08\x42\r\n\x0b_max_tokens\"\xa7\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12-\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x18.pagoda.v1.TokenIdsInputH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.pagoda.v1.ChatInputH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12-\n\x08stopping\x18\x06 \x01(\x0b\x32\x1b.pagoda.v1.StoppingCriteria\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x12\n\ncache_salt\x18\x08 \x01(\t\x12 \n\x13skip_special_tokens\x18\t \x01(\x08H\x01\x88\x01\x01\x12%\n\x06resume\x18\n \x01(\x0b\x32\x15.pagoda.v1.ResumeFrom\x12/\n\nstructured\x18\x0b \x01(\x0b\x32\x1b.pagoda.v1.StructuredOutputB\x07\n\x05inputB\x16\n\x14_skip_special_tokens\"=\n\nResumeFrom\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1b\n\x13\x64\x65livered_token_ids\x18\x02 \x03(\x05\"q\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x1f\n\x17\x63\x61\x63hed_tokens_offloaded\x18\x04 \x01(\x05\"M\n\x07Timings\x12\x10\n\x08queue_ns\x18\x01 \x01(\x03\x12\x1e\n\x16time_to_first_token_ns\x18\x02 \x01(\x03\x12\x10\n\x08total_ns\x18\x03 \x01(\x03\"\xfb\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.pagoda.v1.LogprobEntry\x12.\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x17.pagoda.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x06 \x01(\t\x12\x1f\n\x05usage\x18\x07 \x01(\x0b\x32\x10.pagoda.v1.Usage\x12#\n\x07timings\x18\x08 \x01(\x0b\x32\x12.pagoda.v1.Timings\x12\x18\n\x10prompt_token_ids\x18\t \x03(\x05\x12\x14\n\x0coutput_index\x18\n \x01(\x05\x12\x11\n\x04seed\x18\x0b \x01(\x04H\x00\x88\x01\x01\x12\x30\n\x0fprompt_logprobs\x18\x0c \x03(\x0b\x32\x17.pagoda.v1.LogprobEntryB\x07\n\x05_seed\"\x15\n\x13GetModelInfoRequest\"\x9b\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x19\n\x11has_chat_template\x18\x07 \x01(\x08\x12\x19\n\x11max_prompt_tokens\x18\x08 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\t \x01(\x05\x12\x16\n\x0ekv_cache_dtype\x18\n \x01(\t\x12\x14\n\x0cquantization\x18\x0b \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\x0c \x01(\x08\"\x88\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12$\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x14.pagoda.v1.ChatInputH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x12\n\x10GetStatusRequest\"\xda\x03\n\x0e\x45xecutorStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x16\n\x0eincarnation_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x13\n\x0bnum_running\x18\x04 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x05 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\x05\x12\x1a\n\x12num_free_kv_blocks\x18\x07 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x08 \x01(\x02\x12\x37\n\x07kernels\x18\t \x03(\x0b\x32&.pagoda.v1.ExecutorStatus.KernelsEntry\x12\x14\n\x0clease_holder\x18\n \x01(\t\x12\x13\n\x0blease_epoch\x18\x0b \x01(\x04\x12\x12\n\nkv_offload\x18\x0c \x01(\t\x12\x17\n\x0fnum_tier_blocks\x18\r \x01(\x03\x12\x16\n\x0ekv_cache_dtype\x18\x0e \x01(\t\x12\x14\n\x0cquantization\x18\x0f \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x10 \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\x11 \x01(\x08\x1a.\n\x0cKernelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbd\x04\n\x0cServerStatus\x12\x13\n\x0bnum_running\x18\x01 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12,\n\texecutors\x18\x04 \x03(\x0b\x32\x19.pagoda.v1.ExecutorStatus\x12\x1a\n\x12num_requests_total\x18\x05 \x01(\x03\x12\x1d\n\x15num_preemptions_total\x18\x06 \x01(\x03\x12\"\n\x1aprefix_cache_queries_total\x18\x07 \x01(\x03\x12\x1f\n\x17prefix_cache_hits_total\x18\x08 \x01(\x03\x12\x14\n\x0cscheduler_id\x18\t \x01(\t\x12\x12\n\nschedulers\x18\n \x03(\t\x12\x1d\n\x15spec_num_drafts_total\x18\x0b \x01(\x03\x12\x1f\n\x17spec_draft_tokens_total\x18\x0c \x01(\x03\x12\"\n\x1aspec_accepted_tokens_total\x18\r \x01(\x03\x12 \n\x18offload_hit_tokens_total\x18\x0e \x01(\x03\x12\x17\n\x0fnum_swaps_total\x18\x0f \x01(\x03\x12#\n\x1bspec_model_num_drafts_total\x18\x10 \x01(\x03\x12%\n\x1dspec_model_draft_tokens_total\x18\x11 \x01(\x03\x12(\n spec_model_accepted_tokens_total\x18\x12 \x01(\x03*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xec\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.pagoda.v1.GenerateRequest\x1a\x1b.pagoda.v1.GenerateResponse0\x01\x12\x44\n\x0cGetModelInfo\x12\x1e.pagoda.v1.GetModelInfoRequest\x1a\x14.pagoda.v1.ModelInfo\x12\x43\n\x08Tokenize\x12\x1a.pagoda.v1.TokenizeRequest\x1a\x1b.pagoda.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.pagoda.v1.DetokenizeRequest\x1a\x1d.pagoda.v1.DetokenizeResponse\x12\x41\n\tGetStatus\x12\x1b.pagoda.v1.GetStatusRequest\x1a\x17.pagoda.v1.ServerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apagoda/v1/generation.proto\x12\tpagoda.v1\x1a\x16pagoda/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"s\n\tChatInput\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.pagoda.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\"\n\rTokenIdsInput\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x98\x01\n\x10StoppingCriteria\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x05 \x01(\x08\x42\r\n\x0b_max_tokens\"\xb5\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12-\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x18.pagoda.v1.TokenIdsInputH\x00\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x14.pagoda.v1.ChatInputH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.pagoda.v1.SamplingParams\x12-\n\x08stopping\x18\x06 \x01(\x0b\x32\x1b.pagoda.v1.StoppingCriteria\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x12\n\ncache_salt\x18\x08 \x01(\t\x12 \n\x13skip_special_tokens\x18\t \x01(\x08H\x01\x88\x01\x01\x12%\n\x06resume\x18\n \x01(\x0b\x32\x15.pagoda.v1.ResumeFrom\x12/\n\nstructured\x18\x0b \x01(\x0b\x32\x1b.pagoda.v1.StructuredOutput\x12\x0c\n\x04lora\x18\x0c \x01(\tB\x07\n\x05inputB\x16\n\x14_skip_special_tokens\"4\n\x16LoadLoraAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"(\n\x18UnloadLoraAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1b\n\x19UnloadLoraAdapterResponse\"=\n\nResumeFrom\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1b\n\x13\x64\x65livered_token_ids\x18\x02 \x03(\x05\"q\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x1f\n\x17\x63\x61\x63hed_tokens_offloaded\x18\x04 \x01(\x05\"M\n\x07Timings\x12\x10\n\x08queue_ns\x18\x01 \x01(\x03\x12\x1e\n\x16time_to_first_token_ns\x18\x02 \x01(\x03\x12\x10\n\x08total_ns\x18\x03 \x01(\x03\"\xfb\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.pagoda.v1.LogprobEntry\x12.\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x17.pagoda.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x06 \x01(\t\x12\x1f\n\x05usage\x18\x07 \x01(\x0b\x32\x10.pagoda.v1.Usage\x12#\n\x07timings\x18\x08 \x01(\x0b\x32\x12.pagoda.v1.Timings\x12\x18\n\x10prompt_token_ids\x18\t \x03(\x05\x12\x14\n\x0coutput_index\x18\n \x01(\x05\x12\x11\n\x04seed\x18\x0b \x01(\x04H\x00\x88\x01\x01\x12\x30\n\x0fprompt_logprobs\x18\x0c \x03(\x0b\x32\x17.pagoda.v1.LogprobEntryB\x07\n\x05_seed\"\x15\n\x13GetModelInfoRequest\"\xc2\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x19\n\x11has_chat_template\x18\x07 \x01(\x08\x12\x19\n\x11max_prompt_tokens\x18\x08 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\t \x01(\x05\x12\x16\n\x0ekv_cache_dtype\x18\n \x01(\t\x12\x14\n\x0cquantization\x18\x0b \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\x0c \x01(\x08\x12%\n\x05loras\x18\r \x03(\x0b\x32\x16.pagoda.v1.LoraAdapter\"\x88\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12$\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x14.pagoda.v1.ChatInputH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x12\n\x10GetStatusRequest\"\xe9\x03\n\x0e\x45xecutorStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x16\n\x0eincarnation_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x13\n\x0bnum_running\x18\x04 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x05 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\x05\x12\x1a\n\x12num_free_kv_blocks\x18\x07 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x08 \x01(\x02\x12\x37\n\x07kernels\x18\t \x03(\x0b\x32&.pagoda.v1.ExecutorStatus.KernelsEntry\x12\x14\n\x0clease_holder\x18\n \x01(\t\x12\x13\n\x0blease_epoch\x18\x0b \x01(\x04\x12\x12\n\nkv_offload\x18\x0c \x01(\t\x12\x17\n\x0fnum_tier_blocks\x18\r \x01(\x03\x12\x16\n\x0ekv_cache_dtype\x18\x0e \x01(\t\x12\x14\n\x0cquantization\x18\x0f \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x10 \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\x11 \x01(\x08\x12\r\n\x05loras\x18\x12 \x03(\t\x1a.\n\x0cKernelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbd\x04\n\x0cServerStatus\x12\x13\n\x0bnum_running\x18\x01 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12,\n\texecutors\x18\x04 \x03(\x0b\x32\x19.pagoda.v1.ExecutorStatus\x12\x1a\n\x12num_requests_total\x18\x05 \x01(\x03\x12\x1d\n\x15num_preemptions_total\x18\x06 \x01(\x03\x12\"\n\x1aprefix_cache_queries_total\x18\x07 \x01(\x03\x12\x1f\n\x17prefix_cache_hits_total\x18\x08 \x01(\x03\x12\x14\n\x0cscheduler_id\x18\t \x01(\t\x12\x12\n\nschedulers\x18\n \x03(\t\x12\x1d\n\x15spec_num_drafts_total\x18\x0b \x01(\x03\x12\x1f\n\x17spec_draft_tokens_total\x18\x0c \x01(\x03\x12\"\n\x1aspec_accepted_tokens_total\x18\r \x01(\x03\x12 \n\x18offload_hit_tokens_total\x18\x0e \x01(\x03\x12\x17\n\x0fnum_swaps_total\x18\x0f \x01(\x03\x12#\n\x1bspec_model_num_drafts_total\x18\x10 \x01(\x03\x12%\n\x1dspec_model_draft_tokens_total\x18\x11 \x01(\x03\x12(\n spec_model_accepted_tokens_total\x18\x12 \x01(\x03*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x9a\x04\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.pagoda.v1.GenerateRequest\x1a\x1b.pagoda.v1.GenerateResponse0\x01\x12\x44\n\x0cGetModelInfo\x12\x1e.pagoda.v1.GetModelInfoRequest\x1a\x14.pagoda.v1.ModelInfo\x12\x43\n\x08Tokenize\x12\x1a.pagoda.v1.TokenizeRequest\x1a\x1b.pagoda.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.pagoda.v1.DetokenizeRequest\x1a\x1d.pagoda.v1.DetokenizeResponse\x12\x41\n\tGetStatus\x12\x1b.pagoda.v1.GetStatusRequest\x1a\x17.pagoda.v1.ServerStatus\x12L\n\x0fLoadLoraAdapter\x12!.pagoda.v1.LoadLoraAdapterRequest\x1a\x16.pagoda.v1.LoraAdapter\x12^\n\x11UnloadLoraAdapter\x12#.pagoda.v1.UnloadLoraAdapterRequest\x1a$.pagoda.v1.UnloadLoraAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXECUTORSTATUS_KERNELSENTRY']._loaded_options = None
   _globals['_EXECUTORSTATUS_KERNELSENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=3178
-  _globals['_FINISHREASON']._serialized_end=3298
+  _globals['_FINISHREASON']._serialized_start=3371
+  _globals['_FINISHREASON']._serialized_end=3491
   _globals['_CHATMESSAGE']._serialized_start=65
   _globals['_CHATMESSAGE']._serialized_end=109
   _globals['_CHATINPUT']._serialized_start=111
@@ -45,35 +45,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STOPPINGCRITERIA']._serialized_start=265
   _globals['_STOPPINGCRITERIA']._serialized_end=417
   _globals['_GENERATEREQUEST']._serialized_start=420
-  _globals['_GENERATEREQUEST']._serialized_end=843
-  _globals['_RESUMEFROM']._serialized_start=845
-  _globals['_RESUMEFROM']._serialized_end=906
-  _globals['_USAGE']._serialized_start=908
-  _globals['_USAGE']._serialized_end=1021
-  _globals['_TIMINGS']._serialized_start=1023
-  _globals['_TIMINGS']._serialized_end=1100
-  _globals['_GENERATERESPONSE']._serialized_start=1103
-  _globals['_GENERATERESPONSE']._serialized_end=1482
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1484
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1505
-  _globals['_MODELINFO']._serialized_start=1508
-  _globals['_MODELINFO']._serialized_end=1791
-  _globals['_TOKENIZEREQUEST']._serialized_start=1794
-  _globals['_TOKENIZEREQUEST']._serialized_end=1930
-  _globals['_TOKENIZERESPONSE']._serialized_start=1932
-  _globals['_TOKENIZERESPONSE']._serialized_end=1969
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1971
-  _globals['_DETOKENIZEREQUEST']._serialized_end=2067
-  _globals['_DETOKENIZERESPONSE']._serialized_start=2069
-  _globals['_DETOKENIZERESPONSE']._serialized_end=2103
-  _globals['_GETSTATUSREQUEST']._serialized_start=2105
-  _globals['_GETSTATUSREQUEST']._serialized_end=2123
-  _globals['_EXECUTORSTATUS']._serialized_start=2126
-  _globals['_EXECUTORSTATUS']._serialized_end=2600
-  _globals['_EXECUTORSTATUS_KERNELSENTRY']._serialized_start=2554
-  _globals['_EXECUTORSTATUS_KERNELSENTRY']._serialized_end=2600
-  _globals['_SERVERSTATUS']._serialized_start=2603
-  _globals['_SERVERSTATUS']._serialized_end=3176
-  _globals['_GENERATION']._serialized_start=3301
-  _globals['_GENERATION']._serialized_end=3665
+  _globals['_GENERATEREQUEST']._serialized_end=857
+  _globals['_LOADLORAADAPTERREQUEST']._serialized_start=859
+  _globals['_LOADLORAADAPTERREQUEST']._serialized_end=911
+  _globals['_UNLOADLORAADAPTERREQUEST']._serialized_start=913
+  _globals['_UNLOADLORAADAPTERREQUEST']._serialized_end=953
+  _globals['_UNLOADLORAADAPTERRESPONSE']._serialized_start=955
+  _globals['_UNLOADLORAADAPTERRESPONSE']._serialized_end=982
+  _globals['_RESUMEFROM']._serialized_start=984
+  _globals['_RESUMEFROM']._serialized_end=1045
+  _globals['_USAGE']._serialized_start=1047
+  _globals['_USAGE']._serialized_end=1160
+  _globals['_TIMINGS']._serialized_start=1162
+  _globals['_TIMINGS']._serialized_end=1239
+  _globals['_GENERATERESPONSE']._serialized_start=1242
+  _globals['_GENERATERESPONSE']._serialized_end=1621
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1623
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1644
+  _globals['_MODELINFO']._serialized_start=1647
+  _globals['_MODELINFO']._serialized_end=1969
+  _globals['_TOKENIZEREQUEST']._serialized_start=1972
+  _globals['_TOKENIZEREQUEST']._serialized_end=2108
+  _globals['_TOKENIZERESPONSE']._serialized_start=2110
+  _globals['_TOKENIZERESPONSE']._serialized_end=2147
+  _globals['_DETOKENIZEREQUEST']._serialized_start=2149
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2245
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2247
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2281
+  _globals['_GETSTATUSREQUEST']._serialized_start=2283
+  _globals['_GETSTATUSREQUEST']._serialized_end=2301
+  _globals['_EXECUTORSTATUS']._serialized_start=2304
+  _globals['_EXECUTORSTATUS']._serialized_end=2793
+  _globals['_EXECUTORSTATUS_KERNELSENTRY']._serialized_start=2747
+  _globals['_EXECUTORSTATUS_KERNELSENTRY']._serialized_end=2793
+  _globals['_SERVERSTATUS']._serialized_start=2796
+  _globals['_SERVERSTATUS']._serialized_end=3369
+  _globals['_GENERATION']._serialized_start=3494
+  _globals['_GENERATION']._serialized_end=4032
 # @@protoc_insertion_point(module_scope)

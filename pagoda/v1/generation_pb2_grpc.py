@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from pagoda.v1 import common_pb2 as pagoda_dot_v1_dot_common__pb2
 from pagoda.v1 import generation_pb2 as pagoda_dot_v1_dot_generation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -60,6 +61,16 @@ class GenerationStub:
                 request_serializer=pagoda_dot_v1_dot_generation__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=pagoda_dot_v1_dot_generation__pb2.ServerStatus.FromString,
                 _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/pagoda.v1.Generation/LoadLoraAdapter',
+                request_serializer=pagoda_dot_v1_dot_generation__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=pagoda_dot_v1_dot_common__pb2.LoraAdapter.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/pagoda.v1.Generation/UnloadLoraAdapter',
+                request_serializer=pagoda_dot_v1_dot_generation__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=pagoda_dot_v1_dot_generation__pb2.UnloadLoraAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -100,6 +111,25 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoraAdapter(self, request, context):
+        """Register a LoRA adapter on every executor this scheduler knows (and on
+        those that join later), from a PEFT folder on the executors' file
+        system. Needs an API key where keys are set. INVALID_ARGUMENT: it does
+        not fit the model (the message says why), and no executor keeps it;
+        ALREADY_EXISTS: the name holds another adapter; NOT_FOUND: no such folder.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Unregister an adapter everywhere: new requests naming it get NOT_FOUND;
+        requests already running with it finish. NOT_FOUND: no such adapter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +157,16 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=pagoda_dot_v1_dot_generation__pb2.GetStatusRequest.FromString,
                     response_serializer=pagoda_dot_v1_dot_generation__pb2.ServerStatus.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=pagoda_dot_v1_dot_generation__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=pagoda_dot_v1_dot_common__pb2.LoraAdapter.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=pagoda_dot_v1_dot_generation__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=pagoda_dot_v1_dot_generation__pb2.UnloadLoraAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +305,60 @@ class Generation:
             '/pagoda.v1.Generation/GetStatus',
             pagoda_dot_v1_dot_generation__pb2.GetStatusRequest.SerializeToString,
             pagoda_dot_v1_dot_generation__pb2.ServerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagoda.v1.Generation/LoadLoraAdapter',
+            pagoda_dot_v1_dot_generation__pb2.LoadLoraAdapterRequest.SerializeToString,
+            pagoda_dot_v1_dot_common__pb2.LoraAdapter.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagoda.v1.Generation/UnloadLoraAdapter',
+            pagoda_dot_v1_dot_generation__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            pagoda_dot_v1_dot_generation__pb2.UnloadLoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,7 @@ def request_from_pb(msg: generation_pb2.GenerateRequest, request_id: str, timeou
         timeout_s=timeout_s,
         resume=resume_from_pb(msg),
         structured=constraint_from_pb(msg.structured),
+        lora=msg.lora,
     )
 
 

@@ -18,15 +18,18 @@ import structlog
 from pagoda.by_name import copy_by_name
 from pagoda.runtime.grpc_server import Context
 from pagoda.step import FinishReason
+from pagoda.step_pb import lora_to_pb
 from pagoda.tracing import traceparent_in
-from pagoda.v1 import generation_pb2, generation_pb2_grpc
+from pagoda.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 from scheduler_svc.api import convert
 from scheduler_svc.core.config import DraftSource
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import (
+    AlreadyExists,
     DeadlineExceeded,
     ExecutorFailure,
     InvalidRequest,
+    NotFound,
     Overloaded,
     RequestError,
     Unavailable,
@@ -42,6 +45,8 @@ STATUS_OF_ERROR = {
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     ExecutorFailure: grpc.StatusCode.INTERNAL,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
 }
 
 
@@ -61,7 +66,7 @@ def request_id_of(request_id: str, context: Context) -> str:
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    """Generate, model info, tokenize/detokenize and status."""
+    """Generate, model info, tokenize/detokenize, status, and loading LoRA adapters."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -100,7 +105,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         if model is None or limits is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has connected yet")
         # The limits' max_model_len (the effective one) over the executor's; the rest by name from either.
-        return copy_by_name(generation_pb2.ModelInfo, limits, model, has_chat_template=bool(model.chat_template))
+        return copy_by_name(
+            generation_pb2.ModelInfo,
+            limits,
+            model,
+            has_chat_template=bool(model.chat_template),
+            loras=[lora_to_pb(a) for a in self.engine.lora_adapters()],
+        )
 
     async def Tokenize(
         self, request: generation_pb2.TokenizeRequest, context: Context
@@ -134,6 +145,26 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self, request: generation_pb2.GetStatusRequest, context: Context
     ) -> generation_pb2.ServerStatus:
         return status_to_pb(self.engine)
+
+    async def LoadLoraAdapter(
+        self, request: generation_pb2.LoadLoraAdapterRequest, context: Context
+    ) -> common_pb2.LoraAdapter:
+        try:
+            adapter = await self.engine.load_lora(request.name, request.path)
+        except RequestError as exc:
+            log.info("lora_load_refused", name=request.name, status=status_of(exc).name, error=str(exc))
+            await context.abort(status_of(exc), str(exc))
+        return lora_to_pb(adapter)
+
+    async def UnloadLoraAdapter(
+        self, request: generation_pb2.UnloadLoraAdapterRequest, context: Context
+    ) -> generation_pb2.UnloadLoraAdapterResponse:
+        try:
+            await self.engine.unload_lora(request.name)
+        except RequestError as exc:
+            log.info("lora_unload_refused", name=request.name, status=status_of(exc).name, error=str(exc))
+            await context.abort(status_of(exc), str(exc))
+        return generation_pb2.UnloadLoraAdapterResponse()
 
     async def _tokenizer(self, context: Context) -> Tokenizer:
         if self.engine.tokenizer is None:
@@ -186,7 +217,10 @@ def executor_status_to_pb(engine: Engine, executor: ExecutorHandle) -> generatio
         "lease_epoch": epoch,
     }
     if (info := executor.info) is not None:
-        fields |= {name: getattr(info, name) for name in _DESCRIBED} | {"kernels": dict(info.kernels)}
+        fields |= {name: getattr(info, name) for name in _DESCRIBED} | {
+            "kernels": dict(info.kernels),
+            "loras": [adapter.name for adapter in info.loras],
+        }
     if (s := executor.scheduler) is not None:
         fields |= {
             "num_running": s.num_running,

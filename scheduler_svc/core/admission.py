@@ -39,11 +39,41 @@ class Admission:
         self._tracer = tracer
 
     def admit_waiting(self, step: StepBuilder, now_s: float) -> None:
-        """Admits waiting sequences in order while budget, seats and blocks last."""
+        """Admits waiting sequences in order while budget, seats and blocks last.
+
+        A head whose LoRA adapter would be one more than the executor's ``max_loras`` distinct adapters
+        among the running sequences waits; those behind it whose adapter runs already (or the base model)
+        go ahead, unless the head has waited past the aging limit: then nothing is admitted until a slot
+        frees, so a busy adapter cannot starve another.
+        """
         while step.budget > 0 and len(self._roster.running) < self._config.max_num_seqs:
             head = self._roster.waiting.peek(now_s)
             # A preempted sequence waits for its pending token before it resumes.
-            if head is None or head[0].num_pending_tokens or not self._admit(head[0], head[1], step):
+            if head is None or head[0].num_pending_tokens:
+                return
+            if not self._lora_fits(head[0]):
+                if not head[1]:
+                    self._admit_running_adapters(step)
+                return
+            if not self._admit(head[0], head[1], step):
+                return
+
+    def _lora_fits(self, seq: SchedulerSequence) -> bool:
+        """Whether seq's adapter runs already, or a slot is free for it (always, for the base model)."""
+        limit = self._config.max_loras
+        if not seq.lora_name or not limit:
+            return True
+        running = {s.lora_name for s in self._roster.running if s.lora_name}
+        return seq.lora_name in running or len(running) < limit
+
+    def _admit_running_adapters(self, step: StepBuilder) -> None:
+        """Admits, in queue order, the waiting sequences of the base model and of adapters that run already."""
+        for seq in self._roster.waiting.ordered():
+            if step.budget <= 0 or len(self._roster.running) >= self._config.max_num_seqs:
+                return
+            if seq.num_pending_tokens or not self._lora_fits(seq):  # every slot is taken: only those fit
+                continue
+            if not self._admit(seq, False, step):
                 return
 
     def _admit(self, seq: SchedulerSequence, aged: bool, step: StepBuilder) -> bool:
@@ -84,6 +114,7 @@ class Admission:
                 traceparent=self._tracer.traceparent(seq.seq_id) if self._tracer is not None else "",
                 loads=loads,
                 long_rope=long_rope,
+                lora_name=seq.lora_name,
             )
         )
         step.num_loads += num_loads

@@ -59,6 +59,9 @@ class SchedulerConfig:
     # it on the short ones, and one that grows past it is recomputed on the long ones (docs/decisions.md,
     # model families); 0: the model has one factor set.
     rope_switch_len: int = 0
+    # LoRA adapters the executor keeps resident at once (ExecutorInfo.max_loras): at most this many distinct
+    # adapters among its running sequences; 0: no limit (an executor without adapters).
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):

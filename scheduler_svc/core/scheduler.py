@@ -130,9 +130,10 @@ class Scheduler:
             and cdiv(num_tokens, self.config.block_size) <= self.config.num_blocks
         )
 
-    def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "") -> int:
-        """Prompt tokens the prefix cache would serve now (for the router); no side effects."""
-        return self.kv.peek_prefix_hit_tokens(token_ids, cache_salt, self.config.long_rope(len(token_ids)))
+    def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "", lora: str = "") -> int:
+        """Prompt tokens the prefix cache would serve now (for the router); no side effects. ``lora``: the
+        fingerprint of the sequence's LoRA adapter."""
+        return self.kv.peek_prefix_hit_tokens(token_ids, cache_salt, self.config.long_rope(len(token_ids)), lora)
 
     # -- requests in and out ----------------------------------------------------
 

@@ -46,9 +46,10 @@ class SchedulerSequence:
         cache_salt: str = "",
         output_token_ids: Sequence[int] = (),
         structured: Constraint | None = None,
+        lora_name: str = "",
     ) -> None:
         """``output_token_ids``: outputs it starts with (a resumed request's delivered tokens);
-        ``structured``: the output constraint the executor enforces."""
+        ``structured``: the output constraint the executor enforces; ``lora_name``: its LoRA adapter."""
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids must not be empty")
         self.seq_id = seq_id
@@ -66,6 +67,10 @@ class SchedulerSequence:
         # None: set from the scheduler's clock by add().
         self.arrival_time_s = arrival_time_s
         self.cache_salt = cache_salt
+        # Its LoRA adapter ("": the base model), and the fingerprint of the adapter's weights on the executors
+        # it is placed on (set at placement: part of its blocks' hashes, so no adapter reads another's KV).
+        self.lora_name = lora_name
+        self.lora_fingerprint = ""
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         # The stop token id that ended the sequence (stop_token_ids only).

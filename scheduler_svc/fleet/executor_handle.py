@@ -27,8 +27,8 @@ import structlog
 
 from pagoda.runtime.deadline import within
 from pagoda.runtime.grpc_server import KEEPALIVE_OPTIONS, message_size_options
-from pagoda.step import ExecutorInfo, StepPlan, StepResult, StepTimings
-from pagoda.step_pb import info_from_pb, plan_to_pb, result_from_pb
+from pagoda.step import ExecutorInfo, LoraAdapter, StepPlan, StepResult, StepTimings
+from pagoda.step_pb import info_from_pb, lora_from_pb, plan_to_pb, result_from_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.scheduler import Scheduler, SeqUpdate
@@ -45,6 +45,9 @@ EXECUTOR_MESSAGE_BYTES = 256 * 2**20
 POLL_TIMEOUT_S = 1.0
 DESCRIBE_TIMEOUT_S = 10.0
 ACQUIRE_TIMEOUT_S = 5.0
+# Registering a LoRA adapter reads and checks its files on the executor, between two of its steps.
+LOAD_LORA_TIMEOUT_S = 120.0
+UNLOAD_LORA_TIMEOUT_S = 10.0
 # Execute call metadata naming the lease (as executor_svc.serving.servicer reads it).
 SCHEDULER_ID_KEY = "x-pagoda-scheduler-id"
 EPOCH_KEY = "x-pagoda-epoch"
@@ -105,6 +108,9 @@ class ExecutorHandle:
         self.address = address
         self.state = ExecutorState.CONNECTING
         self.info: ExecutorInfo | None = None
+        # The LoRA adapters it has registered, by name: as its last Describe listed them, and as load_lora and
+        # unload_lora changed them since.
+        self.loras: dict[str, LoraAdapter] = {}
         self.view = ExecutorView(address, reachable=False)
         self.scheduler: Scheduler | None = None
         # The epoch of the lease held (0: none yet).
@@ -163,6 +169,10 @@ class ExecutorHandle:
             self._set_view(ExecutorView(self.address, reachable=False), _describe_error(exc))
             return self.view
         described = self.info is not None and self.info.incarnation_id == msg.incarnation_id
+        if described and [(a.name, a.fingerprint) for a in msg.loras] != [
+            (a.name, a.fingerprint) for a in self.loras.values()
+        ]:
+            self.loras = {a.name: lora_from_pb(a) for a in msg.loras}
         if not described and (self._describing is None or self._describing.done()):
             # Aside: the full answer carries the tokenizer; the heartbeat round must not wait for it.
             self._describing = asyncio.create_task(self._describe(request))
@@ -187,6 +197,29 @@ class ExecutorHandle:
             self._described(info_from_pb(await self._stub.Describe(full, timeout=DESCRIBE_TIMEOUT_S)))
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
             log.warning("executor_describe_failed", executor=self.address, error=_describe_error(exc))
+
+    async def load_lora(self, name: str, path: str) -> LoraAdapter:
+        """Registers a LoRA adapter on the executor (bounded by LOAD_LORA_TIMEOUT_S).
+
+        Raises:
+            grpc.aio.AioRpcError: its refusal (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS), or unreachable.
+        """
+        assert self._stub is not None, "start() first"
+        request = executor_pb2.LoadLoraRequest(name=name, path=path)
+        adapter = lora_from_pb(await self._stub.LoadLora(request, timeout=LOAD_LORA_TIMEOUT_S))
+        self.loras[name] = adapter
+        return adapter
+
+    async def unload_lora(self, name: str) -> None:
+        """Unregisters a LoRA adapter on the executor (its running sequences finish with it first).
+
+        Raises:
+            grpc.aio.AioRpcError: NOT_FOUND, or unreachable.
+        """
+        assert self._stub is not None, "start() first"
+        self.loras.pop(name, None)
+        request = executor_pb2.UnloadLoraRequest(name=name)
+        await self._stub.UnloadLora(request, timeout=UNLOAD_LORA_TIMEOUT_S)
 
     def acquire(self, scheduler_id: str) -> None:
         """Ask for the lease and, granted, drive the executor until the stream ends or `release`."""
@@ -229,6 +262,7 @@ class ExecutorHandle:
 
     def _described(self, info: ExecutorInfo) -> None:
         self.info = info
+        self.loras = {adapter.name: adapter for adapter in info.loras}
         self.usable = self._listener.on_executor_described(self, info)
         log.info(
             "executor_described",

@@ -21,18 +21,23 @@ PACK_MAX_KV_USAGE = 0.8
 
 
 def choose_executor(
-    executors: Sequence[ExecutorHandle], token_ids: Sequence[int], cache_salt: str = "", pack: bool = False
+    executors: Sequence[ExecutorHandle],
+    token_ids: Sequence[int],
+    cache_salt: str = "",
+    pack: bool = False,
+    lora: str = "",
 ) -> tuple[ExecutorHandle, int]:
     """Return (executor, cached prefix tokens it holds) among executors that accept new sequences.
 
     `pack`: the scheduler is the bottleneck; prefer the busiest executor with room over the least loaded.
+    `lora`: the fingerprint of the sequence's LoRA adapter (its prefix hits are that adapter's blocks).
     """
     candidates = [e for e in executors if e.accepts_new]
     if not candidates:
         raise LookupError("no executor accepts new sequences")
     least = _packed(candidates) if pack else None
     least = least or min(candidates, key=lambda e: e.load())
-    hits = [(_prefix_hit_tokens(e, token_ids, cache_salt), e) for e in candidates]
+    hits = [(_prefix_hit_tokens(e, token_ids, cache_salt, lora), e) for e in candidates]
     best_hit, best = max(hits, key=lambda h: (h[0], -h[1].load()[0]))
     if best_hit > 0 and best.load()[0] - least.load()[0] <= MAX_LOAD_GAP_FOR_PREFIX:
         return best, best_hit
@@ -50,6 +55,6 @@ def _capacity(executor: ExecutorHandle) -> int:
     return executor.scheduler.config.max_num_seqs
 
 
-def _prefix_hit_tokens(executor: ExecutorHandle, token_ids: Sequence[int], cache_salt: str) -> int:
+def _prefix_hit_tokens(executor: ExecutorHandle, token_ids: Sequence[int], cache_salt: str, lora: str) -> int:
     assert executor.scheduler is not None  # accepts_new
-    return executor.scheduler.peek_prefix_hit_tokens(token_ids, cache_salt)
+    return executor.scheduler.peek_prefix_hit_tokens(token_ids, cache_salt, lora)

@@ -13,15 +13,17 @@ from typing import NamedTuple
 
 
 class CacheRoot(NamedTuple):
-    """What a sequence's first block hangs off: the request's cache salt, and the RoPE factor set its KV is
-    computed with (LongRoPE's long factors; False: the short ones, or the model's only RoPE).
+    """What a sequence's first block hangs off: the request's cache salt, the RoPE factor set its KV is
+    computed with (LongRoPE's long factors; False: the short ones, or the model's only RoPE), and its LoRA
+    adapter (the fingerprint of its weights; "": the base model).
 
     Two sequences share a prefix's KV only under the same root: the same tokens rotated with the other
-    factor set are other KV.
+    factor set, or projected with another adapter, are other KV.
     """
 
     cache_salt: str
     long_rope: bool = False
+    lora: str = ""
 
 
 # What a cached block's parent is: the prefix_id of the block before it, or the root of a first block.

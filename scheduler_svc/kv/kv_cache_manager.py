@@ -19,20 +19,25 @@ from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.kv.block_pool import BlockPool, CacheRoot, KVBlock, ParentKey
 from scheduler_svc.kv.tier_index import TierIndex
 
-# (parent block hash or None, the block's token ids, cache salt, long RoPE factors) -> hash; the salt and the
-# factor set are given for a first block only ("" and False after it: the chain carries them).
-BlockHasher = Callable[[int | None, tuple[int, ...], str, bool], int]
+# (parent block hash or None, the block's token ids, cache salt, long RoPE factors, LoRA adapter) -> hash; the
+# salt, the factor set and the adapter are given for a first block only ("", False, "" after it: the chain
+# carries them).
+BlockHasher = Callable[[int | None, tuple[int, ...], str, bool, str], int]
 # Domain of the block hash: a new scheme gets a new one, so no old tier entry can match it.
 _HASH_PERSON = b"pagoda-kv-1"
 
 
 def hash_block_tokens(
-    parent_hash: int | None, token_ids: tuple[int, ...], cache_salt: str, long_rope: bool = False
+    parent_hash: int | None, token_ids: tuple[int, ...], cache_salt: str, long_rope: bool = False, lora: str = ""
 ) -> int:
-    """Chained block hash: the parent's hash, this block's tokens, the salt and the RoPE factor set (first block).
+    """Chained block hash: the parent's hash, this block's tokens, and for a first block the salt, the RoPE
+    factor set and the LoRA adapter.
 
     A first block on LongRoPE's long factors starts from another tag than one on the short factors (or on a
-    model's only RoPE), so the two kinds never share a hash, here or in an offload tier.
+    model's only RoPE), and one computed with a LoRA adapter (``lora``: its weights' fingerprint) from another
+    tag again, followed by the fingerprint, so no two kinds share a hash, here or in an offload tier: an
+    adapter changes K and V, and one adapter never reads another's KV, nor the base model's. The base model's
+    hashes are what they were before adapters existed.
 
     A 64-bit BLAKE2b, the same in every process and on every host (Python's ``hash()`` is salted per
     process): the prefix cache, the router, the plan and the executors' offload tiers, which outlive
@@ -40,11 +45,14 @@ def hash_block_tokens(
     """
     digest = hashlib.blake2b(digest_size=8, person=_HASH_PERSON)
     if parent_hash is None:
-        digest.update(b"\x02" if long_rope else b"\x00")
+        digest.update(bytes([(2 if long_rope else 0) | (4 if lora else 0)]))
     else:
         digest.update(struct.pack("<BQ", 1, parent_hash))
     salt = cache_salt.encode()
     digest.update(struct.pack("<I", len(salt)) + salt)
+    if lora:
+        adapter = lora.encode()
+        digest.update(struct.pack("<I", len(adapter)) + adapter)
     tokens = array("q", token_ids)
     if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
         tokens.byteswap()
@@ -117,14 +125,17 @@ class KVCacheManager:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         return self._count_in_tier(seq.token_ids, _root(seq), first_block, max_blocks, seq.block_hashes)
 
-    def peek_prefix_hit_tokens(self, token_ids: Sequence[int], cache_salt: str = "", long_rope: bool = False) -> int:
+    def peek_prefix_hit_tokens(
+        self, token_ids: Sequence[int], cache_salt: str = "", long_rope: bool = False, lora: str = ""
+    ) -> int:
         """Tokens of token_ids the device cache and then the tier could serve now (for routing); no side effects.
 
-        ``long_rope``: of a sequence on LongRoPE's long factors (the blocks computed with them).
+        ``long_rope``: of a sequence on LongRoPE's long factors (the blocks computed with them); ``lora``: of
+        one with that LoRA adapter (its fingerprint).
         """
         if not self.enable_prefix_caching or not token_ids:
             return 0
-        root = CacheRoot(cache_salt, long_rope)
+        root = CacheRoot(cache_salt, long_rope, lora)
         max_blocks = (len(token_ids) - 1) // self.block_size
         hashes: list[int] = []
         num_hits = len(self._match(token_ids, root, max_blocks, hashes))
@@ -252,11 +263,11 @@ class KVCacheManager:
         for i in range(len(hashes), num_blocks):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             if i:
-                hashes.append(self._hasher(hashes[i - 1], tokens, "", False))
+                hashes.append(self._hasher(hashes[i - 1], tokens, "", False, ""))
             else:
-                hashes.append(self._hasher(None, tokens, root.cache_salt, root.long_rope))
+                hashes.append(self._hasher(None, tokens, root.cache_salt, root.long_rope, root.lora))
 
 
 def _root(seq: SchedulerSequence) -> CacheRoot:
-    """The root of seq's blocks: its salt and its RoPE factor set (the set is chosen at admission)."""
-    return CacheRoot(seq.cache_salt, seq.long_rope)
+    """The root of seq's blocks: its salt, its RoPE factor set (chosen at admission) and its LoRA adapter."""
+    return CacheRoot(seq.cache_salt, seq.long_rope, seq.lora_fingerprint)

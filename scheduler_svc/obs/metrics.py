@@ -80,6 +80,15 @@ class SchedulerMetrics:
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens admitted", registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "Tokens generated", registry=r)
         self.request_success = Counter(P + "request_success", "Finished requests", ["finished_reason"], registry=r)
+        self.lora_requests = Counter(
+            P + "lora_requests", "Finished requests per LoRA adapter (docs/lora.md)", ["lora"], registry=r
+        )
+        self.lora_generation_tokens = Counter(
+            P + "lora_generation_tokens",
+            "Tokens generated per LoRA adapter, counted when requests end",
+            ["lora"],
+            registry=r,
+        )
         self.rejected = Counter(P + "requests_rejected", "Requests refused because the queue was full", registry=r)
         self.prefix_cache_queries = Counter(P + "prefix_cache_queries", "Prefix cache queries (tokens)", registry=r)
         self.prefix_cache_hits = Counter(P + "prefix_cache_hits", "Prefix cache hits (tokens)", registry=r)
@@ -218,6 +227,9 @@ class SchedulerMetrics:
         now = time.monotonic_ns()
         self.request_success.labels(finished_reason=reason.value).inc()
         self.num_requests_total += 1
+        if state.seq.lora_name:
+            self.lora_requests.labels(lora=state.seq.lora_name).inc()
+            self.lora_generation_tokens.labels(lora=state.seq.lora_name).inc(len(state.seq.output_token_ids))
         self.e2e.observe((now - state.arrival_ns) / 1e9)
         if state.first_scheduled_ns is not None:
             self.queue_time.observe((state.first_scheduled_ns - state.arrival_ns) / 1e9)

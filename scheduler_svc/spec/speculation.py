@@ -219,7 +219,8 @@ class Drafter:
         """Whether seq would draft in the next step (it may still find no n-gram)."""
         if seq.structured is not None:
             return False
-        spec, model = self._seqs.get(seq.seq_id), self.uses_model and self.switch.allows(seq)
+        # The draft model proposes for the base model only: a LoRA sequence drafts with n-grams.
+        spec, model = self._seqs.get(seq.seq_id), self.uses_model and not seq.lora_name and self.switch.allows(seq)
         if spec is None:
             return self.uses_ngram or model
         num_outputs = len(seq.output_token_ids)
@@ -270,7 +271,9 @@ class Drafter:
         if spec is None:
             spec = self._seqs[seq.seq_id] = SeqSpeculation()
         num_outputs = len(seq.output_token_ids)
-        model_active = self.uses_model and self.switch.allows(seq) and spec.model.active(num_outputs)
+        model_active = (
+            self.uses_model and not seq.lora_name and self.switch.allows(seq) and spec.model.active(num_outputs)
+        )
         if self.uses_ngram and spec.ngram.active(num_outputs):
             drafts = spec.proposer.propose(seq.token_ids, min(max_tokens, self.config.draft_tokens(DraftSource.NGRAM)))
             if drafts:

@@ -73,7 +73,7 @@ def generate(runner, requests, num_new: int, chunk: int) -> list[list[int]]:
     while any(len(g) < num_new for g in generated):
         step_id += 1
         new, scheduled = [], []
-        for i, (prompt, _) in enumerate(requests):
+        for i, (prompt, name) in enumerate(requests):
             if len(generated[i]) >= num_new:
                 continue
             n = min(chunk, len(tokens[i]) - computed[i])
@@ -82,14 +82,22 @@ def generate(runner, requests, num_new: int, chunk: int) -> list[list[int]]:
             if step_id == 1:
                 new.append(
                     t.NewSequence(
-                        i, f"r{i}", tuple(prompt), len(prompt), GREEDY, tables[i], 0, n, long_rope=long_rope[i]
+                        i,
+                        f"r{i}",
+                        tuple(prompt),
+                        len(prompt),
+                        GREEDY,
+                        tables[i],
+                        0,
+                        n,
+                        long_rope=long_rope[i],
+                        lora_name=name or "",
                     )
                 )
             else:
                 scheduled.append(t.ScheduledSequence(i, n, more))
             computed[i] += n
-        names = {i: name for i, (_, name) in enumerate(requests) if name is not None} if step_id == 1 else None
-        out = runner.execute(t.StepPlan(step_id, new_seqs=tuple(new), scheduled_seqs=tuple(scheduled)), names)
+        out = runner.execute(t.StepPlan(step_id, new_seqs=tuple(new), scheduled_seqs=tuple(scheduled)))
         assert not out.errors, out.errors
         for o in out.outputs:
             tokens[o.seq_id].extend(o.token_ids)
@@ -146,11 +154,20 @@ def _prefill_logits(runner, requests) -> dict[tuple[int, ...], torch.Tensor]:
     recorder = install_recorder(runner)
     alloc = BlockAllocator(runner.info.num_kv_blocks)
     new = tuple(
-        t.NewSequence(i, f"r{i}", tuple(p), len(p), GREEDY, alloc.take(blocks_needed(len(p), BLOCK_SIZE)), 0, len(p))
-        for i, (p, _) in enumerate(requests)
+        t.NewSequence(
+            i,
+            f"r{i}",
+            tuple(p),
+            len(p),
+            GREEDY,
+            alloc.take(blocks_needed(len(p), BLOCK_SIZE)),
+            0,
+            len(p),
+            lora_name=name or "",
+        )
+        for i, (p, name) in enumerate(requests)
     )
-    names = {i: name for i, (_, name) in enumerate(requests) if name is not None}
-    assert not runner.execute(t.StepPlan(1, new_seqs=new), names).errors
+    assert not runner.execute(t.StepPlan(1, new_seqs=new)).errors
     return {tuple(token_ids): logits for token_ids, logits in recorder.records}
 
 

@@ -53,11 +53,11 @@ class Driver:
                 tuple(range(i * 8, i * 8 + 8)),
                 0,
                 len(PROMPTS[i]),
+                lora_name=name or "",
             )
-            for i in names
+            for i, name in names.items()
         )
-        lora_names = {i: name for i, name in names.items() if name is not None}
-        return self.runner.execute(t.StepPlan(next(self.step_ids), new_seqs=new), lora_names)
+        return self.runner.execute(t.StepPlan(next(self.step_ids), new_seqs=new))
 
     def decode(self, seq_ids, num_steps: int) -> list[t.StepResult]:
         plans = [
@@ -129,14 +129,39 @@ def test_a_sequence_finding_every_slot_in_use_fails_alone(checkpoints, adapters)
         (2, "LoRA adapter 'a2' cannot be loaded now: all 1 slots (max_loras) hold adapters of running sequences")
     ]
     assert {o.seq_id for o in first.outputs} == {1, 3} and not runner.has_sequence(2)
-    with pytest.raises(LoraRegistryError, match="'a1' is in use"):
-        runner.remove_lora("a1")
     driver.decode([1, 3], 2)
     driver.drop([1])  # a1's slot is free now
     assert driver.alone(2, "a2") == Driver(_runner(checkpoints, adapters)).alone(2, "a2")
-    runner.remove_lora("a1")
+    assert runner.remove_lora("a1") == 0 and "a1" not in runner.loras
     unknown = driver.start({1: "a1"})
     assert [(e.seq_id, e.message) for e in unknown.errors] == [(1, "LoRA: unknown LoRA adapter 'a1' (registered: a2)")]
+
+
+def test_an_adapter_removed_while_in_use_finishes_its_sequences_first(checkpoints, adapters):
+    """remove_lora while a sequence runs with the adapter: it leaves the listing at once, the sequence keeps
+    its tokens (and may come back as new, as a preempted one does), and the adapter goes when it ends."""
+    alone = Driver(_runner(checkpoints, adapters)).alone(1, "a1")
+    runner = _runner(checkpoints, adapters)
+    driver = Driver(runner)
+    tokens = [out.token_ids[0] for out in driver.start({1: "a1"}).outputs]
+    assert runner.remove_lora("a1") == 1
+    assert [info.name for info in runner.lora_adapters()] == ["a2"]
+    with pytest.raises(LoraRegistryError, match="being removed"):
+        runner.remove_lora("a1")
+    tokens += [out.token_ids[0] for result in driver.decode([1], 3) for out in result.outputs]
+    assert tokens == alone and "a1" in runner.loras
+    driver.drop([1])
+    assert "a1" not in runner.loras
+    assert runner.add_lora("a1", adapters["a1"]).name == "a1"  # registered anew
+
+
+def test_adding_the_same_adapter_again_returns_it(checkpoints, adapters):
+    runner = _runner(checkpoints, adapters)
+    first = runner.lora_adapters()[0]
+    assert runner.add_lora("a1", adapters["a1"]) == first and len(first.fingerprint) == 24
+    with pytest.raises(LoraRegistryError, match="registered already, from"):
+        runner.add_lora("a1", adapters["a2"])
+    assert runner.lora_adapters()[1].fingerprint != first.fingerprint
 
 
 def test_a_refused_adapter_leaves_the_runner_serving(checkpoints, adapters, tmp_path):

@@ -46,6 +46,25 @@ def test_the_model_is_given_once_and_a_bare_boolean_passes_as_true():
     assert _value_after(scheduler.argv, "--enable-prefix-caching") == "true"
 
 
+def test_a_repeated_flag_reaches_every_executor_each_time_given():
+    launcher = _launcher("--executors", "2", "--lora", "a=/adapters/a", "--lora", "b=/adapters/b", "--max-loras", "2")
+    for executor in launcher.executors:
+        lora_values = [executor.argv[i + 1] for i, arg in enumerate(executor.argv) if arg == "--lora"]
+        assert lora_values == ["a=/adapters/a", "b=/adapters/b"] and _value_after(executor.argv, "--max-loras") == "2"
+    assert "--lora" not in launcher.schedulers[0].argv  # the executors register them; the scheduler learns them
+    assert ExecutorConfig.__dataclass_fields__["lora"].metadata["repeat"]
+
+
+def test_a_repeatable_flag_is_a_tuple_from_flags_or_a_comma_separated_variable():
+    from executor_svc.config import load_config
+    from pagoda.runtime.flags import parse_config
+
+    assert load_config(["--lora", "a=/x", "--lora", "b=/y"]).lora == ("a=/x", "b=/y")
+    assert load_config([]).lora == ()
+    config = parse_config(ExecutorConfig, [], "pagoda-executor", "", environ={"PAGODA_LORA": "a=/x,b=/y"})
+    assert config.lora == ("a=/x", "b=/y")
+
+
 def test_serve_checks_values_with_the_services_own_rules(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_known_args(["serve", "--otlp-endpoint", "collector:4317"])
@@ -53,6 +72,9 @@ def test_serve_checks_values_with_the_services_own_rules(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_known_args(["serve", "--kv-cache-memory", "lots"])
     assert "not a size: 'lots'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_known_args(["serve", "--lora", "no-path"])
+    assert "--lora takes NAME=PATH (a PEFT adapter folder), not 'no-path'" in capsys.readouterr().err
 
 
 def test_every_serve_flag_has_the_help_of_its_config_field():

@@ -36,7 +36,7 @@ def test_a_message_from_the_first_source_with_each_field_then_given_values():
         quantization="none",
         batch_invariant=True,
     )
-    msg = copy_by_name(generation_pb2.ModelInfo, limits, model, eos_token_ids=(1,), has_chat_template=True)
+    msg = copy_by_name(generation_pb2.ModelInfo, limits, model, eos_token_ids=(1,), has_chat_template=True, loras=[])
     assert (msg.model_name, msg.architecture, msg.max_model_len, msg.max_new_tokens) == ("limits", "a", 64, 16)
     assert msg.kv_cache_dtype == "int8" and msg.batch_invariant
     assert (list(msg.eos_token_ids), msg.has_chat_template) == ([1], True)

@@ -96,7 +96,7 @@ def test_cache_salt_separates_otherwise_equal_prefixes():
 
 def test_colliding_hash_function_never_shares_different_content():
     """Every block hashes to 0: hits must still be confirmed by content."""
-    kv = KVCacheManager(num_blocks=12, block_size=BS, block_hasher=lambda parent, tokens, salt, long_rope: 0)
+    kv = KVCacheManager(num_blocks=12, block_size=BS, block_hasher=lambda parent, tokens, salt, long_rope, lora: 0)
     a = make_seq(1, [1, 2, 3, 4, 5, 6, 7, 8, 9])
     admit(kv, a)
     assert list(kv.pool.cached.values()) == [kv.pool.blocks[0]]
@@ -108,7 +108,9 @@ def test_colliding_hash_function_never_shares_different_content():
 
 def test_hash_ignoring_the_parent_cannot_share_a_block_across_prefixes():
     """A hash of the block's own tokens only: X|T and Y|T collide on T, and must not share."""
-    kv = KVCacheManager(num_blocks=12, block_size=BS, block_hasher=lambda parent, tokens, salt, long_rope: hash(tokens))
+    kv = KVCacheManager(
+        num_blocks=12, block_size=BS, block_hasher=lambda parent, tokens, salt, long_rope, lora: hash(tokens)
+    )
     admit(kv, make_seq(1, [1, 1, 1, 1, 7, 7, 7, 7, 0]))
     assert kv.peek_prefix_hit_tokens([2, 2, 2, 2, 7, 7, 7, 7, 0]) == 0
     admit(kv, make_seq(2, [2, 2, 2, 2, 7, 7, 7, 7, 0]))
@@ -120,7 +122,9 @@ def test_hash_ignoring_the_parent_cannot_share_a_block_across_prefixes():
 
 def test_evicted_parent_replaced_by_colliding_content_does_not_revive_its_child():
     """hash = sum of the block's tokens (parent ignored): [1,1,1,1] and [2,2,0,0] collide."""
-    kv = KVCacheManager(num_blocks=3, block_size=BS, block_hasher=lambda parent, tokens, salt, long_rope: sum(tokens))
+    kv = KVCacheManager(
+        num_blocks=3, block_size=BS, block_hasher=lambda parent, tokens, salt, long_rope, lora: sum(tokens)
+    )
     x = make_seq(1, [1, 1, 1, 1, 7, 7, 7, 7, 0])
     admit(kv, x)  # blocks 0 (hash 4), 1 (hash 28), 2 (partial)
     kv.free(x)

@@ -7,11 +7,20 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
-from scheduler_svc.errors import DeadlineExceeded, InvalidRequest, Overloaded, RequestError, Unavailable
+from scheduler_svc.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    RequestError,
+    Unavailable,
+)
 
 # Engine field names (gRPC vocabulary) → OpenAI parameter names, after "sampling."/"stopping." is cut.
 _PARAM_OF_FIELD = {
@@ -82,6 +91,10 @@ def from_request_error(exc: RequestError, *, chat: bool, aliases: dict[str, str]
         return unavailable(str(exc))
     if isinstance(exc, DeadlineExceeded):
         return ApiError(504, str(exc), type="timeout_error", code="deadline_exceeded")
+    if isinstance(exc, NotFound):
+        return ApiError(404, str(exc), type="not_found_error", code="not_found")
+    if isinstance(exc, AlreadyExists):
+        return ApiError(409, str(exc), type="conflict_error", code="already_exists")
     return server_error(str(exc))  # ExecutorFailure, and any other
 
 
@@ -105,8 +118,12 @@ def unauthorized() -> ApiError:
     )
 
 
-def model_not_found(model: str, served: str) -> ApiError:
-    """404 as OpenAI answers an unknown model."""
+def model_not_found(model: str, served: str, adapters: Sequence[str] = ()) -> ApiError:
+    """404 as OpenAI answers an unknown model; the message names what is served (the base model, its adapters)."""
+    loras = f" and the LoRA adapters {', '.join(repr(a) for a in adapters)}" if adapters else ""
     return ApiError(
-        404, f"The model '{model}' does not exist; this server serves '{served}'", param="model", code="model_not_found"
+        404,
+        f"The model '{model}' does not exist; this server serves '{served}'{loras}",
+        param="model",
+        code="model_not_found",
     )

@@ -2,7 +2,9 @@
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions
 (`stream: true` → server-sent events), vLLM's POST /tokenize and POST
-/detokenize (tokenize.py), GET /health, GET /metrics. Every error
+/detokenize (tokenize.py), vLLM's POST /v1/load_lora_adapter and POST
+/v1/unload_lora_adapter (loras.py: adapters, and the `model` field that names
+one), GET /health, GET /metrics. Every error
 leaves as OpenAI's JSON error shape. A client that goes away cancels its
 handler (handler_cancellation), which closes the engine iterator and so
 aborts the request and frees its KV blocks.
@@ -23,15 +25,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pagoda.tracing import TRACEPARENT_KEY, parse_traceparent
 from scheduler_svc.api.auth import bearer_token, key_is_valid, load_api_keys
+from scheduler_svc.api.http import loras
 from scheduler_svc.api.http.choices import Choices
-from scheduler_svc.api.http.errors import (
-    ApiError,
-    from_request_error,
-    model_not_found,
-    server_error,
-    unauthorized,
-    unavailable,
-)
+from scheduler_svc.api.http.errors import ApiError, from_request_error, server_error, unauthorized, unavailable
 from scheduler_svc.api.http.protocol import ParsedRequest, parse_chat, parse_completion, read_json
 from scheduler_svc.api.http.responses import (
     ChatFormatter,
@@ -82,6 +78,8 @@ class HttpApi:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/tokenize", self.tokenize)  # at the root, where vLLM serves them
         app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)  # vLLM's admin routes
+        app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
         return app
@@ -142,17 +140,11 @@ class HttpApi:
         return response
 
     async def models(self, request: web.Request) -> web.Response:
-        """The served model, in OpenAI's list shape."""
+        """The served model and its LoRA adapters, in OpenAI's list shape (loras.py)."""
         model = self._served_model()
         assert self.engine.limits is not None  # known with the model
-        card = {
-            "id": model,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "pagoda",
-            "max_model_len": self.engine.limits.max_model_len,
-        }
-        return web.json_response({"object": "list", "data": [card]})
+        cards = loras.model_cards(model, self.engine.lora_adapters(), self.created, self.engine.limits.max_model_len)
+        return web.json_response({"object": "list", "data": cards})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -164,7 +156,7 @@ class HttpApi:
         """vLLM's /tokenize: the token ids of a prompt, or of a chat as its template renders it."""
         body = read_json(await request.read())
         parsed = parse_tokenize(body)
-        self._check_model(parsed.model)
+        self._lora_of(parsed.model)  # an adapter's name is fine: it shares the base model's tokenizer
         assert self.engine.tokenizer is not None and self.engine.limits is not None  # known with the model
         return web.json_response(tokenize_reply(self.engine.tokenizer, parsed, self.engine.limits.max_model_len))
 
@@ -172,9 +164,19 @@ class HttpApi:
         """vLLM's /detokenize: the text of token ids."""
         body = read_json(await request.read())
         parsed = parse_detokenize(body)
-        self._check_model(parsed.model)
+        self._lora_of(parsed.model)
         assert self.engine.tokenizer is not None and self.engine.limits is not None  # known with the model
         return web.json_response(detokenize_reply(self.engine.tokenizer, parsed, self.engine.limits.max_model_len))
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        """vLLM's POST /v1/load_lora_adapter."""
+        body = read_json(await request.read())
+        return await loras.load(self.engine, body)
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        """vLLM's POST /v1/unload_lora_adapter."""
+        body = read_json(await request.read())
+        return await loras.unload(self.engine, body)
 
     # ----- generation ------------------------------------------------------
 
@@ -183,23 +185,22 @@ class HttpApi:
             raise unavailable("no executor has connected yet")
         return self.engine.model.model_name
 
-    def _check_model(self, model: str | None) -> None:
-        """A 404 when the body names a model other than the one served (a 503 before one is)."""
-        served = self._served_model()
-        if model and model != served:
-            raise model_not_found(model, served)
+    def _lora_of(self, model: str | None) -> str:
+        """The adapter the body's `model` names ("": the base model); a 404 for any other model (a 503 before
+        one is served)."""
+        return loras.lora_of_model(model, self._served_model(), self.engine.lora_adapters())
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = read_json(await request.read())
         served = self._served_model()
         request_id = _request_id(request)
         parsed = (parse_chat if chat else parse_completion)(body, request_id)
-        traceparent = parse_traceparent(request.headers.get(TRACEPARENT_KEY, ""))
-        if traceparent:  # W3C trace context (docs/tracing.md); a malformed one is ignored, as the spec says
-            parsed = dataclasses.replace(
-                parsed, generation=dataclasses.replace(parsed.generation, traceparent=traceparent)
-            )
-        self._check_model(parsed.model)
+        # W3C trace context (docs/tracing.md); a malformed one is ignored, as the spec says.
+        traceparent = parse_traceparent(request.headers.get(TRACEPARENT_KEY, "")) or ""
+        lora = self._lora_of(parsed.model)
+        parsed = dataclasses.replace(
+            parsed, generation=dataclasses.replace(parsed.generation, traceparent=traceparent, lora=lora)
+        )
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
             log.info("http_request", path=request.path, stream=parsed.stream, user=parsed.user)
@@ -208,7 +209,7 @@ class HttpApi:
             formatters: list[Formatter] = [
                 formatter_cls(
                     f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
-                    served,
+                    lora or served,
                     self.engine.tokenizer,
                     parsed.generation.sampling.get("logprobs"),
                     index,
