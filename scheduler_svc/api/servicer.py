@@ -219,7 +219,7 @@ def executor_status_to_pb(engine: Engine, executor: ExecutorHandle) -> generatio
     if (info := executor.info) is not None:
         fields |= {name: getattr(info, name) for name in _DESCRIBED} | {
             "kernels": dict(info.kernels),
-            "loras": [adapter.name for adapter in info.loras],
+            "loras": list(executor.loras),
         }
     if (s := executor.scheduler) is not None:
         fields |= {

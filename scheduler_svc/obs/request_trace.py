@@ -45,6 +45,8 @@ class RequestTrace:
             "pagoda.max_tokens": seq.stopping.max_tokens,
             "pagoda.priority": seq.priority,
         }
+        if seq.lora_name:
+            attributes["pagoda.lora"] = seq.lora_name
         parent = tracing.context_of(request.traceparent)
         self.span: Span = tracer.start_span("pagoda.request", parent, SpanKind.SERVER, attributes)
         self._context = set_span_in_context(self.span)

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from support.peft_adapters import make_peft_adapter
+from support.services import executor_service, scheduler_service
 from support.streams import KillOnce, run_streams
 from support.system import fp32_launcher
 
@@ -178,3 +179,27 @@ def test_an_executor_killed_mid_stream_with_adapters_changes_no_token(system, re
         got = run_streams(client, requests, kill)
     assert kill.fired_at is not None, "the executor was never killed"
     assert [record.token_ids for record in got] == expected
+
+
+def test_an_executor_that_restarts_gets_the_loaded_adapters_back(tiny_model_dir: Path, adapters, tmp_path):
+    """An adapter loaded through the scheduler is registered again on an executor that restarts (a new
+    incarnation, without --lora), and a request for it, waiting meanwhile, is served, not failed."""
+    executor = executor_service("restarting", tiny_model_dir, tmp_path)
+    scheduler = scheduler_service("sched-lora", [executor], tmp_path)
+    try:
+        executor.start().wait_serving()
+        scheduler.start().wait_serving()
+        prompt = list(range(20, 40))
+        with Client(scheduler.address, timeout=120) as client:
+            client.load_lora_adapter("a2", str(adapters["a2"]))
+            before = client.generate(token_ids=prompt, max_tokens=8, temperature=0, lora="a2").token_ids
+            executor.kill()
+            executor.start()
+            after = client.generate(token_ids=prompt, max_tokens=8, temperature=0, lora="a2").token_ids
+            assert after == before
+            (status,) = client.status().executors
+            assert list(status.loras) == ["a2"]
+        assert scheduler.events("lora_replayed"), scheduler.log_text()[-3000:]
+    finally:
+        scheduler.stop()
+        executor.stop()

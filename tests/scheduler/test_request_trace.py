@@ -8,6 +8,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from scheduler.scheduler_fakes import FakeExecutor
 
 from pagoda.params import SamplingParams, StoppingCriteria
+from pagoda.step import FinishReason
 from scheduler_svc.core.scheduler import Scheduler, SchedulerConfig
 from scheduler_svc.core.sequence import SchedulerSequence
 from scheduler_svc.obs.request_trace import RequestTracer
@@ -103,3 +104,16 @@ def test_a_request_outgrowing_the_short_rope_factors_has_the_event_a_wait_and_a_
         (10, False),
         (13, True),
     ]
+
+
+def test_a_request_span_names_its_lora_adapter():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = RequestTracer(provider.get_tracer("test"))
+    for seq_id, lora in ((1, "sql"), (2, "")):
+        seq = SchedulerSequence(seq_id, f"r{seq_id}", [1, 2], SamplingParams(), StoppingCriteria(), lora_name=lora)
+        tracer.start(GenerationRequest(f"r{seq_id}", PromptInput(token_ids=(1, 2)), lora=lora), seq)
+        tracer.end(seq, FinishReason.STOP)
+    spans = {s.attributes["pagoda.request_id"]: s for s in exporter.get_finished_spans() if s.name == "pagoda.request"}
+    assert spans["r1"].attributes["pagoda.lora"] == "sql" and "pagoda.lora" not in spans["r2"].attributes
