@@ -44,9 +44,8 @@ class RequestTrace:
             "pagoda.num_prompt_tokens": seq.num_prompt_tokens,
             "pagoda.max_tokens": seq.stopping.max_tokens,
             "pagoda.priority": seq.priority,
+            **({"pagoda.lora": seq.lora_name} if seq.lora_name else {}),
         }
-        if seq.lora_name:
-            attributes["pagoda.lora"] = seq.lora_name
         parent = tracing.context_of(request.traceparent)
         self.span: Span = tracer.start_span("pagoda.request", parent, SpanKind.SERVER, attributes)
         self._context = set_span_in_context(self.span)
