@@ -17,11 +17,11 @@ from pathlib import Path
 import grpc
 import pytest
 from support.peft_adapters import make_peft_adapter
-from support.services import executor_service, scheduler_service
+from support.services import executor_service, scheduler_service, wait_until
 from support.streams import KillOnce, run_streams
 from support.system import fp32_launcher
 
-from pagoda.v1 import generation_pb2, generation_pb2_grpc
+from pagoda.v1 import executor_pb2, executor_pb2_grpc, generation_pb2, generation_pb2_grpc
 from pagoda_client import Client, PagodaError
 
 pytestmark = pytest.mark.integration
@@ -203,3 +203,29 @@ def test_an_executor_that_restarts_gets_the_loaded_adapters_back(tiny_model_dir:
     finally:
         scheduler.stop()
         executor.stop()
+
+
+def test_an_adapter_refused_by_one_executor_is_taken_back_from_the_others(tiny_model_dir: Path, tmp_path):
+    """Two executors with other rank limits: a rank-32 adapter fits one and not the other, so the load fails
+    naming the reason and neither executor keeps it."""
+    big = make_peft_adapter(tiny_model_dir, tmp_path / "big", seed=4, r=32)
+    roomy = executor_service("roomy", tiny_model_dir, tmp_path)
+    strict = executor_service("strict", tiny_model_dir, tmp_path, ["--max-lora-rank", "16"])
+    scheduler = scheduler_service("sched-rollback", [roomy, strict], tmp_path)
+    try:
+        for service in (roomy, strict, scheduler):
+            service.start().wait_serving()
+        with Client(scheduler.address, timeout=120) as client:
+            wait_until(lambda: len(client.status().executors) == 2, 60, "both executors described", scheduler)
+            with pytest.raises(PagodaError) as error:
+                client.load_lora_adapter("big", str(big))
+            assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert "rank 32 is above the limit of 16" in error.value.message, error.value.message
+            assert [list(e.loras) for e in client.status().executors] == [[], []]
+            assert client.model_info().loras == ()
+        with grpc.insecure_channel(roomy.address) as channel:  # the executor itself, not the scheduler's view
+            info = executor_pb2_grpc.ExecutorStub(channel).Describe(executor_pb2.DescribeRequest(brief=True))
+            assert list(info.loras) == []
+    finally:
+        for service in (scheduler, strict, roomy):
+            service.stop()
