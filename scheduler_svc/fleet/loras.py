@@ -69,6 +69,8 @@ class LoraCatalog:
         self._in_use = in_use
         # Unloaded, still used by requests here: the executors unregister them when those end (``tick``).
         self.retiring: set[str] = set()
+        # Unloads being sent to the executors, by name (a load of the name waits for its unload).
+        self._unregistering: dict[str, asyncio.Task[None]] = {}
         self.wanted: dict[str, str] = dict(wanted)
         # (address, incarnation, name) given a wanted adapter already: not again until it restarts.
         self._given: set[tuple[str, str, str]] = set()
@@ -110,6 +112,9 @@ class LoraCatalog:
         """
         if not path or len(path) > MAX_PATH_CHARS:
             raise InvalidRequest("lora_path", f"1 to {MAX_PATH_CHARS} characters")
+        unregistering = self._unregistering.get(name)
+        if unregistering is not None:  # an unload of this name on its way to the executors: after it
+            await unregistering
         targets = list(self._live())
         if not targets:
             raise Unavailable("no executor has connected yet")
@@ -154,14 +159,17 @@ class LoraCatalog:
             used = self._in_use()
             for name in [name for name in self.retiring if name not in used]:
                 self.retiring.discard(name)
-                self._spawn(self._unregister(name))
+                self._unregistering[name] = self._spawn(self._unregister(name))
         self._replay()
 
     async def _unregister(self, name: str) -> None:
-        holders = [e for e in self._executors.values() if name in e.loras]
-        results = await asyncio.gather(*(e.unload_lora(name) for e in holders), return_exceptions=True)
-        failed = [e.address for e, r in zip(holders, results, strict=True) if isinstance(r, Exception)]
-        log.info("lora_unloaded", name=name, num_executors=len(holders), failed=failed)
+        try:
+            holders = [e for e in self._executors.values() if name in e.loras]
+            results = await asyncio.gather(*(e.unload_lora(name) for e in holders), return_exceptions=True)
+            failed = [e.address for e, r in zip(holders, results, strict=True) if isinstance(r, Exception)]
+            log.info("lora_unloaded", name=name, num_executors=len(holders), failed=failed)
+        finally:
+            self._unregistering.pop(name, None)
 
     def _replay(self) -> None:
         """Gives each described, reachable executor the wanted adapters it lacks (once per incarnation)."""
@@ -173,10 +181,11 @@ class LoraCatalog:
                     self._given.add(key)
                     self._spawn(self._give(executor, name, path, key))
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _give(self, executor: ExecutorHandle, name: str, path: str, key: tuple[str, str, str]) -> None:
         try:
