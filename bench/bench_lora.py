@@ -2,16 +2,22 @@
 
 Usage:
     python bench/bench_lora.py [--out DIR] [--dtype bfloat16] [--batch 64] [--adapters 8] [--rank 16]
-        [--context 300] [--prefill 512] [--steps 5] [--rounds 3]
+        [--context 300] [--prefill 512] [--steps 5] [--rounds 3] [--threads N]
 
 Builds (once, under --out, default ~/.cache/pagoda/bench-lora) a random-weight
 Llama with SmolLM2-135M's shapes and ``--adapters`` random PEFT adapters of
 rank ``--rank`` on all seven modules of every layer. One runner, adapters
-registered, ``--adapters`` slots. Each round times, alternating so both see the
+registered, ``--adapters`` slots. Each round times, alternating so all see the
 same period of a noisy machine: decode steps of ``--batch`` sequences with no
 adapter (the fused decode runs them) and with the rows spread evenly over the
-adapters; then a ``--prefill``-token prompt with no adapter and with one. It
-prints medians and the ratios.
+adapters, and with no adapter through the layer loop (what a step with
+adapters runs instead of the fused decode); then a ``--prefill``-token prompt
+with no adapter and with one. The steps with adapters run twice: with the
+grouped C++ op (one ``lora_add_`` call per layer and fused linear layer,
+native/csrc/cpu_lora.cpp) and with two GEMMs per segment
+(``LoraStepState.grouped_kernel`` off). It prints medians and the ratios to
+the base model's steps. ``--threads 1`` times CPU work without the forks
+that wait for a core other jobs hold on a shared machine.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from bench_moe import SMOLLM2
 from safetensors.torch import save_file
 
 from executor_svc.loading.model_cache import default_cache_dir
+from executor_svc.lora.batch import LoraStepState
 from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import SamplingParams
@@ -77,11 +84,11 @@ class Steps:
     def __init__(self, runner: ModelRunner):
         self.runner, self.step_id = runner, 0
 
-    def run(self, plan_args: dict, lora_names: dict[int, str] | None = None) -> float:
+    def run(self, plan_args: dict) -> float:
         """Seconds of one step."""
         self.step_id += 1
         start = time.perf_counter()
-        out = self.runner.execute(t.StepPlan(self.step_id, **plan_args), lora_names)
+        out = self.runner.execute(t.StepPlan(self.step_id, **plan_args))
         seconds = time.perf_counter() - start
         assert not out.errors, out.errors[0]
         return seconds
@@ -99,11 +106,11 @@ class Steps:
                 tuple(range(i * num_blocks, (i + 1) * num_blocks)),
                 num_computed,
                 num_tokens - num_computed,
+                lora_name=names[i] or "",
             )
             for i in range(len(names))
         )
-        lora_names = {i: name for i, name in enumerate(names) if name is not None}
-        return self.run({"new_seqs": new}, lora_names)
+        return self.run({"new_seqs": new})
 
     def decode(self, names: list[str | None], context: int, num_steps: int) -> float:
         """Median seconds of ``num_steps`` decode steps of the sequences of ``names``."""
@@ -123,7 +130,10 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     base, folders = build(args.out, args.adapters, args.rank)
     elem = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
     tokens = args.batch * (args.context + args.steps + 64) + args.prefill + 64
@@ -139,27 +149,45 @@ def main() -> None:
     names = [runner.add_lora(f"lora{i}", str(folder)).name for i, folder in enumerate(folders)]
     runner.warmup()
     steps = Steps(runner)
+    spread = [names[i % len(names)] for i in range(args.batch)]
+    pages = -(-args.prefill // runner.block_size)
+    fused = runner.model.fused_decode
+
+    def layer_loop() -> float:
+        """Decode steps with no adapter through the model's layer loop, as steps with adapters run."""
+        runner.model.fused_decode = None
+        try:
+            return steps.decode([None] * args.batch, args.context, args.steps)
+        finally:
+            runner.model.fused_decode = fused
+
     cases = {
         "decode, no adapter": lambda: steps.decode([None] * args.batch, args.context, args.steps),
-        f"decode, {len(names)} adapters": lambda: steps.decode(
-            [names[i % len(names)] for i in range(args.batch)], args.context, args.steps
-        ),
-        "prefill, no adapter": lambda: steps.start([None], args.prefill, 0, -(-args.prefill // runner.block_size)),
-        "prefill, 1 adapter": lambda: steps.start([names[0]], args.prefill, 0, -(-args.prefill // runner.block_size)),
+        "decode, no adapter, layer loop": layer_loop,
+        f"decode, {len(names)} adapters": lambda: steps.decode(spread, args.context, args.steps),
+        "prefill, no adapter": lambda: steps.start([None], args.prefill, 0, pages),
+        "prefill, 1 adapter": lambda: steps.start([names[0]], args.prefill, 0, pages),
     }
-    times: dict[str, list[float]] = {case: [] for case in cases}
+    with_adapters = (f"decode, {len(names)} adapters", "prefill, 1 adapter")
+    paths = {"": True, " (two GEMMs)": False}  # LoraStepState.grouped_kernel
+    times: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for case, run in cases.items():
-            times[case].append(run())
+            for suffix, grouped in paths.items() if case in with_adapters else [("", True)]:
+                LoraStepState.grouped_kernel = grouped
+                times.setdefault(case + suffix, []).append(run())
+    LoraStepState.grouped_kernel = True
     medians = {case: statistics.median(seconds) for case, seconds in times.items()}
     print(f"{base}: {args.dtype}, layer ops {runner.model.ops.name}, decode path {runner.model.decode_path}")
     print(f"rank {args.rank}, all 7 modules; threads {torch.get_num_threads()}; median of {args.rounds} rounds")
     for case, seconds in medians.items():
-        print(f"{case:>24}: {seconds * 1e3:8.1f} ms")
-    decode = medians[f"decode, {len(names)} adapters"] / medians["decode, no adapter"]
-    prefill = medians["prefill, 1 adapter"] / medians["prefill, no adapter"]
-    print(f"ratio decode ({args.batch} rows, {len(names)} adapters / none): {decode:.2f}")
-    print(f"ratio prefill ({args.prefill} tokens, 1 adapter / none): {prefill:.2f}")
+        print(f"{case:>37}: {seconds * 1e3:8.1f} ms")
+    for suffix in paths:
+        decode = medians[f"decode, {len(names)} adapters{suffix}"] / medians["decode, no adapter"]
+        prefill = medians[f"prefill, 1 adapter{suffix}"] / medians["prefill, no adapter"]
+        path = suffix.strip(" ()") or "grouped op"
+        print(f"ratio decode ({args.batch} rows, {len(names)} adapters / none), {path}: {decode:.2f}")
+        print(f"ratio prefill ({args.prefill} tokens, 1 adapter / none), {path}: {prefill:.2f}")
 
 
 if __name__ == "__main__":

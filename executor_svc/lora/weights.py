@@ -6,10 +6,12 @@ over the columns they cover, each module's scale folded in (zeros where a
 module's rows meet another module's ranks, and for a module in between that
 the adapter leaves alone). So the delta of a fused layer is two GEMMs, the
 second writing a contiguous range of its columns. Both are packed by the
-model's layer ops (never quantized), so they run the same GEMM kernels as the
-base weights: at decode sizes the C++ panel kernels take half the time of
-torch's bf16 matmul. Weights are in the model's dtype (bf16 adapters for bf16
-and int8 models, fp32 for an fp32 model).
+model's layer ops (never quantized). Where that gives the C++ panels
+(``PanelWeight``: bf16 on AVX512-BF16 or AMX, fp32 on AVX-512), the grouped
+op ``lora_add_`` (native/csrc/cpu_lora.cpp) reads them as they are and adds
+every segment's delta of a layer in one call (``lora.batch``); elsewhere they
+run through the layer ops' linear like the base weights. Weights are in the
+model's dtype (bf16 adapters for bf16 and int8 models, fp32 for an fp32 model).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from executor_svc.lora.adapter import LoraAdapter, LoraModule
+from executor_svc.models.layer_ops import WIDENED_F32_PANEL, PanelWeight
 
 # A weight [out, in] -> the form the layer ops' linear takes (LayerOps.pack with dense=True).
 Packer = Callable[[torch.Tensor], Any]
@@ -43,6 +46,7 @@ class DeviceLora:
     name: str
     layers: list[dict[str, LoraLinear]]
     num_bytes: int  # of its matrices on the device
+    grouped: bool  # every pair is in the panels lora_add_ reads (native/csrc/cpu_lora.cpp), in the model's dtype
 
 
 def to_device(
@@ -53,13 +57,20 @@ def to_device(
     for (layer, _), module in adapter.modules.items():
         grouped.setdefault((layer, module.target.linear), []).append(module)
     layers: list[dict[str, LoraLinear]] = [{} for _ in range(num_layers)]
-    num_bytes = 0
+    num_bytes, panels = 0, True
     for (layer, linear), modules in grouped.items():
         a, b, start = _fused_pair(sorted(modules, key=lambda m: m.target.column_start))
         a, b = a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
         num_bytes += (a.numel() + b.numel()) * a.element_size()
-        layers[layer][linear] = LoraLinear(pack(a), pack(b), start, start + b.shape[0])
-    return DeviceLora(name, layers, num_bytes)
+        pair = LoraLinear(pack(a), pack(b), start, start + b.shape[0])
+        panels = panels and _kernel_panels(pair.a, dtype) and _kernel_panels(pair.b, dtype)
+        layers[layer][linear] = pair
+    return DeviceLora(name, layers, num_bytes, panels)
+
+
+def _kernel_panels(packed: Any, dtype: torch.dtype) -> bool:
+    """Whether ``packed`` is a matrix as pack_bf16 / pack_f32 lay it out, in ``dtype`` (not bf16 widened to fp32)."""
+    return isinstance(packed, PanelWeight) and packed.path != WIDENED_F32_PANEL and packed.panels.dtype == dtype
 
 
 def _fused_pair(modules: list[LoraModule]) -> tuple[torch.Tensor, torch.Tensor, int]:

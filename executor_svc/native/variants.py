@@ -114,6 +114,7 @@ SOURCES = (
     "cpu_quant.cpp",
     "cpu_qblocks.cpp",
     "cpu_layers.cpp",
+    "cpu_lora.cpp",
 )
 HEADERS = (
     "cpu_common.h",

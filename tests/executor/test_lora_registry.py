@@ -61,16 +61,30 @@ def test_refusals_change_nothing(checkpoints, tmp_path):
         with pytest.raises(LoraAdapterError) as error:
             registry.register(f"bad {kind}", folder)
         assert expected in str(error.value), kind
-    with pytest.raises(LoraRegistryError, match="'a' is registered already"):
+    with pytest.raises(LoraRegistryError, match="'a' is registered already, from"):
         registry.register("a", tmp_path / "b")
     with pytest.raises(LoraRegistryError, match=r"unknown LoRA adapter 'z' \(registered: a, b\)"):
         registry.acquire("z")
-    with pytest.raises(LoraRegistryError, match="'a' is in use by running sequences"):
-        registry.unregister("a")
     assert [info.name for info in registry.infos()] == ["a", "b"]
     assert registry.resident_names() == ("a",)
     registry.unregister("b")
     assert "b" not in registry and registry.host_names() == ("a",)
+
+
+def test_an_adapter_in_use_retires_and_goes_when_unused(checkpoints, tmp_path):
+    in_use = {"a"}
+    registry = _registry(checkpoints, in_use)
+    _register(registry, tmp_path, "ab")
+    registry.acquire("a")
+    assert registry.unregister("a") is False  # a running sequence uses it: retiring
+    assert [info.name for info in registry.infos()] == ["b"] and "a" in registry
+    assert registry.acquire("a")  # its sequences keep it (a preempted one comes back as new)
+    with pytest.raises(LoraRegistryError, match="'a' is being removed already"):
+        registry.unregister("a")
+    assert registry.sweep() == ()
+    in_use.clear()
+    assert registry.sweep() == ("a",) and "a" not in registry and registry.resident_names() == ()
+    assert registry.unregister("b") is True and len(registry) == 0
 
 
 def test_host_copies_are_lru_and_read_again_from_the_folder(checkpoints, tmp_path):

@@ -2,7 +2,7 @@
 // the Python side calls as torch.ops.pagoda.*), plus what this build can do.
 // The CPU implementations are registered next to their code
 // (TORCH_LIBRARY_IMPL in cpu_ops.cpp, cpu_gemm.cpp, cpu_kernel.cpp,
-// cpu_prefill.cpp, cpu_quant.cpp, cpu_qblocks.cpp, cpu_layers.cpp). `(a!)`
+// cpu_prefill.cpp, cpu_quant.cpp, cpu_qblocks.cpp, cpu_layers.cpp, cpu_lora.cpp). `(a!)`
 // marks a tensor the op writes in place.
 #include "cpu_quant.h"
 
@@ -61,6 +61,9 @@ TORCH_LIBRARY(pagoda, m) {
   m.def("pack_bf16(Tensor weight) -> Tensor");
   m.def("linear_bf16(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.def("bf16_kernels_ready() -> bool", &bf16_kernels_ready);
+  // LoRA deltas of one fused linear layer for every adapter segment of a step (cpu_lora.cpp): 4 bounds per
+  // segment (first row, end row, first column, end column), its A and B packed as the linear layers' panels.
+  m.def("lora_add_(Tensor(a!) out, Tensor x, Tensor[] a, Tensor[] b, int[] bounds) -> ()");
   // Quantized linear layers (cpu_quant.cpp: int8 weights).
   m.def("quantize_rows_int8(Tensor x, int group) -> (Tensor, Tensor, Tensor)");
   m.def("pack_int8(Tensor weight) -> Tensor");
