@@ -72,8 +72,11 @@ def test_q4_1_smollm2_served_as_stored_answers_in_less_memory(tmp_path, dtype):
         f"({dense_load / load:.2f}x)"
     )
     # make run's load (float32) takes 2.5x what the blocks as stored take, the 64 MiB KV cache included; the
-    # whole process 2x (docs/quantization.md has the figures). bf16 weights are 2.7x the blocks, not 5.4x.
+    # whole process 2x (docs/quantization.md has the figures). bf16 weights are 2.7x the blocks, not 5.4x; in
+    # bf16 the process's ~530 MiB without weights (torch, kernels, KV cache) puts the whole-process ratio at
+    # 1.29-1.31, too close to any bound, so the saving is asserted in MiB: the dense weights' ~270 MiB against
+    # the blocks' ~90 MiB (measured: 182 MiB apart).
     if dtype == "float32":
         assert dense_load > 2.5 * load and dense_rss > 1.8 * rss
     else:
-        assert dense_load > 1.5 * load and dense_rss > 1.3 * rss
+        assert dense_load > 1.5 * load and dense_rss - rss > 120 * 2**20
