@@ -134,6 +134,30 @@ class ExecutorConfig:
         doc_default="all registered",
     )
     num_threads: int | None = setting(None, "intra-op threads", serve=True, doc_default="torch default")
+    tensor_parallel_size: int = setting(
+        1,
+        "ranks that split every layer (heads, MLP, experts, vocabulary) of one executor group (docs/parallel.md)",
+        serve=True,
+    )
+    pipeline_parallel_size: int = setting(
+        1, "stages that split the layers of one executor group (docs/parallel.md)", serve=True
+    )
+    group_rank: int = setting(
+        0, "the first group rank this process runs; rank 0, the leader, alone serves the Executor API"
+    )
+    group_local_ranks: int = setting(
+        0,
+        "group ranks this process runs: itself and the next ones as child processes",
+        doc_default="`0`: the whole group for rank 0, else 1",
+    )
+    group_address: str = setting(
+        "",
+        "HOST:PORT where the group's ranks meet (the leader's; needed when ranks run in other pods or hosts)",
+        doc_default="127.0.0.1 and a free port when every rank is local",
+    )
+    group_timeout_s: float = setting(
+        60.0, "a collective, or the leader's silence, longer than this takes the executor group down"
+    )
     max_message_bytes: int = setting(64 * 2**20, "largest plan message accepted", parse=parse_size)
     metrics_port: int = setting(0, "Prometheus `/metrics` port", doc_default="`0` (off)")
     log_format: str = log_format_setting()
@@ -180,11 +204,51 @@ class ExecutorConfig:
             raise ValueError("--simulate-time-scale must not be negative")
         if self.simulate and self.draft_model:
             raise ValueError("--draft-model needs a model: a simulated executor (--simulate) has no draft model")
+        self._check_group()
         if self.simulate:
             from executor_svc.simulate.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
 
             if not MIN_VOCAB_SIZE <= self.simulate_vocab_size <= MAX_VOCAB_SIZE:
                 raise ValueError(f"--simulate-vocab-size must be in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")
+
+    @property
+    def group_size(self) -> int:
+        """Ranks of the executor group (1: a plain executor)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def local_ranks(self) -> int:
+        """Ranks this process runs (itself first)."""
+        return self.group_local_ranks or (self.group_size if self.group_rank == 0 else 1)
+
+    def _check_group(self) -> None:
+        """The group flags are consistent and name nothing a group does not serve yet."""
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError("--tensor-parallel-size and --pipeline-parallel-size must be positive")
+        if not 0 <= self.group_rank < self.group_size:
+            raise ValueError(f"--group-rank must be in [0, {self.group_size}) for a group of {self.group_size}")
+        if self.group_local_ranks < 0 or self.group_rank + self.local_ranks > self.group_size:
+            raise ValueError(
+                f"--group-local-ranks {self.local_ranks} from rank {self.group_rank} runs past the group's "
+                f"{self.group_size} ranks"
+            )
+        if self.group_timeout_s <= 0:
+            raise ValueError("--group-timeout-s must be positive")
+        if self.group_size == 1:
+            return
+        if self.local_ranks < self.group_size and not self.group_address:
+            raise ValueError("--group-address is needed when ranks of the group run in other processes (pods, hosts)")
+        unserved = {
+            "--simulate": self.simulate,
+            "--lora": bool(self.lora),
+            "--kv-offload-dir": bool(self.kv_offload_dir),
+        }
+        named = [flag for flag, given in unserved.items() if given]
+        if named:
+            raise ValueError(
+                f"{', '.join(named)}: not served by an executor group yet (--tensor-parallel-size / "
+                "--pipeline-parallel-size above 1; docs/parallel.md)"
+            )
 
 
 def load_config(argv: Sequence[str] | None = None) -> ExecutorConfig:

@@ -19,6 +19,7 @@ from executor_svc.kv.cache import LayerKV
 from executor_svc.loading.model_config import ModelConfig
 from executor_svc.models.layer_ops import LayerOps
 from executor_svc.models.lora_hook import QKV, LoraDeltas
+from executor_svc.parallel.collectives import SINGLE, ModelParallel
 
 # (name inside model.layers.N.) -> the tensor in the model's dtype and device; has(name) says whether it exists.
 TensorGetter = Callable[[str], torch.Tensor]
@@ -85,10 +86,12 @@ def attend(
     scale: float,
     lora: LoraDeltas | None = None,
     layer: int = 0,
+    parallel: ModelParallel = SINGLE,
 ) -> torch.Tensor:
-    """Attention of the step's tokens, before the output projection: [T, H * Dh].
+    """Attention of the step's tokens, before the output projection: [T, H * Dh] (this rank's heads).
 
     ``lora``: the step's LoRA deltas (models.lora_hook), added to q/k/v of layer ``layer``; None: none.
+    ``parallel``: an executor group's collectives (a q/k norm over all heads sums over the ranks' heads).
     """
     num_heads, num_kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     qkv = ops.linear(x, weights.qkv, weights.qkv_bias)  # [T, (H + 2 KVH) Dh]
@@ -97,21 +100,41 @@ def attend(
     qkv = qkv.view(-1, num_heads + 2 * num_kv_heads, head_dim)
     qk = qkv[:, : num_heads + num_kv_heads]  # [T, H + KVH, Dh]
     if weights.q_norm is not None:
-        qk = _norm_qk(qk, weights, config)
+        qk = _norm_qk(qk, weights, config, parallel)
     qk = ops.rotate(qk, rotary)
     q, k = qk[:, :num_heads], qk[:, num_heads:]
     v = qkv[:, num_heads + num_kv_heads :]  # [T, KVH, Dh]
     return backend.forward(q, k, v, cache, attn_state, scale)
 
 
-def _norm_qk(qk: torch.Tensor, weights: AttentionWeights, config: ModelConfig) -> torch.Tensor:
+def _norm_qk(
+    qk: torch.Tensor, weights: AttentionWeights, config: ModelConfig, parallel: ModelParallel = SINGLE
+) -> torch.Tensor:
     """RMSNorm of q and k [T, H + KVH, Dh]: over each head (Qwen3, Gemma 3) or over all heads (OLMoE)."""
     num_heads, eps = config.num_heads, config.rms_norm_eps
     q, k = qk[:, :num_heads], qk[:, num_heads:]
-    if config.qk_norm_over_heads:
+    if config.qk_norm_over_heads and parallel.placement.tp_size > 1:
+        q = _norm_over_ranks(q, weights.q_norm, eps, parallel, 1)
+        k = _norm_over_ranks(
+            k, weights.k_norm, eps, parallel, max(1, parallel.placement.tp_size // config.num_kv_heads)
+        )
+    elif config.qk_norm_over_heads:
         q = F.rms_norm(q.flatten(1), (q.shape[1] * q.shape[2],), weights.q_norm, eps).view(q.shape)
         k = F.rms_norm(k.flatten(1), (k.shape[1] * k.shape[2],), weights.k_norm, eps).view(k.shape)
     else:
         q = F.rms_norm(q, (config.head_dim,), weights.q_norm, eps)
         k = F.rms_norm(k, (config.head_dim,), weights.k_norm, eps)
     return torch.cat((q, k), dim=1)
+
+
+def _norm_over_ranks(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, parallel: ModelParallel, replicas: int
+) -> torch.Tensor:
+    """RMSNorm over all heads of x [T, N, Dh] when a group's ranks each hold some of them: the squares are summed
+    over the ranks (``replicas``: ranks holding each head, so each counts once)."""
+    assert weight is not None
+    flat = x.flatten(1).float()
+    squares = parallel.all_reduce(flat.pow(2).sum(-1, keepdim=True)) / replicas
+    width = flat.shape[1] * parallel.placement.tp_size / replicas
+    normed = flat * torch.rsqrt(squares / width + eps)
+    return (normed.to(x.dtype) * weight).view(x.shape)

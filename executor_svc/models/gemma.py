@@ -23,17 +23,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from executor_svc.loading.model_config import LayerConfig, ModelConfig, RopeScaling, base_fields, rope_from_params
 from executor_svc.models.activations import check_activation
 from executor_svc.models.attention_layer import AttentionWeights, attend, load_attention
 from executor_svc.models.layer_ops import LayerOps
-from executor_svc.models.llama import GGUF_GLOBAL_TENSORS, decoder_shapes, layer_tensors
+from executor_svc.models.llama import GGUF_GLOBAL_TENSORS, decoder_shapes, layer_tensors, model_ends
 from executor_svc.models.lora_hook import O_PROJ, LoraDeltas
 from executor_svc.models.mlp import FeedForward, gated_mlp_shapes, load_gated_mlp, with_lora
 from executor_svc.models.registry import GgufSpec, MetadataGetter, ModelFamily
 from executor_svc.models.rope import RotaryEmbedding
+from executor_svc.parallel.collectives import SINGLE, ModelParallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +71,8 @@ class GemmaModel:
     ):
         self.config, self.ops = config, ops
         tensors = {name: _norm_factor(name, t) for name, t in tensors.items()}
-        self.embed = tensors["model.embed_tokens.weight"].to(device=device, dtype=dtype)
+        self.embed, self.final_norm, self.lm_head = model_ends(tensors, dtype, device, ops)
         self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype)  # rounded as transformers rounds it
-        self.final_norm = tensors["model.norm.weight"].to(device=device, dtype=dtype)
-        lm_head = tensors.get("lm_head.weight")
-        self.lm_head = ops.pack(self.embed if lm_head is None else lm_head.to(device=device, dtype=dtype))
         ropes = list(dict.fromkeys(config.layer_rope(i) for i in range(config.num_layers)))  # distinct, in order
         self.ropes = [RotaryEmbedding(config, max_len, dtype, device, rope) for rope in ropes]
         self.layers = [
@@ -96,26 +93,37 @@ class GemmaModel:
             rope_index=rope_index,
         )
 
+    parallel: ModelParallel = SINGLE  # as LlamaModel.parallel
+
     def forward(
-        self, input_ids, rope_rows, kv_cache, backend, attn_states: Sequence[Any], lora: LoraDeltas | None = None
+        self,
+        input_ids,
+        rope_rows,
+        kv_cache,
+        backend,
+        attn_states: Sequence[Any],
+        lora: LoraDeltas | None = None,
+        hidden_in: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Runs every layer over the flattened tokens [T] (rope_rows, lora: as LlamaModel.forward's); returns hidden
-        states [T, hidden] before the final norm."""
+        """Runs every layer over the flattened tokens [T] (rope_rows, lora, hidden_in: as LlamaModel.forward's);
+        returns hidden states [T, hidden] before the final norm."""
         ops, config, eps, layers, scale = self.ops, self.config, self.config.rms_norm_eps, self.layers, self.scale
+        par = self.parallel
         rotaries = [ops.rotary_for(rope, rope_rows) for rope in self.ropes]
-        hidden = F.embedding(input_ids, self.embed) * self.embed_scale  # [T, hidden], the residual stream
+        # [T, hidden], the residual stream
+        hidden = par.embed(input_ids, self.embed) * self.embed_scale if hidden_in is None else hidden_in
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         for index, layer in enumerate(layers):
             cache = kv_cache.layer(index)
             rotary, state = rotaries[layer.rope_index], attn_states[index]
-            attn = attend(ops, config, normed, layer.attn, rotary, cache, backend, state, scale, lora, index)
-            attn_proj = ops.linear(attn, layer.attn.o_proj)
+            attn = attend(ops, config, normed, layer.attn, rotary, cache, backend, state, scale, lora, index, par)
+            attn_proj = par.all_reduce(ops.linear(attn, layer.attn.o_proj))
             if lora is not None:
                 lora.add(index, O_PROJ, attn, attn_proj)
             attn = ops.rms_norm(attn_proj, layer.post_attn_norm, eps)
             normed = ops.add_rms_norm(attn, hidden, layer.pre_ff_norm, eps)  # hidden += attn
             mlp_out = layer.mlp(normed) if lora is None else with_lora(layer.mlp, normed, lora, index)
-            mlp_out = ops.rms_norm(mlp_out, layer.post_ff_norm, eps)
+            mlp_out = ops.rms_norm(par.all_reduce(mlp_out), layer.post_ff_norm, eps)
             if index + 1 < len(layers):
                 normed = ops.add_rms_norm(mlp_out, hidden, layers[index + 1].input_norm, eps)
             else:
@@ -125,7 +133,7 @@ class GemmaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and soft-cap on the rows to sample only: [N, hidden] -> [N, V]."""
         normed = self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.config.rms_norm_eps)
-        logits = self.ops.linear(normed, self.lm_head)
+        logits = self.parallel.gather_vocab(self.ops.linear(normed, self.lm_head))
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

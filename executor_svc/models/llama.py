@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from executor_svc.loading.model_config import LayerConfig, ModelConfig, base_fields
 from executor_svc.models import fused_decode
@@ -39,6 +38,7 @@ from executor_svc.models.mlp import (
 )
 from executor_svc.models.registry import GgufSpec, MetadataGetter, ModelFamily
 from executor_svc.models.rope import RotaryEmbedding
+from executor_svc.parallel.collectives import SINGLE, ModelParallel
 
 
 @dataclasses.dataclass
@@ -73,11 +73,8 @@ class LlamaModel:
         self.config = config
         self.dtype = dtype
         self.device = device
-        self.embed = tensors["model.embed_tokens.weight"].to(device=device, dtype=dtype)
-        self.final_norm = tensors["model.norm.weight"].to(device=device, dtype=dtype)
-        lm_head = tensors.get("lm_head.weight")
         self.ops = ops
-        self.lm_head = self.ops.pack(self.embed if lm_head is None else lm_head.to(device=device, dtype=dtype))
+        self.embed, self.final_norm, self.lm_head = model_ends(tensors, dtype, device, ops)
         self.layers = [self._layer(tensors, i, feed_forward) for i in range(config.num_layers)]
         # What the feed-forward blocks run (reported with the kernel paths).
         self.mlp_path = feed_forward_path([layer.mlp for layer in self.layers])
@@ -96,8 +93,19 @@ class LlamaModel:
             mlp=feed_forward(self.config, index, get, has, self.ops),
         )
 
+    # Collectives of an executor group (executor_svc.parallel); the runner sets a group's, which turns off the
+    # fused decode.
+    parallel: ModelParallel = SINGLE
+
     def forward(
-        self, input_ids, rope_rows, kv_cache, backend, attn_states: Sequence[Any], lora: LoraDeltas | None = None
+        self,
+        input_ids,
+        rope_rows,
+        kv_cache,
+        backend,
+        attn_states: Sequence[Any],
+        lora: LoraDeltas | None = None,
+        hidden_in: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Runs every layer over the flattened tokens.
 
@@ -109,25 +117,29 @@ class LlamaModel:
             backend: attention backend; attn_states[i] is its per-step state for layer i.
             lora: the step's LoRA deltas (models.lora_hook); None: no row has an adapter (the fused decode
                 runs such steps where it applies).
+            hidden_in: [T, hidden] the previous pipeline stage's output, in place of the embedding.
 
         Returns:
             Hidden states [T, hidden] before the final norm.
         """
         ops, config, eps, layers, scale = self.ops, self.config, self.config.rms_norm_eps, self.layers, self.scale
+        par = self.parallel
         rotary = ops.rotary_for(self.rope, rope_rows)
-        hidden = F.embedding(input_ids, self.embed)  # [T, hidden], the residual stream (updated in place)
+        # [T, hidden], the residual stream (updated in place)
+        hidden = par.embed(input_ids, self.embed) if hidden_in is None else hidden_in
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps)
         if lora is None and self.fused_decode is not None and self.fused_decode.applies(attn_states):
             return self.fused_decode.run(hidden, normed, rotary, kv_cache, attn_states[0])
         for index, layer in enumerate(layers):
             cache = kv_cache.layer(index)
             state = attn_states[index]
-            attn_out = attend(ops, config, normed, layer.attn, rotary, cache, backend, state, scale, lora, index)
+            attn_out = attend(ops, config, normed, layer.attn, rotary, cache, backend, state, scale, lora, index, par)
             attn_proj = ops.linear(attn_out, layer.attn.o_proj)
             if lora is not None:
                 lora.add(index, O_PROJ, attn_out, attn_proj)
-            normed = ops.add_rms_norm(attn_proj, hidden, layer.post_norm, eps)
+            normed = ops.add_rms_norm(par.all_reduce(attn_proj), hidden, layer.post_norm, eps)
             mlp_out = layer.mlp(normed) if lora is None else with_lora(layer.mlp, normed, lora, index)
+            mlp_out = par.all_reduce(mlp_out)
             if index + 1 < len(layers):
                 normed = ops.add_rms_norm(mlp_out, hidden, layers[index + 1].input_norm, eps)
             else:
@@ -137,7 +149,19 @@ class LlamaModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the rows to sample only: [N, hidden] -> [N, V]."""
         normed = self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.config.rms_norm_eps)
-        return self.ops.linear(normed, self.lm_head)
+        return self.parallel.gather_vocab(self.ops.linear(normed, self.lm_head))
+
+
+def model_ends(tensors: dict[str, Any], dtype: torch.dtype, device: torch.device, ops: LayerOps) -> tuple[Any, ...]:
+    """(embedding, final norm, packed LM head), each None on a pipeline stage that does not run it (the LM head
+    is the embedding when the checkpoint has none: tied)."""
+    embed = tensors.get("model.embed_tokens.weight")
+    embed = None if embed is None else embed.to(device=device, dtype=dtype)
+    norm = tensors.get("model.norm.weight")
+    norm = None if norm is None else norm.to(device=device, dtype=dtype)
+    head = tensors.get("lm_head.weight")
+    head = embed if head is None else head.to(device=device, dtype=dtype)
+    return embed, norm, None if head is None or norm is None else ops.pack(head)
 
 
 def layer_tensors(

@@ -118,6 +118,24 @@ def concat_rows(parts: list[Any], dim: int) -> GgufWeight | GgufRows:
     return GgufRows(fused, (sum(p.shape[0] for p in fused), cols))
 
 
+def narrow_blocks(weight: GgufWeight, dim: int, start: int, end: int) -> GgufWeight:
+    """Rows (dim 0) or columns (dim 1, whole blocks of 32) [start, end) of a weight, as blocks: an executor group's
+    rank keeps its shard as stored (executor_svc.parallel.shard).
+
+    Raises:
+        ValueError: columns that cut a block.
+    """
+    assert weight.data is not None, "narrowed before packing"
+    rows, cols = weight.shape
+    if dim == 0:
+        return dataclasses.replace(weight, data=weight.data[start:end].clone(), shape=(end - start, cols))
+    if start % BLOCK or end % BLOCK:
+        raise ValueError(f"columns {start}-{end} of GGUF blocks cut a block of {BLOCK}: the group cannot split it")
+    size = KEPT_TYPES[weight.qtype]
+    data = weight.data[:, start // BLOCK * size : end // BLOCK * size].contiguous()
+    return dataclasses.replace(weight, data=data, shape=(rows, end - start))
+
+
 def _fuse(run: list[Any]) -> Any:
     """One weight of a run of same-type GGUF weights (or the dense part alone)."""
     if len(run) == 1:

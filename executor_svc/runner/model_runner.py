@@ -27,6 +27,7 @@ from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
 from executor_svc.models.registry import parse_model_config
 from executor_svc.models.rope import rope_switch_len
+from executor_svc.parallel.shard import GroupShard
 from executor_svc.quant.modes import resolve_quantization
 from executor_svc.runner import sequence_loras, warmup
 from executor_svc.runner.device import dtype_name, resolve_device, resolve_dtype, resolve_kv_dtype
@@ -40,6 +41,7 @@ from pagoda.step import ExecutorInfo, SeqError, SeqOutput, StepPlan, StepResult,
 
 if TYPE_CHECKING:
     from executor_svc.kv.tier.step_io import TierStepIO
+    from executor_svc.parallel.collectives import GroupComm
 
 log = structlog.get_logger(__name__)
 # A step's masks run beside its forward; waiting longer than this for them is a bug, not load.
@@ -69,8 +71,12 @@ class ModelRunner:
         max_loras: int = 4,
         max_lora_rank: int = 64,
         max_cpu_loras: int | None = None,
+        group: GroupComm | None = None,
     ):
         self.device = resolve_device(device)
+        # A rank of an executor group (docs/parallel.md): its shard of the weights and KV; None: the whole model.
+        self.group = group
+        self.shard: GroupShard | None = None
         self.dtype = resolve_dtype(dtype, self.device)
         self.batch_invariant = batch_invariant
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, self.dtype)
@@ -88,10 +94,14 @@ class ModelRunner:
             quantization, quantized_activations, model_path, self.device, self.dtype, base_ops, batch_invariant
         )
         ops = self.quantization.wrap(base_ops)
-        checkpoint = load_checkpoint(model_path, self.quantization.mode.keeps_gguf)
+        shard_for = self._shard_for if group is not None else None
+        checkpoint = load_checkpoint(model_path, self.quantization.mode.keeps_gguf, shard_for)
         self.config = parse_model_config(checkpoint.config)
+        # What this process builds and caches: the whole model, or a group rank's shard of it.
+        self.model_config = self.shard.config if self.shard is not None else self.config
         self.max_model_len = max_model_len or self.config.max_position_embeddings
-        self.model = self._build_model(validate_tensors(self.config, checkpoint.tensors), ops)
+        absent = self.shard.absent() if self.shard is not None else frozenset()
+        self.model = self._build_model(validate_tensors(self.model_config, checkpoint.tensors, absent), ops)
         del checkpoint.tensors
         # LongRoPE: sequences longer than this run on the long factors (0: one set); the tables hold a set per
         # max_model_len rows, so the long set's rows start there (models.rope).
@@ -108,7 +118,7 @@ class ModelRunner:
         self.draft: DraftModel | None = None
         if draft is not None and draft_kv_cache is not None:
             self.draft = DraftModel(draft, draft_kv_cache, self.backend, self.config.vocab_size)
-        self._layer_states = LayerStates(self.config.layers)
+        self._layer_states = LayerStates(self.model_config.layers)
         self._table = SequenceTable(
             self.kv_cache.num_blocks,
             self.block_size,
@@ -165,19 +175,35 @@ class ModelRunner:
             max_lora_rank=self.loras.max_rank,
         )
 
+    def _shard_for(self, config: dict) -> GroupShard:
+        """This group rank's shard of the model of a config.json dict (what the loader reads of each tensor)."""
+        assert self.group is not None
+        full = parse_model_config(config)
+        self.shard = GroupShard(full, self.group.placement)
+        self.group.vocab_size = full.vocab_size
+        log.info("group_shard", rank=self.group.placement.rank, holds=self.shard.describe())
+        return self.shard
+
     def _build_model(self, tensors: dict[str, torch.Tensor], ops: LayerOps) -> DecoderModel:
-        """The architecture's model, built by its registry entry."""
+        """The architecture's model (or this group rank's shard of it), built by its registry entry."""
         family = get_model_family(self.config.architecture)
-        return family.build(self.config, tensors, self.dtype, self.device, self.max_model_len, ops)
+        model = family.build(self.model_config, tensors, self.dtype, self.device, self.max_model_len, ops)
+        if self.group is not None:
+            model.parallel = self.group
+            if getattr(model, "fused_decode", None) is not None:  # one C++ call through every layer: no all-reduce
+                model.fused_decode, model.decode_path = None, "per layer (an executor group all-reduces in it)"
+        return model
 
     def _allocate_kv_cache(
         self, memory_bytes: int | None, memory_fraction: float, draft: DraftCheckpoint | None
     ) -> tuple[KVCache, KVCache | None]:
         """The paged KV cache, as many blocks as the budget holds, and the draft model's for the same blocks."""
-        spec = self._kv_spec(self.config)
+        spec = self._kv_spec(self.model_config)
         draft_spec = self._kv_spec(draft.config) if draft is not None else None
         shared_with = (draft_spec,) if draft_spec is not None else ()
         num_blocks = num_blocks_for_budget(spec, self.device, memory_bytes, memory_fraction, shared_with)
+        if self.group is not None:  # one block pool for the group: every rank holds the blocks the leader reports
+            num_blocks = self.group.agree_min(num_blocks)
         kv_cache = KVCache(spec, num_blocks, self.device)
         return kv_cache, KVCache(draft_spec, num_blocks, self.device) if draft_spec is not None else None
 
@@ -305,21 +331,27 @@ class ModelRunner:
 
     def _run(self, step_id, scheduled, errors, start_ns) -> StepResult:
         draft_ns = self._propose_drafts(scheduled)
-        batch = build_step_batch(
-            scheduled, self.block_size, self.device, rope_offset=self._rope_offset, lora=len(self.loras) > 0
-        )
+        batches = self._micro_batches(scheduled)
+        sample_states = [state for batch in batches for state in batch.sample_states]
         # The masks of the constrained rows are computed while the forward runs (None: no row is constrained).
-        masks = self.constraints.start(batch.sample_states) if self.constraints is not None else None
+        masks = None
+        if self.constraints is not None and self._samples_here:
+            masks = self.constraints.start(sample_states)
         prepared_ns = time.perf_counter_ns()
-        hidden = self._forward(batch)
-        logits = self.model.compute_logits(hidden[batch.sample_rows])  # [N, V]; the sampler widens what it needs
-        scored = prompt_logprobs(self.model, hidden, batch.prompt_spans) if batch.prompt_spans else {}
-        if logits.is_cuda:
-            torch.cuda.synchronize()
+        hiddens = self._forward_all(batches)
+        logits, scored = None, {}
+        if hiddens[0] is not None:  # the last pipeline stage (every rank without a pipeline)
+            # [N, V]; the sampler widens what it needs
+            logits = torch.cat([self.model.compute_logits(h[b.sample_rows]) for h, b in zip(hiddens, batches)])
+            for hidden, batch in zip(hiddens, batches):
+                if batch.prompt_spans:
+                    scored.update(prompt_logprobs(self.model, hidden, batch.prompt_spans))
+            if logits.is_cuda:
+                torch.cuda.synchronize()
         forward_done_ns = time.perf_counter_ns()
         for state, num_scheduled in scheduled:
             state.num_computed_tokens += num_scheduled
-        outputs = self._sample(batch.sample_states, logits, masks, errors)
+        outputs, scored = self._sample(sample_states, logits, masks, errors, scored)
         outputs = with_prompt_logprobs(outputs, scored, self.has_sequence)
         if self.draft is not None:
             self.draft.confirm()
@@ -335,8 +367,45 @@ class ModelRunner:
             outputs=tuple(outputs),
             errors=tuple(errors),
             timings=timings,
-            num_scheduled_tokens=batch.num_tokens,
+            num_scheduled_tokens=sum(batch.num_tokens for batch in batches),
         )
+
+    @property
+    def _samples_here(self) -> bool:
+        """Whether this process samples (a group's sampler rank shares its tokens with the others)."""
+        return self.group is None or self.group.placement.rank == self.group.sampler_rank
+
+    def _micro_batches(self, scheduled: list[tuple[SequenceState, int]]) -> list[StepBatch]:
+        """The step's batch; over a pipeline, up to one micro-batch per stage (contiguous runs of the sequences,
+        by tokens), so the stages work on different micro-batches at once."""
+        parts = [scheduled]
+        if self.group is not None and self.group.placement.pp_size > 1 and len(scheduled) > 1:
+            parts = split_by_tokens(scheduled, self.group.placement.pp_size)
+        lora = len(self.loras) > 0
+        return [
+            build_step_batch(part, self.block_size, self.device, rope_offset=self._rope_offset, lora=lora)
+            for part in parts
+        ]
+
+    def _forward_all(self, batches: list[StepBatch]) -> list[torch.Tensor | None]:
+        """Each micro-batch's hidden states; on a pipeline each comes from the previous stage and goes to the next
+        (None: the stage is not the last)."""
+        group = self.group
+        if group is None or group.placement.pp_size == 1:
+            return [self._forward(batch) for batch in batches]
+        placement, hiddens, sends = group.placement, [], []
+        for batch in batches:
+            hidden_in = None
+            if not placement.first_stage:
+                hidden_in = group.recv_hidden(batch.num_tokens, self.config.hidden_size, self.dtype)
+            hidden = self._forward(batch, hidden_in)
+            if placement.last_stage:
+                hiddens.append(hidden)
+            else:
+                sends.append(group.send_hidden(hidden))
+                hiddens.append(None)
+        group.wait_all(sends)
+        return hiddens
 
     def _propose_drafts(self, scheduled: list[tuple[SequenceState, int]]) -> int:
         """The draft model's proposals for the sequences the plan asks it for; returns its passes' time (ns)."""
@@ -347,8 +416,13 @@ class ModelRunner:
         self.draft.propose(drafting)
         return time.perf_counter_ns() - start_ns
 
-    def _forward(self, batch: StepBatch) -> torch.Tensor:
+    def _forward(self, batch: StepBatch, hidden_in: torch.Tensor | None = None) -> torch.Tensor:
         layer_states = self._layer_states.prepare(self.backend, batch.attn_meta)  # [num_layers]
+        if hidden_in is not None:  # a later pipeline stage: the previous stage's hidden states in
+            model = self.model
+            return model.forward(
+                batch.input_ids, batch.rope_rows, self.kv_cache, self.backend, layer_states, None, hidden_in
+            )
         if not batch.lora_segments:  # no row has an adapter: the model's own path (the fused decode included)
             return self.model.forward(batch.input_ids, batch.rope_rows, self.kv_cache, self.backend, layer_states)
         lora = sequence_loras.step_deltas(self.loras, batch.lora_segments, self.model.ops.linear)
@@ -357,26 +431,24 @@ class ModelRunner:
     def _sample(
         self,
         states: list[SequenceState],
-        logits: torch.Tensor,
+        logits: torch.Tensor | None,
         pending: concurrent.futures.Future[StepMasks] | None,
         errors: list[SeqError],
-    ) -> list[SeqOutput]:
-        """Samples every row ([R, V] logits), then appends each sequence's token (or accepted drafts and one)."""
-        if not states:
-            return []
-        sample_fn, request_cls = self._sample_fn
-        # (state, row of it): one row per sequence, one more per draft.
-        rows = [(state, j) for state in states for j in range(state.num_sample_rows)]
-        requests = [request_cls(s.sampling, s.tokens_at_row(j), s.num_prompt_tokens) for s, j in rows]
-        failed = self._unmatched(states)
-        if pending is None:
-            sampled_rows = sample_fn(logits, requests, self.model.ops.argmax)
-        else:
-            masks = pending.result(timeout=MASK_TIMEOUT_S)
-            failed.update(masks.errors)
-            sampled_rows = sample_fn(
-                logits, requests, self.model.ops.argmax, (_logit_rows(states, masks.rows), masks.bias)
-            )
+        scored: dict,
+    ) -> tuple[list[SeqOutput], dict]:
+        """Samples every row ([R, V] logits), then appends each sequence's token (or accepted drafts and one).
+
+        In an executor group the sampler rank samples and shares its rows, the failed rows and the prompt
+        logprobs with every rank, so every rank's sequences take the same tokens. Returns the outputs and the
+        prompt logprobs.
+        """
+        sampled_rows: list = []
+        failed: dict[int, str] = {}
+        if states and self._samples_here:
+            assert logits is not None
+            sampled_rows, failed = self._sample_rows(states, logits, pending)
+        if self.group is not None:
+            sampled_rows, failed, scored = self.group.share((sampled_rows, failed, scored), self.group.sampler_rank)
         outputs = []
         first_row = 0
         for i, state in enumerate(states):
@@ -390,7 +462,26 @@ class ModelRunner:
             new_token_ids = tuple(state.token_ids[-num_tokens:])
             logprobs = tuple(out.logprob for out in sampled[:num_tokens] if out.logprob is not None)
             outputs.append(SeqOutput(state.seq_id, new_token_ids, logprobs))
-        return outputs
+        return outputs, scored
+
+    def _sample_rows(
+        self,
+        states: list[SequenceState],
+        logits: torch.Tensor,
+        pending: concurrent.futures.Future[StepMasks] | None,
+    ) -> tuple[list, dict[int, str]]:
+        """Every row's sample, and the states that fail (by index, with the reason)."""
+        sample_fn, request_cls = self._sample_fn
+        # (state, row of it): one row per sequence, one more per draft.
+        rows = [(state, j) for state in states for j in range(state.num_sample_rows)]
+        requests = [request_cls(s.sampling, s.tokens_at_row(j), s.num_prompt_tokens) for s, j in rows]
+        failed = self._unmatched(states)
+        if pending is None:
+            return sample_fn(logits, requests, self.model.ops.argmax), failed
+        masks = pending.result(timeout=MASK_TIMEOUT_S)
+        failed.update(masks.errors)
+        bias = (_logit_rows(states, masks.rows), masks.bias)
+        return sample_fn(logits, requests, self.model.ops.argmax, bias), failed
 
     def _unmatched(self, states: list[SequenceState]) -> dict[int, str]:
         """Constrained rows this runner cannot enforce (constraints not enabled): they fail, never run free."""
@@ -406,3 +497,17 @@ def _logit_rows(states: list[SequenceState], state_indices: list[int]) -> list[i
         firsts.append(row)
         row += state.num_sample_rows
     return [firsts[i] for i in state_indices]
+
+
+def split_by_tokens(scheduled: list[tuple[SequenceState, int]], parts: int) -> list[list[tuple[SequenceState, int]]]:
+    """``scheduled`` cut into at most ``parts`` contiguous non-empty runs of about equal tokens."""
+    total = sum(n for _, n in scheduled)
+    runs: list[list[tuple[SequenceState, int]]] = [[]]
+    done = 0
+    for entry in scheduled:
+        boundary = total * len(runs) / parts
+        if runs[-1] and done >= boundary and len(runs) < parts:
+            runs.append([])
+        runs[-1].append(entry)
+        done += entry[1]
+    return runs

@@ -1,0 +1,1 @@
+"""Executor groups: one logical executor over several ranks (tensor and pipeline parallel; docs/parallel.md)."""
