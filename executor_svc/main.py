@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -32,11 +33,15 @@ from pagoda.v1 import executor_pb2, executor_pb2_grpc
 if TYPE_CHECKING:
     from executor_svc.kv.tier.dir_lock import TierDirLock
     from executor_svc.kv.tier.open_tier import OpenTier
+    from executor_svc.parallel.collectives import GroupComm
+    from executor_svc.parallel.group import GroupLeader
     from executor_svc.runner.model_runner import ModelRunner
 
 log = structlog.get_logger("executor")
 # SIGTERM: the blocks still queued for the offload tier are stored within this time.
 TIER_FLUSH_TIMEOUT_S = 30.0
+# This process's flags: the ranks it starts get the same ones (executor_svc.parallel.launch).
+ARGV: list[str] = []
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 # The ready line leaves out what the runner's info holds empty (tokenizer, servicer) or what it logs otherwise.
 _NOT_LOGGED = {f.name for f in dataclasses.fields(TokenizerFiles)} | {
@@ -82,7 +87,10 @@ async def load_model(
     draft_path = None
     if config.draft_model:
         draft_path = await asyncio.to_thread(resolve_draft_model, config, tokenizer)
-    runner = await servicer.run_model(build_runner, config, model_path, draft_path)
+    if config.group_size > 1:
+        runner = await start_group(config, servicer, model_path, draft_path)
+    else:
+        runner = await servicer.run_model(build_runner, config, model_path, draft_path)
     tier = await servicer.run_model(open_runner_tier, config, runner, model_path, tier_lock, servicer.metrics)
     warmup = await servicer.run_model(runner.warmup)
     for name, path in lora_specs(config.lora).items():  # a bad one fails the start, naming the problem
@@ -100,6 +108,52 @@ async def load_model(
     bos_token_id = runner.config.bos_token_id
     summary = warmup.summary()
     return Loaded(runner, tokenizer, model_name, kernels, library_path, bos_token_id, tier, warmup.seconds, summary)
+
+
+async def start_group(
+    config: ExecutorConfig, servicer: ExecutorServicer, model_path: str, draft_path: str | None
+) -> GroupLeader:
+    """The leader of an executor group: its local ranks started, the group formed, every rank's shard loaded
+    (docs/parallel.md)."""
+    from executor_svc.parallel import launch
+    from executor_svc.parallel.collectives import GroupComm
+    from executor_svc.parallel.group import GroupLeader, rank_report
+    from executor_svc.runner.device import resolve_device
+
+    address = launch.group_address(config)
+    local = launch.LocalRanks()
+    local.start(config, ARGV, address, model_path, draft_path)
+    placement = launch.placement(config)
+    device = resolve_device(config.device)
+    comm = await servicer.run_model(GroupComm, placement, address, config.group_timeout_s, device)
+    runner = await servicer.run_model(build_runner, config, model_path, draft_path, comm)
+    ranks = await servicer.run_model(rank_report, comm, runner)
+    log.info("group_formed", world_size=placement.world_size, ranks=ranks)
+    return GroupLeader(runner, comm, ranks, local)
+
+
+def run_group_rank(config: ExecutorConfig) -> None:
+    """A rank other than the leader: its local ranks started, its shard loaded, then the leader's calls until
+    it says stop (no gRPC: only the leader serves)."""
+    from executor_svc.loading.model_cache import resolve_model
+    from executor_svc.loading.tokenizer_files import load_tokenizer_files
+    from executor_svc.parallel import launch
+    from executor_svc.parallel.collectives import GroupComm
+    from executor_svc.parallel.group import follow, rank_report
+    from executor_svc.runner.device import resolve_device
+
+    launch.become_local_rank()
+    model_path = resolve_model(config.model, config.model_cache_dir or None, config.quantization == "gguf")
+    draft_path = resolve_draft_model(config, load_tokenizer_files(model_path)) if config.draft_model else None
+    local = launch.LocalRanks()
+    local.start(config, ARGV, config.group_address, model_path, draft_path)
+    comm = GroupComm(
+        launch.placement(config), config.group_address, config.group_timeout_s, resolve_device(config.device)
+    )
+    runner = build_runner(config, model_path, draft_path, comm)
+    rank_report(comm, runner)
+    follow(runner, comm)
+    local.stop(config.drain_timeout_s)
 
 
 def open_runner_tier(
@@ -175,8 +229,11 @@ def resolve_draft_model(config: ExecutorConfig, tokenizer: TokenizerFiles) -> st
     return path
 
 
-def build_runner(config: ExecutorConfig, model_path: str, draft_path: str | None = None) -> ModelRunner:
-    """Load weights and allocate the KV cache once (its default budget depends on the device the runner resolves)."""
+def build_runner(
+    config: ExecutorConfig, model_path: str, draft_path: str | None = None, group: GroupComm | None = None
+) -> ModelRunner:
+    """Load weights and allocate the KV cache once (its default budget depends on the device the runner resolves);
+    ``group``: this process is a rank of an executor group and loads its shard."""
     from executor_svc.runner.model_runner import ModelRunner
 
     # torch imported, no weight read yet: the ready line's rss_bytes less this one is what the model takes.
@@ -199,6 +256,7 @@ def build_runner(config: ExecutorConfig, model_path: str, draft_path: str | None
         max_loras=config.max_loras,
         max_lora_rank=config.max_lora_rank,
         max_cpu_loras=config.max_cpu_loras,
+        group=group,
     )
 
 
@@ -260,6 +318,8 @@ async def serve(config: ExecutorConfig) -> None:
     await stop.wait()
     await drain(servicer, health, config.drain_timeout_s)
     await server.stop(grace=2.0)
+    if config.group_size > 1:  # the GroupLeader: its ranks stop after the leader drained
+        await servicer.run_model(loaded.runner.close, config.drain_timeout_s)  # type: ignore[attr-defined]
     if tier is not None:
         await asyncio.to_thread(tier.close, TIER_FLUSH_TIMEOUT_S)
     shutdown_tracing()
@@ -283,12 +343,21 @@ async def drain(servicer: ExecutorServicer, health, timeout_s: float) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point."""
+    ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     config = load_config(argv)
     configure_logging(config.log_format)
-    if config.num_threads and not config.simulate:
+    threads = config.num_threads
+    if config.group_size > 1:
+        from executor_svc.parallel.launch import threads_per_rank
+
+        threads = threads_per_rank(config)
+    if threads and not config.simulate:
         import torch
 
-        torch.set_num_threads(config.num_threads)
+        torch.set_num_threads(threads)
+    if config.group_rank > 0:
+        run_group_rank(config)
+        return
     run_logged(serve(config), log, "executor_failed")
 
 

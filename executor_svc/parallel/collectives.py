@@ -153,6 +153,12 @@ class GroupComm(ModelParallel):
         guarded(lambda: dist.broadcast_object_list(box, src=src, group=self.control))
         return box[0]  # type: ignore[return-value]
 
+    def gather(self, value: T) -> list[T]:
+        """``value`` of every rank, in rank order, on every rank."""
+        out: list[Any] = [None] * self.placement.world_size
+        guarded(lambda: dist.all_gather_object(out, value, group=self.control))
+        return out
+
     def agree_min(self, value: int) -> int:
         """The smallest ``value`` of every rank (KV blocks: every rank must hold the blocks the leader reports)."""
         box = torch.tensor([value], dtype=torch.int64)

@@ -107,9 +107,14 @@ def launcher_from_args(args: argparse.Namespace, scheduler_passthrough: Sequence
 
 def offload_plan(args: argparse.Namespace) -> OffloadPlan | None:
     """The tiers the ``serve`` flags ask for: the default root under the cache dir unless ``--kv-offload-dir``
-    names one ('' with no ``--kv-offload-memory``: no tier)."""
+    names one ('' with no ``--kv-offload-memory``: no tier); none by default for executor groups."""
     from pagoda.launch.commands import OffloadPlan
 
+    group = int(getattr(args, "tensor_parallel_size", None) or 1) * int(
+        getattr(args, "pipeline_parallel_size", None) or 1
+    )
+    if args.kv_offload_dir is None and group > 1:  # executor groups keep no tier yet (docs/parallel.md)
+        return None
     if args.kv_offload_dir is None:
         return OffloadPlan(str(default_offload_root()), args.kv_offload_size, args.kv_offload_memory, next_free=True)
     if not args.kv_offload_dir and not args.kv_offload_memory:
