@@ -166,7 +166,9 @@ class GroupComm(ModelParallel):
         return int(box.item())
 
     def close(self) -> None:
+        """Leaves the group once every rank is done (a rank that leaves first aborts the others' sockets)."""
         if dist.is_initialized():
+            guarded(lambda: dist.barrier(group=self.control))
             dist.destroy_process_group()
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 
 from k8s_flags import env_for_flag
+from k8s_groups import check_groups
 from k8s_pods import (
+    API_PORT_NAME,
     Container,
     by_kind,
     config_maps,
@@ -17,12 +19,13 @@ from k8s_pods import (
     containers,
     pod_spec,
     selects,
+    selects_pods,
     setting,
     template_labels,
     workloads,
 )
 
-HEALTH_PORT_NAME = "grpc"
+HEALTH_PORT_NAME = API_PORT_NAME
 METRICS_PORT_NAME = "metrics"
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 # The executor loads weights and allocates its KV cache before it is SERVING.
@@ -38,6 +41,10 @@ def _selected(objects: list[dict], selector: dict) -> list[dict]:
     return [w for w in workloads(objects) if selects(selector, template_labels(w))]
 
 
+def _pdbs_of(objects: list[dict], labels: dict) -> list[dict]:
+    return [p for p in by_kind(objects, "PodDisruptionBudget") if selects_pods(p["spec"].get("selector", {}), labels)]
+
+
 def check_selectors(objects: list[dict]) -> list[str]:
     """Services and PDBs select pods of some workload; workloads select their own pods."""
     errors = []
@@ -45,13 +52,14 @@ def check_selectors(objects: list[dict]) -> list[str]:
         if not _selected(objects, svc["spec"].get("selector", {})):
             errors.append(f"{_svc_id(svc)}: selector {svc['spec'].get('selector')} matches no pod template")
     for pdb in by_kind(objects, "PodDisruptionBudget"):
-        labels = pdb["spec"].get("selector", {}).get("matchLabels", {})
-        if not _selected(objects, labels):
-            errors.append(f"poddisruptionbudget/{pdb['metadata']['name']}: selector {labels} matches no pod template")
+        selector = pdb["spec"].get("selector", {})
+        if not any(selects_pods(selector, template_labels(w)) for w in workloads(objects)):
+            errors.append(f"poddisruptionbudget/{pdb['metadata']['name']}: selector {selector} matches no pod template")
     for w in workloads(objects):
-        labels = w["spec"].get("selector", {}).get("matchLabels", {})
-        if not selects(labels, template_labels(w)):
-            errors.append(f"{w['kind'].lower()}/{w['metadata']['name']}: selector {labels} does not match its template")
+        selector = w["spec"].get("selector", {})
+        if not selects_pods(selector, template_labels(w)):
+            name = f"{w['kind'].lower()}/{w['metadata']['name']}"
+            errors.append(f"{name}: selector {selector.get('matchLabels', selector)} does not match its template")
     return errors
 
 
@@ -84,24 +92,29 @@ def _of_program(objects: list[dict], program: str) -> list[Container]:
 
 
 def _headless_address(objects: list[dict], executor: Container) -> tuple[str | None, list[str]]:
-    """(expected executor address, errors) from the headless Service of the executors."""
-    labels, errors = template_labels(executor.workload), []
-    services = [
+    """(expected executor address, errors) from the headless Service of the executors. An executor
+    group's rendezvous Service (not-ready addresses published, no Executor API port) is not it."""
+    labels, errors, grpc_port = template_labels(executor.workload), [], executor.port(HEALTH_PORT_NAME)
+    headless = [
         s
         for s in by_kind(objects, "Service")
         if s["spec"].get("clusterIP") == "None" and selects(s["spec"].get("selector", {}), labels)
     ]
+    if executor.workload["kind"] == "StatefulSet" and executor.workload["spec"].get("serviceName") not in {
+        s["metadata"]["name"] for s in headless
+    }:
+        errors.append(f"{executor.where}: serviceName is not a headless Service selecting it")
+    services = [
+        s
+        for s in headless
+        if not s["spec"].get("publishNotReadyAddresses")
+        or any(p.get("targetPort") in (HEALTH_PORT_NAME, grpc_port) for p in s["spec"].get("ports", []))
+    ]
     if len(services) != 1:
-        return None, [f"{executor.where}: expected one headless Service selecting it, found {len(services)}"]
+        return None, errors + [f"{executor.where}: expected one headless Service selecting it, found {len(services)}"]
     svc = services[0]
     if svc["spec"].get("publishNotReadyAddresses"):
         errors.append(f"{_svc_id(svc)}: publishNotReadyAddresses must be false (unready executors must leave DNS)")
-    if (
-        executor.workload["kind"] == "StatefulSet"
-        and executor.workload["spec"].get("serviceName") != svc["metadata"]["name"]
-    ):
-        errors.append(f"{executor.where}: serviceName is not the headless Service {svc['metadata']['name']}")
-    grpc_port = executor.port(HEALTH_PORT_NAME)
     ports = [p["port"] for p in svc["spec"].get("ports", []) if p.get("targetPort") in (HEALTH_PORT_NAME, grpc_port)]
     if not ports:
         return None, errors + [f"{_svc_id(svc)}: no port targets the executor's {HEALTH_PORT_NAME} port"]
@@ -111,7 +124,8 @@ def _headless_address(objects: list[dict], executor: Container) -> tuple[str | N
 
 def check_executor_address(objects: list[dict]) -> list[str]:
     """The scheduler's --executors is `<headless service>.<namespace>.svc.cluster.local:<port>`."""
-    schedulers, executors = _of_program(objects, "pagoda-scheduler"), _of_program(objects, "pagoda-executor")
+    schedulers = _of_program(objects, "pagoda-scheduler")
+    executors = [c for c in _of_program(objects, "pagoda-executor") if c.serves_api]
     if not schedulers or not executors:
         return [f"need a scheduler and an executor, found {len(schedulers)} and {len(executors)}"]
     expected, errors = _headless_address(objects, executors[0])
@@ -132,6 +146,10 @@ def _probe_port(probe: dict) -> int | None:
 
 
 def _check_container_probes(c: Container, objects: list[dict]) -> list[str]:
+    if not c.serves_api:
+        # An executor group's other rank (k8s_groups checks it): nothing to ask, it is alive while its
+        # process runs, which exits when its group breaks.
+        return [f"{c.where}: {kind} on a group rank that serves no health service" for kind in PROBES if kind in c.spec]
     errors, health_port = [], c.port(HEALTH_PORT_NAME)
     declared = {p["containerPort"] for p in c.spec.get("ports", [])}
     configured = setting(c, objects, "--port")
@@ -275,6 +293,10 @@ def check_metrics(objects: list[dict]) -> list[str]:
             continue
         notes = c.workload["spec"]["template"].get("metadata", {}).get("annotations", {})
         port, configured = c.port(METRICS_PORT_NAME), setting(c, objects, "--metrics-port")
+        if not c.serves_api:
+            if notes.get("prometheus.io/scrape") == "true":
+                errors.append(f"{c.where}: a group rank without the Executor API serves no metrics to scrape")
+            continue
         if notes.get("prometheus.io/scrape") != "true":
             errors.append(f'{c.where}: pod template lacks prometheus.io/scrape: "true"')
         if port is None or notes.get("prometheus.io/port") != str(port) or configured != str(port):
@@ -314,13 +336,7 @@ def _scheduler_replica_errors(c: Container, objects: list[dict]) -> list[str]:
     strategy = spec.get("strategy", {})
     if strategy.get("type") == "Recreate" or str(strategy.get("rollingUpdate", {}).get("maxSurge", "25%")) != "0":
         errors.append(f"{c.where}: replace schedulers one at a time (RollingUpdate with maxSurge 0)")
-    labels = template_labels(c.workload)
-    pdbs = [
-        p
-        for p in by_kind(objects, "PodDisruptionBudget")
-        if selects(p["spec"].get("selector", {}).get("matchLabels", {}), labels)
-    ]
-    if not pdbs:
+    if not _pdbs_of(objects, template_labels(c.workload)):
         errors.append(f"{c.where}: no PodDisruptionBudget keeps one scheduler up during voluntary disruptions")
     return errors
 
@@ -380,4 +396,5 @@ def check_all(objects: list[dict], flags: dict[str, set[str]], extras: dict[str,
         "metrics": check_metrics(objects),
         "resources": check_resources(objects),
         "scheduler_replicas": check_scheduler_replicas(objects),
+        "groups": check_groups(objects),
     }

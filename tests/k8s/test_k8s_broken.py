@@ -88,7 +88,7 @@ def test_scheduler_replicas_replaced_with_a_surge(results):
 
 
 def test_unbroken_checks_still_pass(results):
-    for check in ("security", "metrics", "resources"):
+    for check in ("security", "metrics", "resources", "groups"):
         assert results[check] == [], check
 
 

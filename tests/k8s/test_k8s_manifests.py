@@ -25,7 +25,10 @@ CHECKS = [
     "metrics",
     "resources",
     "scheduler_replicas",
+    "groups",
 ]
+# Overlays whose executors are groups of ranks (docs/parallel-deploy.md).
+GROUP_OVERLAYS = ["cpu-group", "gpu-group"]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,7 @@ def _container(objects, program):
 
 
 def test_every_kustomization_is_rendered():
-    assert OVERLAYS == ["base", "cpu", "gpu", "gpu-tls"]
+    assert OVERLAYS == ["base", "cpu", "cpu-group", "gpu", "gpu-group", "gpu-tls"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -122,20 +125,21 @@ def test_tls_overlay_passes_flags_and_mounts_secrets(renders):
 
 def test_make_target_script_passes(capsys):
     assert validate.main([]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"{4 * (len(CHECKS) + 1) + 1} checks, 0 errors"
+    assert capsys.readouterr().out.splitlines()[-1] == f"{len(OVERLAYS) * (len(CHECKS) + 1) + 1} checks, 0 errors"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_programs_parse_the_rendered_settings(renders, overlay):
-    """Each main container's args and environment parse with the program's own config
-    loader (values such as `2GiB` or `json` included), giving what the manifests say."""
+    """Each main container that serves its API parses its args and environment with the program's own
+    config loader (values such as `2GiB` or `json` included), giving what the manifests say. (The other
+    ranks of executor groups: test_k8s_groups.py.)"""
     parse_config = pytest.importorskip("pagoda.runtime.flags").parse_config
     classes = {
         "pagoda-executor": ("executor_svc.config", "ExecutorConfig"),
         "pagoda-scheduler": ("scheduler_svc.config", "SchedulerServiceConfig"),
     }
     for c in containers(renders[overlay]):
-        if not c.program:
+        if not c.program or not c.port("grpc"):
             continue
         module = pytest.importorskip(classes[c.program][0])
         config_cls = getattr(module, classes[c.program][1])
@@ -150,7 +154,19 @@ def test_programs_parse_the_rendered_settings(renders, overlay):
             assert config.tls_cert.startswith("/etc/pagoda/tls/")
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", GROUP_OVERLAYS)
+def test_executor_groups_keep_no_kv_offload_tier(renders, overlay):
+    """A group serves no disk tier: the base's directory is overridden empty, and no pod mounts or claims one."""
+    objects = renders[overlay]
+    executors = [c for c in containers(objects) if c.program == "pagoda-executor"]
+    assert executors
+    for executor in executors:
+        assert container_env(executor, objects)["PAGODA_KV_OFFLOAD_DIR"] == ""
+        assert "/kv-offload" not in {m["mountPath"] for m in executor.spec["volumeMounts"]}
+        assert [t["metadata"]["name"] for t in executor.workload["spec"]["volumeClaimTemplates"]] == ["models"]
+
+
+@pytest.mark.parametrize("overlay", sorted(set(OVERLAYS) - set(GROUP_OVERLAYS)))
 def test_each_executor_keeps_its_kv_offload_tier_on_a_volume_of_its_own(renders, overlay):
     """The tier's directory is a per-pod persistent volume (a volumeClaimTemplate), larger than the tier."""
     from pagoda.runtime.flags import parse_size
