@@ -12,6 +12,27 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class GroupRankStatus:
+    """One rank of an executor group (ExecutorInfo.group_ranks)."""
+
+    rank: int = 0
+    """Its rank in the group; rank 0 is the leader, the executor the scheduler talks to."""
+    host: str = ""
+    """The host it runs on."""
+    pid: int = 0
+    """Its process id there."""
+    shard: str = ""
+    """What it holds, e.g. "layers 0-1, q heads 0-1, kv heads 0-0, vocab 0-191"."""
+    rss_bytes: int = 0
+    """Its resident memory when the group formed."""
+    kv_cache_bytes: int = 0
+    """Its KV cache."""
+    health: str = ""
+    """Its health: ok (its leader answers, and a lost rank ends the group at once), or unknown (the leader did not
+    answer the last heartbeat)."""
+
+
+@dataclass(frozen=True)
 class ExecutorStatus:
     """One executor as the scheduler sees it."""
 
@@ -53,6 +74,16 @@ class ExecutorStatus:
     """It serves batch-invariant (as ExecutorInfo.batch_invariant)."""
     loras: tuple[str, ...] = ()
     """The LoRA adapters registered on it, by name (ExecutorInfo.loras)."""
+    tensor_parallel_size: int = 0
+    """Its executor group's ranks that split each layer (docs/parallel.md); 1 for a plain executor, 0 until
+    described."""
+    pipeline_parallel_size: int = 0
+    """Its executor group's stages that split the layers; 1 for a plain executor, 0 until described."""
+    group_ranks: tuple[GroupRankStatus, ...] = ()
+    """Its group's ranks as the leader's last heartbeat reported them (empty for a plain executor)."""
+    group_last_contact_s: float = 0.0
+    """Seconds since its group last completed a call with every rank (a step or the leader's ping), at its last
+    heartbeat; 0 for a plain executor."""
 
 
 @dataclass(frozen=True)

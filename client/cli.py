@@ -18,7 +18,7 @@ from pagoda_client.cli_flags import add_param_flags, connection_of, connection_p
 from pagoda_client.cli_plugins import load_plugins
 from pagoda_client.client import Client
 from pagoda_client.errors import PagodaError
-from pagoda_client.results import GenerationResult, ServerStatus
+from pagoda_client.results import ExecutorStatus, GenerationResult, ServerStatus
 
 __all__ = ["build_parser", "connection_of", "generation_kwargs", "main"]
 
@@ -177,8 +177,8 @@ def status_document(status: ServerStatus) -> dict[str, Any]:
 
 
 def format_status(status: ServerStatus) -> str:
-    """``pagoda status``: totals, one row per executor (and who holds it), and each executor's KV cache dtype and
-    kernels under it."""
+    """``pagoda status``: totals, one row per executor (and who holds it), and each executor's KV cache dtype,
+    kernels and (an executor group) ranks under it."""
     lines = [
         f"scheduler {status.scheduler_id}  live schedulers {', '.join(status.schedulers)}",
         f"running {status.num_running}  waiting {status.num_waiting}  kv usage {status.kv_cache_usage:.1%}  "
@@ -205,7 +205,31 @@ def format_status(status: ServerStatus) -> str:
             lines.append("  kernels: " + "  ".join(f"{part}={path}" for part, path in e.kernels.items()))
         if e.kv_offload:
             lines.append(f"  kv offload: {e.kv_offload}, {e.num_tier_blocks} blocks")
+        lines += _group_lines(e)
     return "\n".join(lines)
+
+
+def _group_lines(e: ExecutorStatus) -> list[str]:
+    """An executor group's shape and how recently its ranks all met, then one line per rank; none for a plain
+    executor."""
+    if not e.group_ranks:
+        return []
+    lines = [
+        f"  group: tensor {e.tensor_parallel_size} x pipeline {e.pipeline_parallel_size}  "
+        f"last contact {e.group_last_contact_s:.1f} s ago"
+    ]
+    for r in e.group_ranks:
+        lines.append(
+            f"  rank {r.rank}  {r.host}  pid {r.pid}  {r.shard}  rss {_size(r.rss_bytes)}  "
+            f"kv {_size(r.kv_cache_bytes)}  {r.health}"
+        )
+    return lines
+
+
+def _size(num_bytes: int) -> str:
+    """A byte count in MiB, or GiB from 1 GiB, to three digits: 281 MiB, 4.0 MiB, 13.2 GiB."""
+    value, unit = (num_bytes / 2**30, "GiB") if num_bytes >= 2**30 else (num_bytes / 2**20, "MiB")
+    return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

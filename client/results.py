@@ -12,6 +12,7 @@ from pagoda.step import TokenLogprob as TokenLogprob
 
 # The status types are generated from their proto messages (make proto), re-exported.
 from pagoda_client._status import ExecutorStatus as ExecutorStatus
+from pagoda_client._status import GroupRankStatus as GroupRankStatus
 from pagoda_client._status import ServerStatus as ServerStatus
 
 

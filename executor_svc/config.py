@@ -158,6 +158,9 @@ class ExecutorConfig:
     group_timeout_s: float = setting(
         60.0, "a collective, or the leader's silence, longer than this takes the executor group down"
     )
+    group_start_timeout_s: float = setting(
+        300.0, "how long the ranks of an executor group wait for each other to meet (a restarting peer included)"
+    )
     max_message_bytes: int = setting(64 * 2**20, "largest plan message accepted", parse=parse_size)
     metrics_port: int = setting(0, "Prometheus `/metrics` port", doc_default="`0` (off)")
     log_format: str = log_format_setting()
@@ -232,8 +235,8 @@ class ExecutorConfig:
                 f"--group-local-ranks {self.local_ranks} from rank {self.group_rank} runs past the group's "
                 f"{self.group_size} ranks"
             )
-        if self.group_timeout_s <= 0:
-            raise ValueError("--group-timeout-s must be positive")
+        if self.group_timeout_s <= 0 or self.group_start_timeout_s <= 0:
+            raise ValueError("--group-timeout-s and --group-start-timeout-s must be positive")
         if self.group_size == 1:
             return
         if self.local_ranks < self.group_size and not self.group_address:

@@ -50,6 +50,11 @@ _NOT_LOGGED = {f.name for f in dataclasses.fields(TokenizerFiles)} | {
     "kernels",
     "kv_offload",
     "tier_hashes",
+    # The leader's local runner knows nothing of its group; group_formed logs the ranks.
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "group_ranks",
+    "group_last_contact_s",
 }
 
 
@@ -125,7 +130,8 @@ async def start_group(
     local.start(config, ARGV, address, model_path, draft_path)
     placement = launch.placement(config)
     device = resolve_device(config.device)
-    comm = await servicer.run_model(GroupComm, placement, address, config.group_timeout_s, device)
+    timeouts = (config.group_timeout_s, device, config.group_start_timeout_s)
+    comm = await servicer.run_model(GroupComm, placement, address, *timeouts)
     runner = await servicer.run_model(build_runner, config, model_path, draft_path, comm)
     ranks = await servicer.run_model(rank_report, comm, runner)
     log.info("group_formed", world_size=placement.world_size, ranks=ranks)
@@ -142,7 +148,7 @@ def run_group_rank(config: ExecutorConfig) -> None:
     from executor_svc.parallel.group import follow, rank_report
     from executor_svc.runner.device import resolve_device
 
-    launch.become_local_rank()
+    launch.become_follower()
     model_path = resolve_model(config.model, config.model_cache_dir or None, config.quantization == "gguf")
     draft_path = resolve_draft_model(config, load_tokenizer_files(model_path)) if config.draft_model else None
     local = launch.LocalRanks()

@@ -224,6 +224,26 @@ class LoraAdapter:
     fingerprint: str
 
 
+# A group rank's health: its leader answers (and a lost rank ends the group at once), or it did not answer the
+# scheduler's last heartbeat.
+RANK_OK, RANK_UNKNOWN = "ok", "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupRank:
+    """One rank of an executor group, as its leader reports it (docs/parallel.md)."""
+
+    rank: int
+    host: str
+    pid: int
+    # What it holds, e.g. "layers 0-1, q heads 0-1, kv heads 0-0, vocab 0-191".
+    shard: str
+    # Its resident memory and KV cache when the group formed.
+    rss_bytes: int
+    kv_cache_bytes: int
+    health: str = RANK_OK
+
+
 @dataclasses.dataclass(frozen=True)
 class ExecutorInfo:
     """What Describe returns: the model and the KV cache of one executor."""
@@ -273,3 +293,11 @@ class ExecutorInfo:
     loras: tuple[LoraAdapter, ...] = ()
     max_loras: int = 0
     max_lora_rank: int = 0
+    # An executor group (docs/parallel.md): ranks that split each layer, stages that split the layers, and every
+    # rank in rank order; a plain executor is one rank and lists none.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    group_ranks: tuple[GroupRank, ...] = ()
+    # Seconds since the group last completed a call with every rank (a step or the leader's ping), as of this
+    # Describe; 0 for a plain executor.
+    group_last_contact_s: float = 0.0

@@ -20,6 +20,7 @@ from pagoda.step import (
     BlockLoad,
     BlockSave,
     ExecutorInfo,
+    GroupRank,
     LogprobEntry,
     LoraAdapter,
     NewSequence,
@@ -141,18 +142,31 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
 def info_to_pb(info: ExecutorInfo) -> executor_pb2.ExecutorInfo:
     """Describe's answer."""
     return copy_by_name(
-        executor_pb2.ExecutorInfo, info, kernels=dict(info.kernels), loras=[lora_to_pb(a) for a in info.loras]
+        executor_pb2.ExecutorInfo,
+        info,
+        kernels=dict(info.kernels),
+        loras=[lora_to_pb(a) for a in info.loras],
+        group_ranks=[copy_by_name(executor_pb2.GroupRank, r) for r in info.group_ranks],
     )
 
 
 def info_from_pb(msg: executor_pb2.ExecutorInfo) -> ExecutorInfo:
-    """The executor described by Describe's answer (kernels sorted by name)."""
+    """The executor described by Describe's answer (kernels sorted by name; group sizes of 0, from an executor
+    older than groups, read as 1)."""
     return copy_by_name(
         ExecutorInfo,
         msg,
         kernels=tuple(sorted(msg.kernels.items())),
         loras=tuple(lora_from_pb(a) for a in msg.loras),
+        tensor_parallel_size=msg.tensor_parallel_size or 1,
+        pipeline_parallel_size=msg.pipeline_parallel_size or 1,
+        group_ranks=group_ranks_from_pb(msg.group_ranks),
     )
+
+
+def group_ranks_from_pb(ranks: Iterable[executor_pb2.GroupRank]) -> tuple[GroupRank, ...]:
+    """An executor group's ranks, as Describe lists them (the scheduler's heartbeat reads them too)."""
+    return tuple(copy_by_name(GroupRank, r) for r in ranks)
 
 
 def lora_to_pb(adapter: LoraAdapter) -> common_pb2.LoraAdapter:

@@ -60,11 +60,15 @@ class GroupComm(ModelParallel):
 
     active = True
 
-    def __init__(self, placement: Placement, address: str, timeout_s: float, device: torch.device):
+    def __init__(
+        self, placement: Placement, address: str, timeout_s: float, device: torch.device, start_timeout_s: float = 300.0
+    ):
         self.placement = placement
         self.timeout_s = timeout_s
         self.vocab_size = 0  # the model's whole vocabulary (the runner sets it once the config is read)
         self.device = device
+        # Meeting may wait for a restarting peer (a pod's back-off); a collective of a formed group may not.
+        start_timeout = datetime.timedelta(seconds=start_timeout_s)
         timeout = datetime.timedelta(seconds=timeout_s)
         backend = "nccl" if device.type == "cuda" else "gloo"
         log.info(
@@ -72,6 +76,7 @@ class GroupComm(ModelParallel):
             rank=placement.rank,
             world_size=placement.world_size,
             address=address,
+            start_timeout_s=start_timeout_s,
             timeout_s=timeout_s,
             backend=backend,
         )
@@ -80,10 +85,12 @@ class GroupComm(ModelParallel):
             init_method=f"tcp://{address}",
             rank=placement.rank,
             world_size=placement.world_size,
-            timeout=timeout,
+            timeout=start_timeout,
         )
         # Commands and sampled tokens are Python objects: always over gloo, whatever the tensors use.
-        self.control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+        self.control = dist.new_group(backend="gloo", timeout=timeout)
+        # Stage to stage (all ranks: a send names its peer's global rank), with the collectives' timeout.
+        self.p2p = dist.new_group(backend=backend, timeout=timeout) if pp_needed(placement) else None
         tp, pp = placement.tp_size, placement.pp_size
         self.tp_group = None
         for stage in range(pp):  # every rank creates every group, in the same order
@@ -133,7 +140,7 @@ class GroupComm(ModelParallel):
         its next micro-batch meanwhile (``wait_all`` at the end of the step)."""
         peer = self.placement.rank + self.placement.tp_size
         hidden = hidden.contiguous()
-        return guarded(lambda: dist.isend(hidden, peer)), hidden
+        return guarded(lambda: dist.isend(hidden, peer, group=self.p2p)), hidden
 
     def wait_all(self, sends: list[tuple[Any, torch.Tensor]]) -> None:
         """Waits for the step's sends (the tensors are held until then)."""
@@ -144,7 +151,7 @@ class GroupComm(ModelParallel):
         """Hidden states [T, hidden] from the same tensor-parallel rank of the previous stage."""
         out = torch.empty((num_tokens, hidden_size), dtype=dtype, device=self.device)
         peer = self.placement.rank - self.placement.tp_size
-        guarded(lambda: dist.recv(out, peer))
+        guarded(lambda: dist.recv(out, peer, group=self.p2p))
         return out
 
     def share(self, value: T, src: int) -> T:
@@ -170,6 +177,10 @@ class GroupComm(ModelParallel):
         if dist.is_initialized():
             guarded(lambda: dist.barrier(group=self.control))
             dist.destroy_process_group()
+
+
+def pp_needed(placement: Placement) -> bool:
+    return placement.pp_size > 1
 
 
 def guarded(call: Callable[[], Any]) -> Any:

@@ -25,6 +25,7 @@ import structlog
 from executor_svc.lora.errors import LoraAdapterError
 from executor_svc.parallel.collectives import GroupComm
 from executor_svc.parallel.launch import LocalRanks
+from executor_svc.parallel.shard import Placement
 from executor_svc.runner.model_runner import ModelRunner
 from pagoda.step import StepPlan, StepResult
 
@@ -51,6 +52,16 @@ class GroupLeader:
 
     def __getattr__(self, name: str) -> Any:  # info, config, kv_cache, model, ...: the local runner's
         return getattr(self._runner, name)
+
+    @property
+    def placement(self) -> Placement:
+        """The group's shape (tensor x pipeline ranks) and the leader's place in it: Describe reports it."""
+        return self._comm.placement
+
+    def last_contact_s(self) -> float:
+        """Seconds since the group last completed a call with every rank (a mirrored call or a ping): a leader
+        that answers has every rank, and this says how recently they all met (`pagoda status`)."""
+        return time.monotonic() - self._last_call
 
     def execute(self, step: StepPlan) -> StepResult:
         return self._mirror("execute", step)
@@ -82,6 +93,7 @@ class GroupLeader:
             self._closed = True
             self._local.stopping = True
             self._comm.share((STOP, ()), 0)
+            self._comm.close()
         self._local.stop(timeout_s)
         log.info("group_stopped", world_size=self._comm.placement.world_size)
 
@@ -117,6 +129,7 @@ def follow(runner: ModelRunner, comm: GroupComm) -> None:
         if method == PING:
             continue
         if method == STOP:
+            comm.close()
             log.info("group_rank_stopped", rank=rank)
             return
         if method not in MIRRORED:

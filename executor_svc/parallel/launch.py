@@ -29,8 +29,7 @@ from executor_svc.parallel.shard import Placement
 
 log = structlog.get_logger(__name__)
 _PR_SET_PDEATHSIG = 1
-# Set in a local rank's environment (to its parent's pid): it ignores SIGINT and SIGTERM, which the leader
-# handles for the group (it drains, then tells its ranks to stop), and dies with its parent.
+# Set in a local rank's environment (to its parent's pid): it dies with its parent.
 CHILD_ENV = "PAGODA_GROUP_PARENT_PID"
 
 
@@ -90,9 +89,12 @@ class LocalRanks:
                 proc.kill()
 
 
-def become_local_rank() -> None:
-    """In a rank started by ``LocalRanks``: die with the parent (SIGKILL when it dies, whatever the reason), and
-    leave SIGINT and SIGTERM to it (it drains the group, then tells this rank to stop)."""
+def become_follower() -> None:
+    """In a rank other than the leader: leave SIGINT and SIGTERM to the leader (it drains the group, then tells
+    every rank to stop; a leader that is gone ends the rank through its collectives); a rank started by
+    ``LocalRanks`` also dies with its parent (SIGKILL when it dies, whatever the reason)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = os.environ.get(CHILD_ENV)
     if not parent:
         return
@@ -100,8 +102,6 @@ def become_local_rank() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != int(parent):  # the parent died before prctl took effect
         fatal(f"the parent rank (pid {parent}) is gone")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def threads_per_rank(config: ExecutorConfig) -> int:

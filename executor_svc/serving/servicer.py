@@ -22,7 +22,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -34,7 +34,7 @@ from executor_svc.serving.metrics import ExecutorMetrics
 from executor_svc.serving.sequence_table import Runner
 from executor_svc.serving.step_tracing import StepTracer
 from pagoda.by_name import copy_by_name
-from pagoda.step import ExecutorInfo, LoraAdapter, StepResult
+from pagoda.step import RANK_OK, ExecutorInfo, GroupRank, LoraAdapter, StepResult
 from pagoda.step_pb import info_to_pb, lora_to_pb, plan_from_pb, result_to_pb
 from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
 
@@ -107,6 +107,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             eos_token=tokenizer.eos_token or "",
             kernels=tuple(sorted(self.kernels.items())),
             kv_offload=kv_offload,
+            **_group_of(runner),
         )
         self.runner = runner
 
@@ -128,6 +129,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             lease_claimants=self.leases.claimants(),
             loras=tuple(_adapter(info) for info in self.runner.lora_adapters()),
         )
+        if info.group_ranks:  # the runner is the group's leader: how recently every rank met, as of now
+            info = dataclasses.replace(info, group_last_contact_s=self.runner.last_contact_s())
         if request.brief:
             info = dataclasses.replace(info, tokenizer_json="", chat_template="")
         elif self.tier is not None:
@@ -249,6 +252,24 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             return dataclasses.replace(out, tier_added=tuple(self.tier.snapshot()), tier_reset=True)
         added, removed = self.tier.take_deltas()
         return dataclasses.replace(out, tier_added=added, tier_removed=removed) if added or removed else out
+
+
+def _group_of(runner: Runner) -> dict[str, Any]:
+    """What Describe reports of an executor group: its sizes and every rank, when ``runner`` is the group's leader
+    (``executor_svc.parallel.group.GroupLeader``, which holds each rank's report); nothing for a plain runner,
+    which leaves 1, 1 and no ranks."""
+    ranks = getattr(runner, "ranks", None)
+    if not ranks:
+        return {}
+    placement = runner.placement  # type: ignore[attr-defined]
+    return {
+        "tensor_parallel_size": placement.tp_size,
+        "pipeline_parallel_size": placement.pp_size,
+        "group_ranks": tuple(
+            GroupRank(r["rank"], r["host"], r["pid"], r["shard"], r["rss_bytes"], r["kv_cache_bytes"], RANK_OK)
+            for r in ranks
+        ),
+    }
 
 
 def _adapter(info) -> LoraAdapter:

@@ -54,7 +54,7 @@ class Lease(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., epoch: _Optional[int] = ..., holder_id: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes", "rope_switch_len", "batch_invariant", "loras", "max_loras", "max_lora_rank")
+    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes", "rope_switch_len", "batch_invariant", "loras", "max_loras", "max_lora_rank", "tensor_parallel_size", "pipeline_parallel_size", "group_ranks", "group_last_contact_s")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,10 @@ class ExecutorInfo(_message.Message):
     LORAS_FIELD_NUMBER: _ClassVar[int]
     MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RANKS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_LAST_CONTACT_S_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     model_name: str
     architecture: str
@@ -126,7 +130,29 @@ class ExecutorInfo(_message.Message):
     loras: _containers.RepeatedCompositeFieldContainer[_common_pb2.LoraAdapter]
     max_loras: int
     max_lora_rank: int
-    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ..., rope_switch_len: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., loras: _Optional[_Iterable[_Union[_common_pb2.LoraAdapter, _Mapping]]] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ...) -> None: ...
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    group_ranks: _containers.RepeatedCompositeFieldContainer[GroupRank]
+    group_last_contact_s: float
+    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ..., rope_switch_len: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., loras: _Optional[_Iterable[_Union[_common_pb2.LoraAdapter, _Mapping]]] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., group_ranks: _Optional[_Iterable[_Union[GroupRank, _Mapping]]] = ..., group_last_contact_s: _Optional[float] = ...) -> None: ...
+
+class GroupRank(_message.Message):
+    __slots__ = ("rank", "host", "pid", "shard", "rss_bytes", "kv_cache_bytes", "health")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    host: str
+    pid: int
+    shard: str
+    rss_bytes: int
+    kv_cache_bytes: int
+    health: str
+    def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., shard: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., health: _Optional[str] = ...) -> None: ...
 
 class BlockLoad(_message.Message):
     __slots__ = ("block_hash", "block_id")

@@ -228,7 +228,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorStatus(_message.Message):
-    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype", "quantization", "draft_model", "batch_invariant", "loras")
+    __slots__ = ("address", "incarnation_id", "state", "num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "kv_cache_usage", "kernels", "lease_holder", "lease_epoch", "kv_offload", "num_tier_blocks", "kv_cache_dtype", "quantization", "draft_model", "batch_invariant", "loras", "tensor_parallel_size", "pipeline_parallel_size", "group_ranks", "group_last_contact_s")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,10 @@ class ExecutorStatus(_message.Message):
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     LORAS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RANKS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_LAST_CONTACT_S_FIELD_NUMBER: _ClassVar[int]
     address: str
     incarnation_id: str
     state: str
@@ -272,7 +276,29 @@ class ExecutorStatus(_message.Message):
     draft_model: str
     batch_invariant: bool
     loras: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., loras: _Optional[_Iterable[str]] = ...) -> None: ...
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    group_ranks: _containers.RepeatedCompositeFieldContainer[GroupRankStatus]
+    group_last_contact_s: float
+    def __init__(self, address: _Optional[str] = ..., incarnation_id: _Optional[str] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., kv_offload: _Optional[str] = ..., num_tier_blocks: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., loras: _Optional[_Iterable[str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., group_ranks: _Optional[_Iterable[_Union[GroupRankStatus, _Mapping]]] = ..., group_last_contact_s: _Optional[float] = ...) -> None: ...
+
+class GroupRankStatus(_message.Message):
+    __slots__ = ("rank", "host", "pid", "shard", "rss_bytes", "kv_cache_bytes", "health")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    host: str
+    pid: int
+    shard: str
+    rss_bytes: int
+    kv_cache_bytes: int
+    health: str
+    def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., shard: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., health: _Optional[str] = ...) -> None: ...
 
 class ServerStatus(_message.Message):
     __slots__ = ("num_running", "num_waiting", "kv_cache_usage", "executors", "num_requests_total", "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "scheduler_id", "schedulers", "spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total", "offload_hit_tokens_total", "num_swaps_total", "spec_model_num_drafts_total", "spec_model_draft_tokens_total", "spec_model_accepted_tokens_total")

@@ -173,7 +173,16 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
 
 # ExecutorStatus fields that are the executor's Describe, as it is (empty until it has described itself).
-_DESCRIBED = ("incarnation_id", "kv_cache_dtype", "quantization", "draft_model", "kv_offload", "batch_invariant")
+_DESCRIBED = (
+    "incarnation_id",
+    "kv_cache_dtype",
+    "quantization",
+    "draft_model",
+    "kv_offload",
+    "batch_invariant",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+)
 
 
 def status_to_pb(engine: Engine) -> generation_pb2.ServerStatus:
@@ -215,6 +224,9 @@ def executor_status_to_pb(engine: Engine, executor: ExecutorHandle) -> generatio
         "state": executor.state.value,
         "lease_holder": holder,
         "lease_epoch": epoch,
+        # An executor group's ranks, live: as its leader's last heartbeat answer gave them.
+        "group_ranks": [copy_by_name(generation_pb2.GroupRankStatus, r) for r in executor.group_ranks],
+        "group_last_contact_s": executor.group_last_contact_s,
     }
     if (info := executor.info) is not None:
         fields |= {name: getattr(info, name) for name in _DESCRIBED} | {

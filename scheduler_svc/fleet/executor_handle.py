@@ -27,8 +27,8 @@ import structlog
 
 from pagoda.runtime.deadline import within
 from pagoda.runtime.grpc_server import KEEPALIVE_OPTIONS, message_size_options
-from pagoda.step import ExecutorInfo, LoraAdapter, StepPlan, StepResult, StepTimings
-from pagoda.step_pb import info_from_pb, lora_from_pb, plan_to_pb, result_from_pb
+from pagoda.step import RANK_UNKNOWN, ExecutorInfo, GroupRank, LoraAdapter, StepPlan, StepResult, StepTimings
+from pagoda.step_pb import group_ranks_from_pb, info_from_pb, lora_from_pb, plan_to_pb, result_from_pb
 from pagoda.v1 import executor_pb2, executor_pb2_grpc
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.scheduler import Scheduler, SeqUpdate
@@ -111,6 +111,10 @@ class ExecutorHandle:
         # The LoRA adapters it has registered, by name: as its last Describe listed them, and as load_lora and
         # unload_lora changed them since.
         self.loras: dict[str, LoraAdapter] = {}
+        # An executor group's ranks (none for a plain executor) and the seconds since they last all met, as its
+        # leader's last heartbeat answer said (docs/parallel.md); a rank's health is unknown while it does not answer.
+        self.group_ranks: tuple[GroupRank, ...] = ()
+        self.group_last_contact_s = 0.0
         self.view = ExecutorView(address, reachable=False)
         self.scheduler: Scheduler | None = None
         # The epoch of the lease held (0: none yet).
@@ -167,7 +171,9 @@ class ExecutorHandle:
             msg = await self._stub.Describe(request, timeout=POLL_TIMEOUT_S)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
             self._set_view(ExecutorView(self.address, reachable=False), _describe_error(exc))
+            self.group_ranks = tuple(dataclasses.replace(r, health=RANK_UNKNOWN) for r in self.group_ranks)
             return self.view
+        self.group_ranks, self.group_last_contact_s = group_ranks_from_pb(msg.group_ranks), msg.group_last_contact_s
         described = self.info is not None and self.info.incarnation_id == msg.incarnation_id
         if described and [(a.name, a.fingerprint) for a in msg.loras] != [
             (a.name, a.fingerprint) for a in self.loras.values()

@@ -156,11 +156,11 @@ def _leader_errors(leader: Member, objects: list[dict]) -> list[str]:
 def _spanning_errors(group: list[Member]) -> list[str]:
     """A group over several pods: restarted whole, waiting long enough for a restarted peer."""
     leader, errors = group[0], []
-    timeout_s = float(leader.get("--group-timeout-s", "60"))
+    timeout_s = float(leader.get("--group-start-timeout-s", "300"))
     if timeout_s <= MAX_CRASH_LOOP_BACKOFF_S:
         errors.append(
-            f"{leader.where}: --group-timeout-s {timeout_s:g} <= {MAX_CRASH_LOOP_BACKOFF_S}s, the kubelet's longest "
-            "back-off: restarted ranks could keep missing each other"
+            f"{leader.where}: --group-start-timeout-s {timeout_s:g} <= {MAX_CRASH_LOOP_BACKOFF_S}s, the kubelet's "
+            "longest back-off: restarted ranks could keep missing each other"
         )
     startup = leader.container.spec.get("startupProbe") or {}
     window = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)

@@ -212,11 +212,11 @@ def test_gpus_unlike_ranks_and_unserved_features_are_reported(gpu_group):
 def test_rolling_updates_and_a_short_group_timeout_are_reported(gpu_group):
     def change(objects):
         _by_name(objects, "StatefulSet", WORKERS)["spec"]["updateStrategy"] = {"type": "RollingUpdate"}
-        _executor_spec(objects, LEADERS)["env"].append({"name": "PAGODA_GROUP_TIMEOUT_S", "value": "60"})
+        _executor_spec(objects, LEADERS)["env"].append({"name": "PAGODA_GROUP_START_TIMEOUT_S", "value": "60"})
 
     errors = _break(gpu_group, change)
     assert sum("updateStrategy must be OnDelete" in e for e in errors) == 2
-    assert sum("--group-timeout-s 60 <= 300s" in e for e in errors) == 2
+    assert sum("--group-start-timeout-s 60 <= 300s" in e for e in errors) == 2
 
 
 def test_a_worker_that_serves_is_reported_by_every_check(gpu_group):

@@ -99,3 +99,30 @@ def test_executor_info_round_trips_with_its_kernels():
     msg = info_to_pb(info)
     assert dict(msg.kernels) == {"attention": "cpp", "gemm": "amx-panel"}
     assert info_from_pb(msg) == info
+
+
+def test_executor_info_round_trips_an_executor_groups_ranks():
+    ranks = (
+        step.GroupRank(0, "vm", 1533, "layers 0-1, q heads 0-1, kv heads 0-0, vocab 0-191", 280 * 2**20, 2**21),
+        step.GroupRank(1, "vm", 1820, "layers 0-1, q heads 2-3, kv heads 1-1, vocab 192-383", 2**31 + 7, 2**21),
+    )
+    info = executor_info(
+        kernels=(), tensor_parallel_size=2, pipeline_parallel_size=1, group_ranks=ranks, group_last_contact_s=0.75
+    )
+    msg = info_to_pb(info)
+    assert [(r.rank, r.pid, r.shard, r.health) for r in msg.group_ranks] == [
+        (0, 1533, ranks[0].shard, "ok"),
+        (1, 1820, ranks[1].shard, "ok"),
+    ]
+    assert (msg.tensor_parallel_size, msg.pipeline_parallel_size, msg.group_last_contact_s) == (2, 1, 0.75)
+    assert info_from_pb(msg) == info
+
+
+def test_executor_info_of_a_plain_executor_lists_no_ranks_and_older_sizes_read_as_one():
+    plain = executor_info(kernels=(), tensor_parallel_size=1, pipeline_parallel_size=1, group_ranks=())
+    assert info_from_pb(info_to_pb(plain)).group_ranks == ()
+    older = info_to_pb(plain)  # an executor from before groups leaves the sizes unset
+    older.ClearField("tensor_parallel_size")
+    older.ClearField("pipeline_parallel_size")
+    described = info_from_pb(older)
+    assert (described.tensor_parallel_size, described.pipeline_parallel_size) == (1, 1)

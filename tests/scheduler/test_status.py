@@ -71,6 +71,7 @@ def _driven_engine() -> Engine:
     handle = ExecutorHandle("10.0.0.1:50061", engine, _never_connects, step_timeout_s=1.0)
     handle.info = INFO
     handle.loras = {adapter.name: adapter for adapter in INFO.loras}  # as its Describe gives them
+    handle.group_ranks, handle.group_last_contact_s = INFO.group_ranks, 0.5  # as its heartbeat gives them
     handle._set_view(ExecutorView(handle.address, True, "sched-b", 9, ("sched-a", "sched-b")))
     core = Scheduler(
         SchedulerConfig(num_blocks=16, block_size=4, max_num_seqs=2, kv_offload=True), tier_hashes=(1, 2, 3)
