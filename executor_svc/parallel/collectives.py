@@ -125,14 +125,21 @@ class GroupComm(ModelParallel):
         return self.all_reduce(out)
 
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """The whole vocabulary's logits on the stage's first rank (the sampler, on the last stage); the others
+        get a tensor of the same shape and no values (they never sample: the sampler shares its tokens)."""
         vocab_size = self.vocab_size
-        if self.placement.tp_size == 1:
+        tp = self.placement.tp_size
+        if tp == 1:
             return logits[:, :vocab_size]
         if logits.device.type == "cpu":  # gloo gathers fp32
             logits = logits.float()
         logits = logits.contiguous()
-        parts = [torch.empty_like(logits) for _ in range(self.placement.tp_size)]
-        guarded(lambda: dist.all_gather(parts, logits, group=self.tp_group))
+        first = self.placement.pp_rank * tp
+        if self.placement.rank != first:
+            guarded(lambda: dist.gather(logits, None, dst=first, group=self.tp_group))
+            return torch.empty((logits.shape[0], vocab_size), dtype=logits.dtype, device=logits.device)
+        parts = [torch.empty_like(logits) for _ in range(tp)]
+        guarded(lambda: dist.gather(logits, parts, dst=first, group=self.tp_group))
         return torch.cat(parts, dim=-1)[:, :vocab_size]
 
     def send_hidden(self, hidden: torch.Tensor) -> tuple[Any, torch.Tensor]:

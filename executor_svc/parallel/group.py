@@ -113,7 +113,7 @@ class GroupLeader:
             if not self._lock.acquire(timeout=self._ping_every_s):
                 continue  # a call is running: the followers are busy with it
             try:
-                if not self._closed:
+                if not self._closed and time.monotonic() - self._last_call >= self._ping_every_s:
                     self._comm.share((PING, ()), 0)
                     self._last_call = time.monotonic()
             finally:

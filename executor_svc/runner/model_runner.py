@@ -190,8 +190,12 @@ class ModelRunner:
         model = family.build(self.model_config, tensors, self.dtype, self.device, self.max_model_len, ops)
         if self.group is not None:
             model.parallel = self.group
-            if getattr(model, "fused_decode", None) is not None:  # one C++ call through every layer: no all-reduce
-                model.fused_decode, model.decode_path = None, "per layer (an executor group all-reduces in it)"
+            placement = self.group.placement
+            if placement.tp_size > 1 and getattr(model, "fused_decode", None) is not None:
+                # One C++ call through every layer has no all-reduce in it (a pipeline stage keeps it).
+                model.fused_decode, model.decode_path = None, "per layer (tensor parallel all-reduces in it)"
+            if not placement.first_stage:  # a later stage's input is hidden states (a tied LM head is packed)
+                model.embed = None
         return model
 
     def _allocate_kv_cache(

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from executor_svc.native import loader
 from tests.executor.conftest import ARCHS, load_hf
 from tests.executor.test_model_hf_parity import _generate, greedy_prompts
 
@@ -51,7 +52,8 @@ def _rank_main(rank: int, tp: int, pp: int, port: int, folders: dict, backend: s
                 attention_backend=backend,
                 group=comm,
             )
-            out[arch] = (runner.shard.describe(), _generate(runner, greedy_prompts(), NUM_NEW, chunk=7))
+            generated = _generate(runner, greedy_prompts(), NUM_NEW, chunk=7)
+            out[arch] = (runner.shard.describe(), generated, getattr(runner.model, "decode_path", ""))
         if rank == 0:
             results.put(out)
         comm.close()
@@ -98,10 +100,10 @@ def expected(checkpoints) -> dict[str, list[list[int]]]:
 
 @pytest.mark.parametrize(("tp", "pp"), CONFIGS, ids=[f"tp{t}-pp{p}" for t, p in CONFIGS])
 def test_every_family_split_generates_transformers_tokens(tp, pp, checkpoints, expected):
-    backend = "auto" if (tp, pp) == (2, 1) else "torch"  # the C++ kernels per shard (built), and the torch path
+    backend = "auto"  # the C++ kernels per shard (and the fused decode of a pipeline stage) where built
     got = run_group(tp, pp, {arch: str(folder) for arch, folder in checkpoints.items()}, backend)
     assert set(got) == set(ARCHS)
-    for arch, (shard, generated) in got.items():
+    for arch, (shard, generated, _) in got.items():
         assert [generated[i] for i in range(3)] == expected[arch], f"{arch} ({shard})"
     # The shards are real: rank 0 of a split holds part of the heads or of the layers.
     shard = got["llama"][0]
@@ -109,3 +111,99 @@ def test_every_family_split_generates_transformers_tokens(tp, pp, checkpoints, e
         assert "q heads 0-1," in shard, shard  # 4 heads: rank 0 the first two
     if pp == 2:
         assert shard.startswith("layers 0-0,"), shard  # 2 layers: stage 0 the first
+    # A pipeline stage decodes through its layers in one C++ call where the kernels are built; tensor parallel
+    # all-reduces inside the layers, so it runs them one by one.
+    decode_path = got["llama"][2]
+    if tp == 2:
+        assert decode_path.startswith("per layer"), decode_path
+    elif loader.kernels() is not None:
+        assert decode_path == "fused", decode_path
+
+
+def _anon_bytes() -> int:
+    """Anonymous resident memory (what the process holds; file pages the kernel may drop are left out)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _memory_main(rank: int, tp: int, port: int, folder: str, results) -> None:
+    """Loads the checkpoint as rank ``rank`` of ``tp`` (1: the whole model); puts (rank, growth of its anonymous
+    RSS after loading, the growth's peak while loading (sampled every 2 ms), bytes of the model's weights)."""
+    import threading
+    import time
+
+    torch.set_num_threads(1)
+    try:
+        from executor_svc.loading.memory import release_freed_memory
+        from executor_svc.parallel.collectives import GroupComm
+        from executor_svc.parallel.shard import Placement
+        from executor_svc.runner.model_runner import ModelRunner
+
+        comm = GroupComm(Placement(rank, tp, 1), f"127.0.0.1:{port}", 120, torch.device("cpu")) if tp > 1 else None
+        before = _anon_bytes()
+        peak = [before]
+        loading = threading.Event()
+
+        def sample() -> None:
+            while not loading.is_set():
+                peak[0] = max(peak[0], _anon_bytes())
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        runner = ModelRunner(
+            folder,
+            dtype="float32",
+            device="cpu",
+            block_size=4,
+            kv_cache_memory_bytes=2**16,
+            layer_ops="torch",
+            group=comm,
+        )
+        loading.set()
+        sampler.join()
+        release_freed_memory()  # as the executor does once loaded
+        model = runner.model
+        tensors = [model.embed, model.lm_head, model.final_norm]
+        for layer in model.layers:
+            tensors += [layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down]
+        weights = sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+        results.put((rank, _anon_bytes() - before, peak[0] - before, weights))
+        if comm is not None:
+            comm.close()
+    except BaseException:
+        results.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_each_rank_reads_and_holds_its_shard_only(tmp_path):
+    """A 100 MB checkpoint: each of two tensor-parallel ranks holds half the weights, and its memory grows, at
+    its peak while loading and after, by about its half: it never reads the whole."""
+    from tests.executor.conftest import make_tiny_checkpoint
+
+    sizes = dict(hidden_size=512, intermediate_size=2048, vocab_size=8192, num_hidden_layers=4, head_dim=64)
+    folder = str(make_tiny_checkpoint(tmp_path, "llama", num_attention_heads=8, num_key_value_heads=4, **sizes))
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_memory_main, args=(0, 1, 0, folder, results))]
+    procs += [ctx.Process(target=_memory_main, args=(rank, 2, port, folder, results)) for rank in range(2)]
+    got = []
+    for proc in procs[:1]:  # the whole model first, alone on the machine
+        proc.start()
+    got.append(results.get(timeout=300))
+    for proc in procs[1:]:
+        proc.start()
+    got += [results.get(timeout=300) for _ in range(2)]
+    for proc in procs:
+        proc.join(timeout=60)
+    assert all(isinstance(g[1], int) for g in got), got
+    (_, whole_rss, whole_peak, whole_weights), *ranks = got
+    assert whole_weights > 90 * 2**20
+    for rank, rss, peak, weights in ranks:
+        assert abs(weights - whole_weights / 2) < 0.01 * whole_weights, (rank, weights, whole_weights)
+        assert rss < 0.6 * whole_rss, (rank, rss, whole_rss)
+        assert peak < 0.6 * whole_peak, (rank, peak, whole_peak)
