@@ -245,6 +245,7 @@ class ExecutorConfig:
             "--simulate": self.simulate,
             "--lora": bool(self.lora),
             "--kv-offload-dir": bool(self.kv_offload_dir),
+            "--batch-invariant": self.batch_invariant,
         }
         named = [flag for flag, given in unserved.items() if given]
         if named:
