@@ -207,3 +207,77 @@ def test_each_rank_reads_and_holds_its_shard_only(tmp_path):
         assert abs(weights - whole_weights / 2) < 0.01 * whole_weights, (rank, weights, whole_weights)
         assert rss < 0.6 * whole_rss, (rank, rss, whole_rss)
         assert peak < 0.6 * whole_peak, (rank, peak, whole_peak)
+
+
+def _quantized_main(rank: int, tp: int, port: int, path: str, options: dict, results) -> None:
+    """Rank ``rank`` of ``tp`` (1: the whole model) serves ``path`` with ``options``; the sampler rank puts what
+    its runner reports (quantization, kernel paths) and the logits it sampled from, by token prefix."""
+    torch.set_num_threads(1)
+    try:
+        from executor_svc.native.active import active_kernels
+        from executor_svc.parallel.collectives import GroupComm
+        from executor_svc.parallel.shard import Placement
+        from executor_svc.runner.model_runner import ModelRunner
+        from tests.executor.conftest import install_recorder
+
+        comm = GroupComm(Placement(rank, tp, 1), f"127.0.0.1:{port}", 120, torch.device("cpu")) if tp > 1 else None
+        runner = ModelRunner(
+            path, dtype="float32", device="cpu", block_size=4, kv_cache_memory_bytes=2**21, group=comm, **options
+        )
+        recorder = install_recorder(runner)
+        _generate(runner, greedy_prompts(), 8, chunk=5)
+        if rank == 0:
+            # Values, not tensors: torch's queue would share a tensor's memory with a process about to exit.
+            logits = {tuple(tokens): row.tolist() for tokens, row in recorder.records}
+            results.put((runner.info.quantization, active_kernels(runner)["gemm"], logits))
+        if comm is not None:
+            comm.close()
+    except BaseException:
+        results.put((f"rank {rank}: {traceback.format_exc()}", "", {}))
+        raise
+
+
+def _served(tp: int, path: str, options: dict) -> tuple[str, str, dict]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_quantized_main, args=(r, tp, port, path, options, results)) for r in range(tp)]
+    for proc in procs:
+        proc.start()
+    out = results.get(timeout=300)
+    for proc in procs:
+        proc.join(timeout=60)
+    assert not out[0].startswith("rank "), out[0]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "quantization"),
+    [("gguf", {}, "gguf:q8_0"), ("llama", {"quantization": "int8"}, "int8")],
+    ids=["gguf-q8_0-as-stored", "int8"],
+)
+def test_quantized_weights_are_split_and_served_per_shard(
+    model, options, quantization, checkpoints, tmp_path, cpp_kernel
+):
+    """Two tensor-parallel ranks serve a GGUF file's Q8_0 blocks as stored (cut by rows, and by columns at whole
+    blocks) and a checkpoint quantized to int8 at load (each rank its shard), on the C++ kernels: the logits
+    they sample from agree with one process serving the whole model so (cosine > 0.999; a row-parallel int8
+    shard's scales are over its own columns, a finer quantization than the whole model's)."""
+    import gguf
+
+    from tests.executor.test_gguf_loader import random_hf_weights, write_tiny_gguf
+
+    if model == "gguf":
+        path = str(write_tiny_gguf(tmp_path / "tiny.gguf", random_hf_weights(seed=1), gguf.GGMLQuantizationType.Q8_0))
+    else:
+        path = str(checkpoints[model])
+    whole = _served(1, path, options)
+    split = _served(2, path, options)
+    assert whole[0] == split[0] == quantization
+    assert split[1] == whole[1] and split[1].startswith(("vnni", "amx", "avx512")), split[1]
+    shared = whole[2].keys() & split[2].keys()
+    assert len(shared) >= 6
+    for tokens in shared:
+        a, b = torch.tensor(whole[2][tokens]), torch.tensor(split[2][tokens])
+        cosine = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+        assert cosine > 0.999, (tokens, cosine)
