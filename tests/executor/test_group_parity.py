@@ -62,14 +62,12 @@ def _rank_main(rank: int, tp: int, pp: int, port: int, folders: dict, backend: s
         raise
 
 
-def run_group(tp: int, pp: int, folders: dict, backend: str = "torch") -> dict:
-    """What rank 0 of a (tp x pp) group generated for each checkpoint."""
+def _spawn(target, world: int, *args) -> tuple[object, list[int]]:
+    """Starts ``target(rank, *args, results)`` for every rank as a process; the first result put and every
+    rank's exit status."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_rank_main, args=(rank, tp, pp, port, folders, backend, results)) for rank in range(tp * pp)
-    ]
+    procs = [ctx.Process(target=target, args=(rank, *args, results)) for rank in range(world)]
     for proc in procs:
         proc.start()
     try:
@@ -79,8 +77,14 @@ def run_group(tp: int, pp: int, folders: dict, backend: str = "torch") -> dict:
             proc.join(timeout=60)
             if proc.is_alive():
                 proc.kill()
+    return out, [proc.exitcode for proc in procs]
+
+
+def run_group(tp: int, pp: int, folders: dict, backend: str = "torch") -> dict:
+    """What rank 0 of a (tp x pp) group generated for each checkpoint."""
+    out, codes = _spawn(_rank_main, tp * pp, tp, pp, _free_port(), folders, backend)
     assert "error" not in out, out.get("error")
-    assert all(proc.exitcode == 0 for proc in procs), [proc.exitcode for proc in procs]
+    assert codes == [0] * (tp * pp), codes
     return out
 
 
@@ -238,15 +242,7 @@ def _quantized_main(rank: int, tp: int, port: int, path: str, options: dict, res
 
 
 def _served(tp: int, path: str, options: dict) -> tuple[str, str, dict]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_quantized_main, args=(r, tp, port, path, options, results)) for r in range(tp)]
-    for proc in procs:
-        proc.start()
-    out = results.get(timeout=300)
-    for proc in procs:
-        proc.join(timeout=60)
+    out, _ = _spawn(_quantized_main, tp, tp, _free_port(), path, options)
     assert not out[0].startswith("rank "), out[0]
     return out
 
