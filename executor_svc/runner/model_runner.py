@@ -27,6 +27,7 @@ from executor_svc.models import DecoderModel, get_model_family
 from executor_svc.models.layer_ops import LayerOps, get_layer_ops
 from executor_svc.models.registry import parse_model_config
 from executor_svc.models.rope import rope_switch_len
+from executor_svc.parallel.collectives import fatal
 from executor_svc.parallel.shard import GroupShard
 from executor_svc.quant.modes import resolve_quantization
 from executor_svc.runner import sequence_loras, warmup
@@ -319,6 +320,8 @@ class ModelRunner:
                 return self._run(step.step_id, scheduled, errors, start_ns)
         except Exception as exc:  # one bad step must not kill the executor
             log.exception("step_failed", step_id=step.step_id)
+            if self.group is not None:  # the other ranks wait in this step's collectives: the group cannot go on
+                fatal(f"step {step.step_id} failed on rank {self.group.placement.rank}: {type(exc).__name__}: {exc}")
             if self.draft is not None:
                 self.draft.abandon()
             for state, _ in scheduled:

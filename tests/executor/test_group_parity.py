@@ -277,3 +277,49 @@ def test_quantized_weights_are_split_and_served_per_shard(
         a, b = torch.tensor(whole[2][tokens]), torch.tensor(split[2][tokens])
         cosine = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
         assert cosine > 0.999, (tokens, cosine)
+
+
+def _failing_main(rank: int, port: int, folder: str, results) -> None:
+    """A T=2 group whose rank 1 raises in its forward at the third step; rank 0 puts how long it ran."""
+    import time
+
+    torch.set_num_threads(1)
+    from executor_svc.parallel.collectives import GroupComm
+    from executor_svc.parallel.shard import Placement
+    from executor_svc.runner.model_runner import ModelRunner
+
+    comm = GroupComm(Placement(rank, 2, 1), f"127.0.0.1:{port}", 120, torch.device("cpu"))
+    runner = ModelRunner(folder, dtype="float32", device="cpu", block_size=4, kv_cache_memory_bytes=2**20, group=comm)
+    if rank == 1:
+        forward, calls = runner.model.forward, []
+
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("a fault on rank 1 only")
+            return forward(*args, **kwargs)
+
+        runner.model.forward = failing
+    start = time.monotonic()
+    try:
+        _generate(runner, greedy_prompts(), NUM_NEW, chunk=7)
+    finally:  # not reached: the group's failure ends the process
+        results.put(("finished", time.monotonic() - start))
+
+
+def test_a_step_that_fails_on_one_rank_takes_the_group_down_at_once(checkpoints):
+    """The ranks run each step in lockstep, so a step one rank cannot finish is not failed alone there (its peers
+    would wait in the step's collectives until the timeout): that rank exits with GROUP_LOST_EXIT, and its peer
+    sees its connections close and exits too, well inside the 120 s timeout."""
+    from executor_svc.parallel.collectives import GROUP_LOST_EXIT
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_failing_main, args=(r, port, str(checkpoints["llama"]), results)) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=60)  # a rank still waiting has no exit code yet
+    assert [proc.exitcode for proc in procs] == [GROUP_LOST_EXIT] * 2
+    assert results.empty()
