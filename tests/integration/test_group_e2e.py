@@ -1,8 +1,8 @@
 """Executor groups through the real system: a scheduler and group executors started as processes.
 
 Every tiny architecture of the executor tests, served by one group split by
-tensor parallel (T=2) or pipeline parallel (P=2), alternately, and plain Llama
-by both at once (2 x 2): the scheduler chunks prompts (16-token steps), answers a
+tensor parallel (T=2), then by pipeline parallel (P=2), and plain Llama by
+both at once (2 x 2): the scheduler chunks prompts (16-token steps), answers a
 repeated prompt from its prefix cache, preempts sequences (a KV pool of 40
 blocks of 4 tokens per rank, too small for two of the five concurrent requests),
 and speculates (n-gram and the model drafting for itself, replicated on every
@@ -37,8 +37,8 @@ pytestmark = pytest.mark.integration
 VOCAB = 384
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
-# (architecture, tensor, pipeline): every family once, split one way or the other; Llama both ways at once.
-SPLITS = [(arch, *((2, 1) if i % 2 == 0 else (1, 2))) for i, arch in enumerate(sorted(ARCHS))] + [("llama", 2, 2)]
+# (architecture, tensor, pipeline): every family split each way; Llama both ways at once.
+SPLITS = [(arch, *split) for arch in sorted(ARCHS) for split in ((2, 1), (1, 2))] + [("llama", 2, 2)]
 
 
 def _group_flags(tp: int, pp: int) -> list[str]:
