@@ -38,6 +38,8 @@ VOCAB = 384
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
 # (architecture, tensor, pipeline): every family split each way; Llama both ways at once.
+# Long enough that the streams are still running when the test finds the busy group, on any machine.
+KILL_OUTPUT = 256
 SPLITS = [(arch, *split) for arch in sorted(ARCHS) for split in ((2, 1), (1, 2))] + [("llama", 2, 2)]
 
 
@@ -108,7 +110,7 @@ def _follower_pids(leader_pid: int) -> list[int]:
 def test_a_killed_rank_restarts_its_group_and_no_stream_is_lost(tmp_path):
     folder = write_tokenizer_files(make_tiny_checkpoint(tmp_path, "llama", vocab_size=VOCAB), VOCAB)
     rng_prompts = [[(7 * i + 3 * j) % (VOCAB - 3) + 3 for j in range(12 + i)] for i in range(8)]
-    expected = [hf_greedy(folder, p, 48) for p in rng_prompts]
+    expected = [hf_greedy(folder, p, KILL_OUTPUT) for p in rng_prompts]
     with fp32_launcher(
         folder,
         tmp_path / "logs",
@@ -122,7 +124,7 @@ def test_a_killed_rank_restarts_its_group_and_no_stream_is_lost(tmp_path):
         with Client(system.target, timeout=300) as client:
             with concurrent.futures.ThreadPoolExecutor(len(rng_prompts)) as pool:
                 futures = [
-                    pool.submit(client.generate, token_ids=p, max_tokens=48, temperature=0, ignore_eos=True)
+                    pool.submit(client.generate, token_ids=p, max_tokens=KILL_OUTPUT, temperature=0, ignore_eos=True)
                     for p in rng_prompts
                 ]
                 # The group with running sequences loses its rank 1 while they stream.
@@ -142,7 +144,7 @@ def test_a_killed_rank_restarts_its_group_and_no_stream_is_lost(tmp_path):
             wait_until(
                 lambda: sum(e.state == "READY" for e in client.status().executors) == 2, 120, "both groups READY"
             )
-            again = client.generate(token_ids=rng_prompts[0], max_tokens=48, temperature=0, ignore_eos=True)
+            again = client.generate(token_ids=rng_prompts[0], max_tokens=KILL_OUTPUT, temperature=0, ignore_eos=True)
             assert again.token_ids == expected[0]
     assert "group_rank_lost" in system.logs()[system.executors[index].name]
 
