@@ -38,8 +38,9 @@ VOCAB = 384
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
 # (architecture, tensor, pipeline): every family split each way; Llama both ways at once.
-# Long enough that the streams are still running when the test finds the busy group, on any machine.
-KILL_OUTPUT = 256
+# Long enough that the streams are still running when the test finds the busy group, on any machine, and within
+# the launcher's 256-token context with the longest prompt (19 tokens).
+KILL_OUTPUT = 224
 SPLITS = [(arch, *split) for arch in sorted(ARCHS) for split in ((2, 1), (1, 2))] + [("llama", 2, 2)]
 
 
@@ -128,7 +129,7 @@ def test_a_killed_rank_restarts_its_group_and_no_stream_is_lost(tmp_path):
                     for p in rng_prompts
                 ]
                 # The group with running sequences loses its rank 1 while they stream.
-                wait_until(lambda: _busy_executor(client, system) is not None, 60, "sequences running on a group")
+                wait_until(lambda: _busy_or_failed(client, system, futures), 60, "sequences running on a group")
                 index = _busy_executor(client, system) or 0
                 leader = system.executor_pids[index]
                 followers = _follower_pids(leader)
@@ -147,6 +148,14 @@ def test_a_killed_rank_restarts_its_group_and_no_stream_is_lost(tmp_path):
             again = client.generate(token_ids=rng_prompts[0], max_tokens=KILL_OUTPUT, temperature=0, ignore_eos=True)
             assert again.token_ids == expected[0]
     assert "group_rank_lost" in system.logs()[system.executors[index].name]
+
+
+def _busy_or_failed(client: Client, system, futures: list[concurrent.futures.Future]) -> bool:
+    """True once a group runs sequences; a request that already failed fails the test with its own error."""
+    for future in futures:
+        if future.done() and future.exception() is not None:
+            raise AssertionError(f"a request failed before the kill: {future.exception()!r}")
+    return _busy_executor(client, system) is not None
 
 
 def _busy_executor(client: Client, system) -> int | None:
