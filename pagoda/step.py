@@ -301,3 +301,6 @@ class ExecutorInfo:
     # Seconds since the group last completed a call with every rank (a step or the leader's ping), as of this
     # Describe; 0 for a plain executor.
     group_last_contact_s: float = 0.0
+    # The executor reads compact step plans (a wire capability: set by the executor's servicer, read by the
+    # scheduler's executor stream; pagoda/step_pb.py).
+    compact_steps: bool = False

@@ -35,8 +35,13 @@ from pagoda.step import (
 from pagoda.v1 import common_pb2, executor_pb2
 
 
-def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
-    """A delta plan: new sequences whole, the others as diffs."""
+def plan_to_pb(plan: StepPlan, compact: bool = False) -> executor_pb2.StepPlan:
+    """A delta plan: new sequences whole, the others as diffs; `compact` (the executor reads it: its
+    ExecutorInfo.compact_steps) sends the diffs as columns, whole entries only for those with blocks or drafts.
+    Every plan says that its sender reads compact results."""
+    scheduled = plan.scheduled_seqs
+    if compact:
+        scheduled = tuple(s for s in scheduled if s.new_block_ids or s.draft_token_ids or s.num_model_draft_tokens)
     return executor_pb2.StepPlan(
         step_id=plan.step_id,
         new_seqs=[
@@ -57,7 +62,7 @@ def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
                 draft_token_ids=s.draft_token_ids,
                 num_model_draft_tokens=s.num_model_draft_tokens,
             )
-            for s in plan.scheduled_seqs
+            for s in scheduled
         ],
         dropped_seq_ids=plan.dropped_seq_ids,
         epoch=plan.epoch,
@@ -65,6 +70,9 @@ def plan_to_pb(plan: StepPlan) -> executor_pb2.StepPlan:
             executor_pb2.BlockSave(block_id=b.block_id, block_hash=b.block_hash, token_ids=b.token_ids)
             for b in plan.saves
         ],
+        compact_seq_ids=[s.seq_id for s in plan.scheduled_seqs] if compact else (),
+        compact_num_tokens=[s.num_scheduled_tokens for s in plan.scheduled_seqs] if compact else (),
+        compact_results=True,
     )
 
 
@@ -82,30 +90,58 @@ def plan_from_pb(msg: executor_pb2.StepPlan) -> StepPlan:
             )
             for s in msg.new_seqs
         ),
-        # Most steps append no block to most sequences: skip the copy of an empty list.
-        scheduled_seqs=tuple(
-            ScheduledSequence(
-                s.seq_id,
-                s.num_scheduled_tokens,
-                tuple(s.new_block_ids) if s.new_block_ids else (),
-                tuple(s.draft_token_ids) if s.draft_token_ids else (),
-                s.num_model_draft_tokens,
-            )
-            for s in msg.scheduled_seqs
-        ),
+        scheduled_seqs=_scheduled_from_pb(msg),
         dropped_seq_ids=tuple(msg.dropped_seq_ids),
         epoch=msg.epoch,
         saves=tuple(BlockSave(b.block_id, b.block_hash, tuple(b.token_ids)) for b in msg.saves),
     )
 
 
-def result_to_pb(result: StepResult) -> executor_pb2.StepResult:
-    """The StepResult message of one step."""
+def _scheduled_from_pb(msg: executor_pb2.StepPlan) -> tuple[ScheduledSequence, ...]:
+    """The plan's scheduled sequences, from whole entries or from the compact columns and the whole entries
+    of those with blocks or drafts."""
+    whole = tuple(
+        ScheduledSequence(
+            s.seq_id,
+            s.num_scheduled_tokens,
+            # Most steps append no block to most sequences: skip the copy of an empty list.
+            tuple(s.new_block_ids) if s.new_block_ids else (),
+            tuple(s.draft_token_ids) if s.draft_token_ids else (),
+            s.num_model_draft_tokens,
+        )
+        for s in msg.scheduled_seqs
+    )
+    if not msg.compact_seq_ids:
+        return whole
+    if len(msg.compact_num_tokens) != len(msg.compact_seq_ids):
+        raise ValueError("a compact plan's columns differ in length")
+    by_id: dict[int, ScheduledSequence | None] = {s.seq_id: s for s in whole}
+    scheduled = tuple(
+        by_id.pop(seq_id, None) or ScheduledSequence(seq_id, num_tokens)
+        for seq_id, num_tokens in zip(msg.compact_seq_ids, msg.compact_num_tokens)
+    )
+    if by_id:
+        raise ValueError(f"a compact plan's whole entries for sequences {sorted(by_id)} are not in its columns")
+    return scheduled
+
+
+def result_to_pb(result: StepResult, compact: bool = False) -> executor_pb2.StepResult:
+    """The StepResult message of one step; `compact` (the plan said its scheduler reads them) sends the outputs
+    as columns, whole entries only for those with logprobs."""
+    outputs = result.outputs
+    columns: dict[str, list[int]] = {}
+    if compact:
+        outputs = tuple(o for o in outputs if o.logprobs or o.prompt_logprobs)
+        columns = {
+            "compact_seq_ids": [o.seq_id for o in result.outputs],
+            "compact_num_tokens": [len(o.token_ids) for o in result.outputs],
+            "compact_token_ids": [t for o in result.outputs for t in o.token_ids],
+        }
     return executor_pb2.StepResult(
         step_id=result.step_id,
         incarnation_id=result.incarnation_id,
         # Logprobs are rare: skip the call for the outputs without them (every output, every step).
-        outputs=[_output_to_pb(o) for o in result.outputs],
+        outputs=[_output_to_pb(o) for o in outputs],
         errors=[
             executor_pb2.SequenceError(seq_id=e.seq_id, message=e.message, missing_block_hashes=e.missing_block_hashes)
             for e in result.errors
@@ -116,6 +152,7 @@ def result_to_pb(result: StepResult) -> executor_pb2.StepResult:
         tier_added=result.tier_added,
         tier_removed=result.tier_removed,
         tier_reset=result.tier_reset,
+        **columns,
     )
 
 
@@ -125,7 +162,7 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
     return StepResult(
         step_id=msg.step_id,
         incarnation_id=msg.incarnation_id,
-        outputs=tuple(_output_from_pb(o) for o in msg.outputs),
+        outputs=_outputs_from_pb(msg),
         errors=tuple(SeqError(e.seq_id, e.message, tuple(e.missing_block_hashes)) for e in msg.errors),
         timings=StepTimings(
             t.prepare_ns, t.forward_ns, t.sample_ns, t.step_ns, t.idle_ns, t.load_ns, t.save_ns, t.draft_ns
@@ -137,6 +174,28 @@ def result_from_pb(msg: executor_pb2.StepResult) -> StepResult:
         tier_removed=tuple(msg.tier_removed) if msg.tier_removed else (),
         tier_reset=msg.tier_reset,
     )
+
+
+def _outputs_from_pb(msg: executor_pb2.StepResult) -> tuple[SeqOutput, ...]:
+    """The step's outputs, from whole entries or from the compact columns and the whole entries of those with
+    logprobs."""
+    whole = tuple(_output_from_pb(o) for o in msg.outputs)
+    if not msg.compact_seq_ids:
+        return whole
+    counts = msg.compact_num_tokens
+    tokens = list(msg.compact_token_ids)
+    if len(counts) != len(msg.compact_seq_ids) or sum(counts) != len(tokens):
+        raise ValueError("a compact result's columns do not add up")
+    by_id: dict[int, SeqOutput | None] = {o.seq_id: o for o in whole}
+    outputs = []
+    start = 0
+    for seq_id, count in zip(msg.compact_seq_ids, counts):
+        end = start + count
+        outputs.append(by_id.pop(seq_id, None) or SeqOutput(seq_id, tuple(tokens[start:end])))
+        start = end
+    if by_id:
+        raise ValueError(f"a compact result's whole entries for sequences {sorted(by_id)} are not in its columns")
+    return tuple(outputs)
 
 
 def info_to_pb(info: ExecutorInfo) -> executor_pb2.ExecutorInfo:

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from pagoda.runtime.flags import parse_config, parse_size, setting
+from pagoda.runtime.logs import EVENT_LOOPS
 from pagoda.runtime.shared_settings import log_format_setting, lora_setting, lora_specs, otlp_endpoint_setting
 from pagoda.step import MAX_DRAFT_TOKENS
 from scheduler_svc.core.config import SPECULATIVE_METHODS
@@ -88,6 +89,11 @@ class SchedulerServiceConfig:
     api_keys: str = setting("", "comma-separated API keys (usually given as `PAGODA_API_KEYS`)")
     log_format: str = log_format_setting()
     otlp_endpoint: str = otlp_endpoint_setting()
+    event_loop: str = setting(
+        "uvloop",
+        "the event loop: `uvloop` (libuv; its socket and timer paths in C: ~13% less scheduler CPU per token over SSE "
+        "token, docs/durability.md) or `asyncio` (the standard library's)",
+    )
     drain_timeout_s: float = setting(30.0, "on SIGTERM, time for in-flight requests to finish")
     tls_cert: str = setting("", "serve the client API over TLS with this certificate (PEM), with `--tls-key`")
     tls_key: str = setting("", "the private key of `--tls-cert` (PEM)")
@@ -117,6 +123,8 @@ class SchedulerServiceConfig:
         if self.speculative_max_batch < 1:
             raise ValueError("--speculative-max-batch must be positive")
         lora_specs(self.lora)
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
 
     @property
     def executor_targets(self) -> list[str]:

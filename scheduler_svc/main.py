@@ -63,6 +63,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
         executors=config.executors,
         tls=credentials is not None,
         tracing=engine.tracer is not None,
+        event_loop=config.event_loop,
     )
 
     stop = asyncio.Event()
@@ -83,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point."""
     config = load_config(argv)
     configure_logging(config.log_format)
-    run_logged(serve(config), log, "scheduler_failed")
+    run_logged(serve(config), log, "scheduler_failed", config.event_loop)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from executor_svc.serving.metrics import ExecutorMetrics
 from executor_svc.serving.sequence_table import Runner
 from executor_svc.serving.step_tracing import StepTracer
 from pagoda.by_name import copy_by_name
-from pagoda.step import RANK_OK, ExecutorInfo, GroupRank, LoraAdapter, StepResult
+from pagoda.step import RANK_OK, ExecutorInfo, GroupRank, LoraAdapter, StepPlan, StepResult
 from pagoda.step_pb import info_to_pb, lora_to_pb, plan_from_pb, result_to_pb
 from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
 
@@ -128,6 +128,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             schedulers=self.leases.live_schedulers(),
             lease_claimants=self.leases.claimants(),
             loras=tuple(_adapter(info) for info in self.runner.lora_adapters()),
+            compact_steps=True,  # Execute reads compact plans (pagoda/step_pb.py)
         )
         if info.group_ranks:  # the runner is the group's leader: how recently every rank met, as of now
             info = dataclasses.replace(info, group_last_contact_s=self.runner.last_contact_s())
@@ -192,7 +193,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 except LeaseRefused as exc:
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                 received_at = time.perf_counter_ns()
-                result = await self._run_step(plan, received_at - finished_at, received_at, first)
+                try:
+                    step = plan_from_pb(plan)
+                except ValueError as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {plan.step_id}: {exc}")
+                result = await self._run_step(step, plan.compact_results, received_at - finished_at, received_at, first)
                 first = False
                 finished_at = time.perf_counter_ns()
                 yield result
@@ -208,9 +213,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is still loading its model")
 
     async def _run_step(
-        self, plan: executor_pb2.StepPlan, idle_ns: int, started_ns: int, first: bool
+        self, step: StepPlan, compact: bool, idle_ns: int, started_ns: int, first: bool
     ) -> executor_pb2.StepResult:
-        step = plan_from_pb(plan)
+        """Runs one plan; `compact`: the scheduler reads compact results."""
         wall_start_ns = time.time_ns() if self.tracer is not None else 0
         if self.tracer is not None:  # before the log lines below, which then carry the trace id
             self.tracer.on_plan(step, wall_start_ns)
@@ -239,7 +244,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             self._metrics.observe_step(out, step_ns, idle_ns, self.runner.num_sequences())
         if self.tracer is not None:
             self.tracer.on_step(step, out, wall_start_ns, time.time_ns())
-        return result_to_pb(self._stamp(out, step_ns, idle_ns, first))
+        return result_to_pb(self._stamp(out, step_ns, idle_ns, first), compact=compact)
 
     def _stamp(self, out: StepResult, step_ns: int, idle_ns: int, first: bool) -> StepResult:
         """The runner's result with what only the server knows: who it is, whether it drains, its timings,

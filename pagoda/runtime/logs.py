@@ -41,10 +41,19 @@ def configure_logging(log_format: str = "auto", level: str = "INFO") -> None:
     logging.basicConfig(level=numeric_level, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
 
 
-def run_logged(main: Coroutine[Any, Any, None], log: Any, failed_event: str) -> None:
-    """Runs a service's main coroutine; an exception ends the process with status 1 after one log line."""
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def run_logged(main: Coroutine[Any, Any, None], log: Any, failed_event: str, event_loop: str = "asyncio") -> None:
+    """Runs a service's main coroutine on `event_loop` (uvloop: libuv's loop, the I/O paths in C); an exception
+    ends the process with status 1 after one log line."""
     try:
-        asyncio.run(main)
+        if event_loop == "uvloop":
+            import uvloop
+
+            uvloop.run(main)
+        else:
+            asyncio.run(main)
     except Exception:
         log.exception(failed_event)
         sys.exit(1)

@@ -54,7 +54,7 @@ class Lease(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., epoch: _Optional[int] = ..., holder_id: _Optional[str] = ...) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes", "rope_switch_len", "batch_invariant", "loras", "max_loras", "max_lora_rank", "tensor_parallel_size", "pipeline_parallel_size", "group_ranks", "group_last_contact_s")
+    __slots__ = ("incarnation_id", "model_name", "architecture", "dtype", "kv_cache_dtype", "device", "block_size", "num_kv_blocks", "max_model_len", "vocab_size", "eos_token_ids", "tokenizer_json", "chat_template", "bos_token", "eos_token", "draining", "kernels", "lease_holder", "lease_epoch", "schedulers", "lease_claimants", "kv_offload", "tier_hashes", "quantization", "draft_model", "kv_cache_bytes", "draft_kv_cache_bytes", "rope_switch_len", "batch_invariant", "loras", "max_loras", "max_lora_rank", "tensor_parallel_size", "pipeline_parallel_size", "group_ranks", "group_last_contact_s", "compact_steps")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class ExecutorInfo(_message.Message):
     PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     GROUP_RANKS_FIELD_NUMBER: _ClassVar[int]
     GROUP_LAST_CONTACT_S_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_STEPS_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     model_name: str
     architecture: str
@@ -134,7 +135,8 @@ class ExecutorInfo(_message.Message):
     pipeline_parallel_size: int
     group_ranks: _containers.RepeatedCompositeFieldContainer[GroupRank]
     group_last_contact_s: float
-    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ..., rope_switch_len: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., loras: _Optional[_Iterable[_Union[_common_pb2.LoraAdapter, _Mapping]]] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., group_ranks: _Optional[_Iterable[_Union[GroupRank, _Mapping]]] = ..., group_last_contact_s: _Optional[float] = ...) -> None: ...
+    compact_steps: bool
+    def __init__(self, incarnation_id: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., device: _Optional[str] = ..., block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_json: _Optional[str] = ..., chat_template: _Optional[str] = ..., bos_token: _Optional[str] = ..., eos_token: _Optional[str] = ..., draining: _Optional[bool] = ..., kernels: _Optional[_Mapping[str, str]] = ..., lease_holder: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_claimants: _Optional[_Iterable[str]] = ..., kv_offload: _Optional[str] = ..., tier_hashes: _Optional[_Iterable[int]] = ..., quantization: _Optional[str] = ..., draft_model: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., draft_kv_cache_bytes: _Optional[int] = ..., rope_switch_len: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., loras: _Optional[_Iterable[_Union[_common_pb2.LoraAdapter, _Mapping]]] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., group_ranks: _Optional[_Iterable[_Union[GroupRank, _Mapping]]] = ..., group_last_contact_s: _Optional[float] = ..., compact_steps: _Optional[bool] = ...) -> None: ...
 
 class GroupRank(_message.Message):
     __slots__ = ("rank", "host", "pid", "shard", "rss_bytes", "kv_cache_bytes", "health")
@@ -217,20 +219,26 @@ class ScheduledSequence(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., num_model_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "scheduled_seqs", "dropped_seq_ids", "epoch", "saves")
+    __slots__ = ("step_id", "new_seqs", "scheduled_seqs", "dropped_seq_ids", "epoch", "saves", "compact_seq_ids", "compact_num_tokens", "compact_results")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_SEQS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SAVES_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_RESULTS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
     scheduled_seqs: _containers.RepeatedCompositeFieldContainer[ScheduledSequence]
     dropped_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     epoch: int
     saves: _containers.RepeatedCompositeFieldContainer[BlockSave]
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., scheduled_seqs: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., dropped_seq_ids: _Optional[_Iterable[int]] = ..., epoch: _Optional[int] = ..., saves: _Optional[_Iterable[_Union[BlockSave, _Mapping]]] = ...) -> None: ...
+    compact_seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    compact_num_tokens: _containers.RepeatedScalarFieldContainer[int]
+    compact_results: bool
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., scheduled_seqs: _Optional[_Iterable[_Union[ScheduledSequence, _Mapping]]] = ..., dropped_seq_ids: _Optional[_Iterable[int]] = ..., epoch: _Optional[int] = ..., saves: _Optional[_Iterable[_Union[BlockSave, _Mapping]]] = ..., compact_seq_ids: _Optional[_Iterable[int]] = ..., compact_num_tokens: _Optional[_Iterable[int]] = ..., compact_results: _Optional[bool] = ...) -> None: ...
 
 class SequenceOutput(_message.Message):
     __slots__ = ("seq_id", "token_ids", "logprobs", "prompt_logprobs", "prompt_logprobs_start")
@@ -277,7 +285,7 @@ class StepTimings(_message.Message):
     def __init__(self, prepare_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., sample_ns: _Optional[int] = ..., step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., load_ns: _Optional[int] = ..., save_ns: _Optional[int] = ..., draft_ns: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "incarnation_id", "outputs", "errors", "timings", "num_scheduled_tokens", "draining", "tier_added", "tier_removed", "tier_reset")
+    __slots__ = ("step_id", "incarnation_id", "outputs", "errors", "timings", "num_scheduled_tokens", "draining", "tier_added", "tier_removed", "tier_reset", "compact_seq_ids", "compact_num_tokens", "compact_token_ids")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +296,9 @@ class StepResult(_message.Message):
     TIER_ADDED_FIELD_NUMBER: _ClassVar[int]
     TIER_REMOVED_FIELD_NUMBER: _ClassVar[int]
     TIER_RESET_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     incarnation_id: str
     outputs: _containers.RepeatedCompositeFieldContainer[SequenceOutput]
@@ -298,4 +309,7 @@ class StepResult(_message.Message):
     tier_added: _containers.RepeatedScalarFieldContainer[int]
     tier_removed: _containers.RepeatedScalarFieldContainer[int]
     tier_reset: bool
-    def __init__(self, step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ..., num_scheduled_tokens: _Optional[int] = ..., draining: _Optional[bool] = ..., tier_added: _Optional[_Iterable[int]] = ..., tier_removed: _Optional[_Iterable[int]] = ..., tier_reset: _Optional[bool] = ...) -> None: ...
+    compact_seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    compact_num_tokens: _containers.RepeatedScalarFieldContainer[int]
+    compact_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SequenceError, _Mapping]]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ..., num_scheduled_tokens: _Optional[int] = ..., draining: _Optional[bool] = ..., tier_added: _Optional[_Iterable[int]] = ..., tier_removed: _Optional[_Iterable[int]] = ..., tier_reset: _Optional[bool] = ..., compact_seq_ids: _Optional[_Iterable[int]] = ..., compact_num_tokens: _Optional[_Iterable[int]] = ..., compact_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...

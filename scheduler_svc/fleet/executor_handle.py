@@ -333,7 +333,7 @@ class ExecutorHandle:
         try:
             while True:
                 for plan in self._schedule_more(in_flight):
-                    await call.write(plan_to_pb(plan))
+                    await call.write(plan_to_pb(plan, compact=self.info.compact_steps))
                 if not in_flight:
                     await self._wait_for_work(reader)
                     continue

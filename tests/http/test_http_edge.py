@@ -235,10 +235,27 @@ def test_formatters_join_text_and_report_usage():
         "prompt_tokens_details": {"cached_tokens": 2, "cached_tokens_offloaded": 1},
     }
     chat = ChatFormatter("chatcmpl-r", "m", None, None)
-    chunks = [chunk for out in _outputs(FinishReason.STOP) for chunk in chat.chunks(out)]
+    chunks = [json.loads(chunk) for out in _outputs(FinishReason.STOP) for chunk in chat.chunks(out)]
     assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "Hel"}, {"content": "lo"}]
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, "stop"]
     assert chat.usage_chunk()["choices"] == [] and chat.usage_chunk()["usage"]["total_tokens"] == 7
+
+
+@pytest.mark.parametrize("formatter", [CompletionFormatter, ChatFormatter])
+@pytest.mark.parametrize("model", ["m", 'a "quoted" model \\ \u00e9', "holds \0 the marker"])
+def test_a_running_text_chunk_is_the_json_of_the_whole_chunk(formatter, model):
+    """The text-only chunk rendered from the request's template is exactly the JSON of the chunk built whole."""
+    fast = formatter("resp-1", model, None, None)
+    for text in ["Hel", 'say "hi"\n', "\0", "\u00e9\u4e2d \U0001f600", "\\", "\u2028"]:
+        out = RequestOutput("r", text, (5,))
+        [chunk] = fast.chunks(out)
+        whole = fast._chunk(out, fast._text_fields(text))[0]
+        assert chunk == whole
+        assert json.loads(chunk)["model"] == model
+        choice = json.loads(chunk)["choices"][0]
+        assert choice.get("text", choice.get("delta", {}).get("content")) == text
+        assert choice["finish_reason"] is None and choice["logprobs"] is None
+    assert fast.chunks(RequestOutput("r", "", (5,))) == []
 
 
 @pytest.mark.parametrize("reason, status", [(FinishReason.ERROR, 500), (FinishReason.ABORT, 503)])

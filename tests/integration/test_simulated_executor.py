@@ -35,19 +35,21 @@ def expected_tokens(prompt: list[int], sampling: SamplingParams, num_tokens: int
     return tokens
 
 
-def _system(tmp_path_factory, name: str, num_executors: int, time_scale: str) -> Launcher:
+def _system(tmp_path_factory, name: str, num_executors: int, time_scale: str, event_loop: str = "uvloop") -> Launcher:
     return Launcher(
         num_executors=num_executors,
         log_dir=tmp_path_factory.mktemp(name),
         extra_executor_args=["--simulate", "--simulate-time-scale", time_scale],
+        extra_scheduler_args=["--event-loop", event_loop],
         startup_timeout_s=120,
     )
 
 
 @pytest.fixture(scope="module")
 def two_systems(tmp_path_factory):
-    """Two schedulers, each over its own simulated executor (no sleeping)."""
-    with _system(tmp_path_factory, "a", 1, "0") as a, _system(tmp_path_factory, "b", 1, "0") as b:
+    """Two schedulers, each over its own simulated executor (no sleeping): one on uvloop (the default), one on
+    asyncio's own loop."""
+    with _system(tmp_path_factory, "a", 1, "0") as a, _system(tmp_path_factory, "b", 1, "0", "asyncio") as b:
         yield a, b
 
 
@@ -75,6 +77,8 @@ def test_seeded_request_gives_the_same_tokens_on_two_executors(two_systems):
         assert on_b.generate(**{**kwargs, "seed": 12}).token_ids != tokens
         incarnations = {c.status().executors[0].incarnation_id for c in (on_a, on_b)}
         assert len(incarnations) == 2  # two executor processes
+    assert '"event_loop": "uvloop"' in a.logs()["scheduler"]
+    assert '"event_loop": "asyncio"' in b.logs()["scheduler"]
 
 
 def test_stop_strings_and_logprobs_work_on_simulated_text(two_systems):

@@ -92,6 +92,56 @@ def test_result_round_trips():
     assert result_from_pb(result_to_pb(result)) == result
 
 
+def test_compact_plans_and_results_round_trip_in_order():
+    plan = step.StepPlan(
+        step_id=4,
+        scheduled_seqs=(
+            step.ScheduledSequence(3, 1),
+            step.ScheduledSequence(4, 16, (9, 10)),
+            step.ScheduledSequence(2**64 - 1, 1),
+            step.ScheduledSequence(7, 1, (), (5, 6, 7)),
+            step.ScheduledSequence(8, 1, (11,), (), 2),
+            step.ScheduledSequence(1, 300),
+        ),
+        dropped_seq_ids=(2,),
+        epoch=3,
+    )
+    msg = plan_to_pb(plan, compact=True)
+    assert [s.seq_id for s in msg.scheduled_seqs] == [4, 7, 8]  # only those with blocks or drafts go whole
+    assert plan_from_pb(type(msg).FromString(msg.SerializeToString())) == plan
+    assert not plan_to_pb(plan).compact_seq_ids and plan_from_pb(plan_to_pb(plan)) == plan
+    entry = step.LogprobEntry(step.TokenLogprob(5, -0.5), (step.TokenLogprob(6, -1.25),))
+    outputs = (
+        step.SeqOutput(1, (5,)),
+        step.SeqOutput(2, (5, 6, 7), (entry, entry, entry)),
+        step.SeqOutput(3, (), (), (entry,), 4),
+        step.SeqOutput(4, (8, 9)),
+        step.SeqOutput(2**64 - 1, (2**31 - 1,)),
+    )
+    result = step.StepResult(step_id=4, incarnation_id="inc", outputs=outputs, num_scheduled_tokens=9)
+    msg = result_to_pb(result, compact=True)
+    assert [o.seq_id for o in msg.outputs] == [2, 3]
+    assert list(msg.compact_token_ids) == [5, 5, 6, 7, 8, 9, 2**31 - 1]
+    assert result_from_pb(type(msg).FromString(msg.SerializeToString())) == result
+    # A scheduler that does not read compact results (its plans leave compact_results unset) gets whole ones.
+    assert not result_to_pb(result).compact_seq_ids and result_from_pb(result_to_pb(result)) == result
+
+
+def test_a_compact_message_that_does_not_add_up_is_refused():
+    plan = plan_to_pb(step.StepPlan(1, scheduled_seqs=(step.ScheduledSequence(3, 1),)), compact=True)
+    plan.compact_num_tokens.append(1)
+    with pytest.raises(ValueError, match="columns differ"):
+        plan_from_pb(plan)
+    stray = plan_to_pb(step.StepPlan(1, scheduled_seqs=(step.ScheduledSequence(3, 1, (4,)),)), compact=True)
+    stray.compact_seq_ids[0] = 9
+    with pytest.raises(ValueError, match=r"sequences \[3\] are not in its columns"):
+        plan_from_pb(stray)
+    result = result_to_pb(step.StepResult(1, outputs=(step.SeqOutput(3, (5, 6)),)), compact=True)
+    result.compact_token_ids.pop()
+    with pytest.raises(ValueError, match="do not add up"):
+        result_from_pb(result)
+
+
 def test_executor_info_round_trips_with_its_kernels():
     info = executor_info(
         kernels=(("attention", "cpp"), ("gemm", "amx-panel")), kv_offload="disk 1 GiB", tier_hashes=(5, 2**64 - 1)

@@ -14,7 +14,7 @@ from scheduler_svc.core.sequence import SchedulerSequence
 NUM_SEQS = 64
 
 
-def _steady_decode_plan_sizes(context_len: int, num_steps: int = 40) -> list[int]:
+def _steady_decode_plan_sizes(context_len: int, num_steps: int = 40, compact: bool = False) -> list[int]:
     """Plan sizes (bytes) of `num_steps` decode steps after every prompt is in."""
     block_size = 16
     blocks_per_seq = (context_len + num_steps + 8) // block_size + 2
@@ -43,7 +43,7 @@ def _steady_decode_plan_sizes(context_len: int, num_steps: int = 40) -> list[int
         plan = sched.schedule()
         if step >= 2:  # the prompts went out whole in the first plan
             assert not plan.new_seqs
-            sizes.append(plan_to_pb(plan).ByteSize())
+            sizes.append(plan_to_pb(plan, compact=compact).ByteSize())
         outputs = tuple(SeqOutput(s.seq_id, (5,)) for s in plan.new_seqs + plan.scheduled_seqs)
         sched.update(StepResult(plan.step_id, "inc", outputs))
     return sizes
@@ -55,6 +55,14 @@ def test_decode_plan_is_a_few_bytes_per_sequence(context_len):
     # Most steps append no block; every 16th token one block per sequence.
     assert max(sizes) <= 200 + 12 * NUM_SEQS
     assert sorted(sizes)[len(sizes) // 2] <= 100 + 8 * NUM_SEQS
+
+
+def test_a_compact_decode_plan_is_two_columns():
+    whole = _steady_decode_plan_sizes(512)
+    compact = _steady_decode_plan_sizes(512, compact=True)
+    # A decode entry is its id and token count, packed (~2-3 bytes), instead of a message (~6-8 bytes).
+    assert sorted(compact)[len(compact) // 2] <= 20 + 3 * NUM_SEQS
+    assert sum(compact) < 0.6 * sum(whole)
 
 
 def test_plan_size_does_not_grow_with_context():

@@ -24,6 +24,7 @@ from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.launch.launcher import LOOPBACK, free_port
 from pagoda.params import SamplingParams
+from pagoda.step_pb import plan_from_pb, result_from_pb
 from pagoda.v1 import common_pb2, executor_pb2, executor_pb2_grpc
 from pagoda_client import Client, PagodaError
 from security.system import SecureSystem
@@ -198,7 +199,9 @@ class PoisonProxy(executor_pb2_grpc.ExecutorServicer):
                     seq.block_ids[0] = 10**6
                     others = [s.seq_id for s in plan.new_seqs if s.seq_id != seq.seq_id]
                     self.poisonings.append(
-                        Poisoning(plan.step_id, seq.seq_id, others + [s.seq_id for s in plan.scheduled_seqs])
+                        Poisoning(
+                            plan.step_id, seq.seq_id, others + [s.seq_id for s in plan_from_pb(plan).scheduled_seqs]
+                        )
                     )
             yield plan
 
@@ -241,7 +244,7 @@ def _check_isolation(client, proxy, error, prompts, outputs, model_dir) -> None:
     assert poisoning.other_seq_ids, "the poisoned sequence should share its step with the others"
     result = proxy.results[poisoning.step_id]
     assert [e.seq_id for e in result.errors] == [poisoning.seq_id]
-    assert {o.seq_id for o in result.outputs} >= set(poisoning.other_seq_ids)
+    assert {o.seq_id for o in result_from_pb(result).outputs} >= set(poisoning.other_seq_ids)
     for prompt, tokens in zip(prompts, outputs):
         assert tokens == hf_greedy(model_dir, prompt, 60)
     wait_pool_whole(client, 10)
