@@ -151,6 +151,39 @@ def test_executor_process_fails_one_sequence_of_a_step(security_model_dir, tmp_p
     }
 
 
+@pytest.mark.integration
+def test_executor_process_reads_compact_plans_and_refuses_one_that_does_not_add_up(security_model_dir, tmp_path):
+    """Compact columns in and out of a real executor give the tokens of whole entries; a compact plan whose
+    columns differ in length ends its stream with INVALID_ARGUMENT, and the executor serves the next stream."""
+    first = executor_pb2.StepPlan(step_id=1, new_seqs=[_pb_new(1, PROMPT_A, [0]), _pb_new(2, PROMPT_B, [1])])
+    plans = [first] + [
+        executor_pb2.StepPlan(step_id=step, compact_seq_ids=[2, 1], compact_num_tokens=[1, 1], compact_results=True)
+        for step in (2, 3)
+    ]
+    broken = executor_pb2.StepPlan(step_id=2, compact_seq_ids=[2, 1], compact_num_tokens=[1], compact_results=True)
+    with SecureSystem(security_model_dir, tmp_path, with_scheduler=False) as system:
+        with grpc.insecure_channel(system.executor.address) as channel:
+            described = executor_pb2_grpc.ExecutorStub(channel).Describe(executor_pb2.DescribeRequest(), timeout=10)
+            assert described.compact_steps
+            results = leased_execute(channel, plans)
+            with pytest.raises(grpc.RpcError) as info:
+                leased_execute(channel, [first, broken])
+            again = leased_execute(channel, plans)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "step 2" in info.value.details() and "columns differ" in info.value.details()
+    assert not results[0].compact_seq_ids  # the first plan did not ask for compact results
+    assert [list(r.compact_seq_ids) for r in results[1:]] == [[2, 1], [2, 1]] and not results[1].outputs
+    tokens: dict[int, list[int]] = {}
+    for result in results:
+        for output in result_from_pb(result).outputs:
+            tokens.setdefault(output.seq_id, []).extend(output.token_ids)
+    assert tokens == {
+        1: hf_greedy(security_model_dir, list(PROMPT_A), 3),
+        2: hf_greedy(security_model_dir, list(PROMPT_B), 3),
+    }
+    assert [result_from_pb(r).outputs for r in again] == [result_from_pb(r).outputs for r in results]
+
+
 # --- the whole system, with one request's plan corrupted on the wire ----------------------------------
 
 
