@@ -44,6 +44,7 @@ class Load:
         self.args = args
         self.rng = random.Random(args.seed)
         self.requests = 0
+        self.stopping = False
         self.tokens = 0
         self.errors: collections.Counter[str] = collections.Counter()
         self.in_window = False
@@ -75,8 +76,11 @@ class Load:
             self.window_end_s, self.in_window = time.perf_counter(), False
 
     async def stream_forever(self, client: LoadClient) -> None:
-        """One closed-loop stream: a request, then the next as soon as it ends."""
-        while True:
+        """One closed-loop stream: a request, then the next as soon as it ends, until the load stops.
+
+        The flag, not only the cancellation, ends it: Python 3.11's `asyncio.wait_for` (inside the SSE
+        client) can swallow a cancellation that meets its request's end, and the loop would go on."""
+        while not self.stopping:
             try:
                 await client.generate(self.prompt(), self.received)
                 self.requests += 1
@@ -132,6 +136,7 @@ async def run(args: argparse.Namespace) -> dict:
         stop = asyncio.create_task(follow_stdin(load))
         done, _ = await asyncio.wait([stop, *streams], timeout=args.max_s, return_when=asyncio.FIRST_COMPLETED)
         report = load.report()  # before cancelling: the streams cut short are not the window's
+        load.stopping = True
         for task in [stop, *streams]:
             task.cancel()
         await asyncio.gather(stop, *streams, return_exceptions=True)
