@@ -21,6 +21,10 @@ schedulers' HTTP API. After a warm-up it measures, over the same window:
   p99 in executor step periods, and the mean tokens per response;
 - how much of one core each scheduler used, and how busy the whole machine was.
 
+The executors' tokenizer is byte-level by default (`--tokenizer`), as the default
+model's and most served models' are; `--tokenizer word-level` makes the
+scheduler detokenize by windows, as it does SentencePiece models.
+
 Then it says where one scheduler saturates, and with --profile runs the largest
 configuration once more with the scheduler under cProfile and prints its top costs.
 
@@ -260,6 +264,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--measure-s", type=float, default=10.0)
     parser.add_argument("--time-scale", type=float, default=1.0, help="executors' --simulate-time-scale")
+    parser.add_argument(
+        "--tokenizer",
+        choices=("byte-level", "word-level"),
+        default="byte-level",
+        help="executors' --simulate-tokenizer: byte-level as the default model's (SmolLM2), Llama 3's and Qwen's; "
+        "word-level to detokenize by windows as SentencePiece models are",
+    )
     parser.add_argument("--profile", action="store_true", help="profile one scheduler over the most executors")
     parser.add_argument("--log-dir", help="keep the processes' logs here (default: a temporary folder)")
     parser.add_argument("--smoke", action="store_true", help="2 executors, 1 and 2 schedulers, a tiny load")
@@ -283,8 +294,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_dir = Path(args.log_dir or tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        executors = start_executors(num_executors, log_dir, ["--simulate-time-scale", str(args.time_scale)])
-        print(f"{num_executors} simulated executors serving after {time.monotonic() - started:.1f} s", flush=True)
+        executor_args = ["--simulate-time-scale", str(args.time_scale), "--simulate-tokenizer", args.tokenizer]
+        executors = start_executors(num_executors, log_dir, executor_args)
+        print(
+            f"{num_executors} simulated executors ({args.tokenizer} tokenizer) serving after "
+            f"{time.monotonic() - started:.1f} s",
+            flush=True,
+        )
         try:
             rows = run_table(executors, args, log_dir)
             print("\n" + "\n".join(saturation(rows)))

@@ -180,7 +180,13 @@ class ExecutorConfig:
         4096, "with `--simulate`: KV blocks the executor reports (`--block-size` tokens each, 16 when auto)"
     )
     simulate_vocab_size: int = setting(
-        512, "with `--simulate`: size of the in-memory word-level tokenizer (53 to 4953)"
+        512, "with `--simulate`: size of the in-memory tokenizer's vocabulary (53 to 4953)"
+    )
+    simulate_tokenizer: str = setting(
+        "word-level",
+        "with `--simulate`: `word-level` (a WordPiece decoder, detokenized by windows as SentencePiece models are) "
+        "or `byte-level` (the same words as GPT-2 ByteLevel tokens, detokenized by token bytes as SmolLM2, Llama 3 "
+        "and Qwen are)",
     )
     simulate_time_scale: float = setting(
         1.0, "with `--simulate`: multiplies the modelled step time (`0`: no sleep; `0.1`: an executor 10x faster)"
@@ -209,10 +215,12 @@ class ExecutorConfig:
             raise ValueError("--draft-model needs a model: a simulated executor (--simulate) has no draft model")
         self._check_group()
         if self.simulate:
-            from executor_svc.simulate.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
+            from executor_svc.simulate.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, TOKENIZER_KINDS
 
             if not MIN_VOCAB_SIZE <= self.simulate_vocab_size <= MAX_VOCAB_SIZE:
                 raise ValueError(f"--simulate-vocab-size must be in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}]")
+            if self.simulate_tokenizer not in TOKENIZER_KINDS:
+                raise ValueError(f"--simulate-tokenizer must be one of {', '.join(TOKENIZER_KINDS)}")
 
     @property
     def group_size(self) -> int:

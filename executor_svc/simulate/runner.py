@@ -138,7 +138,7 @@ class SimulatedRunner:
 
 def simulated_runner(config: ExecutorConfig) -> tuple[SimulatedRunner, TokenizerFiles]:
     """The simulated runner and tokenizer `config` describes (`--simulate-*`, `--block-size`, `--max-model-len`)."""
-    tokenizer = simulated_tokenizer_files(config.simulate_vocab_size)
+    tokenizer = simulated_tokenizer_files(config.simulate_vocab_size, config.simulate_tokenizer)
     info = ExecutorInfo(
         incarnation_id="",
         model_name=config.model_name or MODEL_NAME,

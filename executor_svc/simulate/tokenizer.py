@@ -4,9 +4,17 @@ Deterministic for a given size: four special tokens (ids 0-3), punctuation, a
 few dozen fixed words (chat roles and some non-ASCII ones, so text deltas cross
 multi-byte characters), then two-syllable words generated in a fixed order.
 Text is lowercased and split on whitespace and punctuation; unknown words
-become `<unk>`. The
-WordPiece decoder joins words with spaces and removes the space before
-punctuation, so generated text reads like words and sentences.
+become `<unk>`. Two forms of the same vocabulary, ids and words alike:
+
+- word-level: the WordPiece decoder joins words with spaces and removes the
+  space before punctuation, so generated text reads like words and sentences.
+  Its decoder is not byte-level, so the scheduler detokenizes it as it does
+  SentencePiece models (Llama 2, Mistral, Gemma): a window of tokens decoded per
+  token.
+- byte-level: each word is a GPT-2 ByteLevel token with its leading space
+  ("Ġword"), split by the ByteLevel pre-tokenizer and decoded by the ByteLevel
+  decoder, as the byte-level BPE of SmolLM2, Llama 3 and Qwen are; the
+  scheduler detokenizes it by token bytes.
 """
 
 from __future__ import annotations
@@ -57,21 +65,52 @@ def vocabulary(vocab_size: int) -> list[str]:
     return words[:vocab_size]
 
 
-def build_tokenizer(vocab_size: int) -> tokenizers.Tokenizer:
-    """The `tokenizers` tokenizer over `vocabulary(vocab_size)`."""
-    vocab = {token: token_id for token_id, token in enumerate(vocabulary(vocab_size))}
-    tokenizer = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
+TOKENIZER_KINDS = ("word-level", "byte-level")
+
+
+def _byte_level_token(word: str) -> str:
+    """`word` as the ByteLevel pre-tokenizer splits it from text: a leading space for words, bytes as GPT-2's
+    alphabet."""
+    pieces = _SPLIT_BYTES.pre_tokenize_str(word if word in PUNCTUATION else " " + word)
+    if len(pieces) != 1:
+        raise AssertionError(f"{word!r} is not one ByteLevel pre-token: {pieces}")
+    return pieces[0][0]
+
+
+_SPLIT_BYTES = pre_tokenizers.ByteLevel(add_prefix_space=False)
+
+
+def build_tokenizer(vocab_size: int, kind: str = "word-level") -> tokenizers.Tokenizer:
+    """The `tokenizers` tokenizer over `vocabulary(vocab_size)`, in one of `TOKENIZER_KINDS`.
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    words = vocabulary(vocab_size)
+    if kind == "word-level":
+        vocab = {token: token_id for token_id, token in enumerate(words)}
+        tokenizer = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+        tokenizer.decoder = decoders.WordPiece(cleanup=True)
+    elif kind == "byte-level":
+        vocab = {
+            token if token in SPECIAL_TOKENS else _byte_level_token(token): token_id
+            for token_id, token in enumerate(words)
+        }
+        tokenizer = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tokenizer.decoder = decoders.ByteLevel()
+    else:
+        raise ValueError(f"unknown simulated tokenizer {kind!r}: one of {', '.join(TOKENIZER_KINDS)}")
     tokenizer.normalizer = normalizers.Lowercase()
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.decoder = decoders.WordPiece(cleanup=True)
     tokenizer.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return tokenizer
 
 
-def simulated_tokenizer_files(vocab_size: int) -> TokenizerFiles:
+def simulated_tokenizer_files(vocab_size: int, kind: str = "word-level") -> TokenizerFiles:
     """What Describe sends for the simulated model: the tokenizer JSON, a ChatML template, EOS ids."""
     return TokenizerFiles(
-        tokenizer_json=build_tokenizer(vocab_size).to_str(),
+        tokenizer_json=build_tokenizer(vocab_size, kind).to_str(),
         chat_template=CHAT_TEMPLATE,
         bos_token=None,
         eos_token=IM_END,

