@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +120,14 @@ def test_two_servers_compared_over_rotated_rounds(client_tiny_model_dir, tmp_pat
 def _refused(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_llamacpp_script_says_how_to_use_it_and_what_is_missing(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "bench" / "llamacpp_cpu.sh"
+    env = {**os.environ, "LLAMACPP_ROOT": str(tmp_path / "absent")}
+    usage = subprocess.run([script], capture_output=True, text=True, timeout=30, env=env)
+    assert usage.returncode == 2 and "install | quantize TYPE [GGUF] | serve PORT" in usage.stderr
+    for command in (["serve", "8123"], ["quantize", "BF16"]):
+        missing = subprocess.run([script, *command], capture_output=True, text=True, timeout=30, env=env)
+        assert missing.returncode == 1 and "llama.cpp is not installed" in missing.stderr
+    assert not (tmp_path / "absent").exists()
