@@ -12,6 +12,8 @@ import ipaddress
 import math
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -156,8 +158,17 @@ def _run_openai(
 
 def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
     """``--server ...``: each server started, measured over OpenAI's API and stopped, round after round."""
+    from pagoda_bench.backend_hf import LoadedHf, loaded
     from pagoda_bench.backend_openai import checkpoint_vocab
-    from pagoda_bench.compare import check_compare_args, comparison_json, format_comparison, parse_servers, run_rounds
+    from pagoda_bench.compare import (
+        Started,
+        check_compare_args,
+        comparison_json,
+        format_comparison,
+        parse_servers,
+        run_rounds,
+    )
+    from pagoda_bench.servers import ServerSpec, started
 
     check_compare_args(args)
     specs = parse_servers(args.server, is_loopback)
@@ -168,16 +179,30 @@ def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
         for k in range(args.runs_per_start)
     ]
 
-    def run(base_url: str, model: str, index: int) -> tuple[list[RequestRecord], float]:
-        options = argparse.Namespace(**{**vars(args), "base_url": base_url, "model_name": model})
+    log_dir = Path(args.server_log_dir)
+
+    def start(spec: ServerSpec, label: str) -> AbstractContextManager[Started]:
+        if spec.hf_dtype is not None:
+            return loaded(_hf_config(_with_dtype(args, spec)), spec)
+        return started(spec, log_dir, label, args.server_start_timeout_s)
+
+    def run(server: Started, index: int) -> tuple[list[RequestRecord], float]:
+        if isinstance(server, LoadedHf):
+            return _run_hf(_with_dtype(args, server.spec), server.hf_model, workloads[index])
+        options = argparse.Namespace(**{**vars(args), "base_url": server.spec.base_url, "model_name": server.model})
         return _run_openai(options, workloads[index], api_key)
 
-    results = run_rounds(args, specs, run)
+    results = run_rounds(args, specs, start, run)
     print(format_comparison(results))
     if args.json_path:
         config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "func"}
         write_json(args.json_path, config, {}, {"servers": comparison_json(results)})
     return 0 if all(result.complete() for result in results) else 1
+
+
+def _with_dtype(args: argparse.Namespace, spec: Any) -> argparse.Namespace:
+    """``args`` with the dtype of an in-process baseline's ``NAME=hf:DTYPE`` (``--dtype`` when it gives none)."""
+    return argparse.Namespace(**{**vars(args), "dtype": spec.hf_dtype or args.dtype})
 
 
 def _check_openai_args(args: argparse.Namespace) -> None:

@@ -7,7 +7,8 @@ others are the *steady state*. Run k of every start draws its prompts with seed 
 prompts are new to the server (the same prompts again would be served from its prefix cache, and a second run
 would skip most of its prefill), and every server gets the same prompts at the same place. The table gives,
 per server, the medians over rounds of both, how long the server took to answer, and each steady rate as a
-ratio of the first server's.
+ratio of the first server's. ``NAME=hf[:DTYPE]`` puts transformers' ``generate`` in the rotation, run in
+this process in its turn (its "start" is loading the model), so the baseline is measured in the same run too.
 """
 
 from __future__ import annotations
@@ -15,16 +16,29 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from pagoda_bench.metrics import RequestRecord, compute_metrics
-from pagoda_bench.servers import ServerSpec, parse_server, started
+from pagoda_bench.servers import ServerSpec, parse_server
 
-# (records, duration_s) of run k's workload (its seed: --seed + k) sent to one server's base URL and model.
-RunWorkload = Callable[[str, str, int], tuple[list[RequestRecord], float]]
+
+class Started(Protocol):
+    """A server while it runs (``servers.RunningServer``), or the in-process baseline once loaded."""
+
+    spec: ServerSpec
+    model: str
+    ready_s: float
+
+    def check_alive(self) -> None: ...
+
+
+# A server started (and ready) for round ``label``; stopped when the context ends.
+StartServer = Callable[[ServerSpec, str], AbstractContextManager[Started]]
+# (records, duration_s) of run k's workload (its seed: --seed + k) sent to a started server.
+RunWorkload = Callable[[Started, int], tuple[list[RequestRecord], float]]
 
 
 @dataclass
@@ -55,7 +69,7 @@ def parse_servers(texts: Sequence[str], is_loopback: Callable[[str], bool]) -> l
     if len(set(names)) != len(names):
         raise ValueError(f"--server names must differ: {names}")
     for spec in specs:
-        if not is_loopback(f"[{urlsplit(spec.base_url).hostname or ''}]:0"):
+        if spec.hf_dtype is None and not is_loopback(f"[{urlsplit(spec.base_url).hostname or ''}]:0"):
             raise ValueError(f"pagoda bench only targets loopback addresses, not {spec.base_url}")
     return specs
 
@@ -66,20 +80,21 @@ def rotated(specs: Sequence[ServerSpec], round_index: int) -> list[ServerSpec]:
     return [*specs[shift:], *specs[:shift]]
 
 
-def run_rounds(args: argparse.Namespace, specs: Sequence[ServerSpec], run: RunWorkload) -> list[ServerRuns]:
+def run_rounds(
+    args: argparse.Namespace, specs: Sequence[ServerSpec], start: StartServer, run: RunWorkload
+) -> list[ServerRuns]:
     """Every round: each server started, measured ``args.runs_per_start`` times, stopped."""
     results = {spec.name: ServerRuns(spec) for spec in specs}
-    log_dir = Path(args.server_log_dir)
     for round_index in range(args.rounds):
         for spec in rotated(specs, round_index):
             label = f"round{round_index + 1}"
-            with started(spec, log_dir, label, args.server_start_timeout_s) as server:
+            with start(spec, label) as server:
                 runs: list[dict[str, Any]] = []
                 results[spec.name].starts.append(runs)
                 results[spec.name].ready_s.append(server.ready_s)
                 print(f"[{label}] {spec.name} answered after {server.ready_s:.1f}s ({server.model})", flush=True)
                 for index in range(args.runs_per_start):
-                    records, duration_s = run(spec.base_url, server.model, index)
+                    records, duration_s = run(server, index)
                     server.check_alive()
                     metrics = compute_metrics(records, duration_s)
                     runs.append(metrics)
@@ -125,6 +140,7 @@ def comparison_json(results: Sequence[ServerRuns]) -> dict[str, Any]:
         r.spec.name: {
             "base_url": r.spec.base_url,
             "command": list(r.spec.command),
+            "hf_dtype": r.spec.hf_dtype,
             "ready_s": r.ready_s,
             "first_run_output_throughput": _median(r.first()),
             "steady_output_throughput": _median(r.steady()),

@@ -3,6 +3,7 @@
 A server is a name, the base URL of its OpenAI-compatible API and the command that starts it
 (``NAME=URL COMMAND...``). It runs in a process group of its own, its output goes to a log file, and it is
 ready when ``GET URL/v1/models`` answers 200. Every wait is bounded and says what it waits for.
+``NAME=hf[:DTYPE]`` is transformers' ``generate`` instead, run in the benchmark's own process (no server).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pagoda_bench.backend_hf import DTYPES
+
 _POLL_S = 1.0
 _REPORT_EVERY_S = 30.0
 _STOP_GRACE_S = 30.0
@@ -38,14 +41,24 @@ class ServerSpec:
     name: str
     base_url: str
     command: tuple[str, ...]
+    hf_dtype: str | None = None
+    """Set for the in-process transformers baseline (``NAME=hf[:DTYPE]``): its dtype, "" for ``--dtype``'s."""
 
 
 def parse_server(text: str) -> ServerSpec:
-    """``NAME=URL COMMAND...`` (the command split as a shell would, without running a shell)."""
+    """``NAME=URL COMMAND...`` (the command split as a shell would, without running a shell), or ``NAME=hf[:DTYPE]``."""
     name, sep, rest = text.partition("=")
+    kind, _, dtype = rest.strip().partition(":")
+    if sep and name and kind == "hf":
+        if dtype and dtype not in DTYPES:
+            raise ValueError(f"--server {text!r}: the transformers baseline's dtype is one of {DTYPES}")
+        return ServerSpec(name, "", (), hf_dtype=dtype)
     parts = shlex.split(rest)
     if not sep or not name or len(parts) < 2 or not parts[0].startswith(("http://", "https://")):
-        raise ValueError(f"--server {text!r}: expected NAME=URL COMMAND..., e.g. 'vllm=http://127.0.0.1:8001 cmd'")
+        raise ValueError(
+            f"--server {text!r}: expected NAME=URL COMMAND..., e.g. 'vllm=http://127.0.0.1:8001 cmd', "
+            "or NAME=hf[:DTYPE]"
+        )
     return ServerSpec(name, parts[0].rstrip("/"), tuple(parts[1:]))
 
 

@@ -9,15 +9,19 @@ A new implementation is one class plus one ``LAYER_OPS.register`` entry.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any, Protocol
 
+import structlog
 import torch
 import torch.nn.functional as F
 
 from executor_svc.attention.implementations import Implementation, ImplementationRegistry
 from executor_svc.models.rope import RotaryEmbedding, apply_rotary
 from executor_svc.native import loader
+
+log = structlog.get_logger(__name__)
 
 
 class LayerOps(Protocol):
@@ -128,7 +132,8 @@ class CppLayerOps:
         Else oneDNN's blocked layout: an unpacked weight is reordered again
         inside every matmul call, which costs more than the product itself
         at decode batch sizes. Either way bf16 inputs, fp32 accumulation,
-        one rounding.
+        one rounding. A CPU oneDNN refuses bf16 packing on (AVX2 alone, e.g.
+        AMD Zen 3) keeps the weight as it is, for torch's own bf16 linear.
 
         fp32: column panels for our kernel (native/cpu_gemm.cpp), which
         streams the weights at memory speed for decode batches (MKL's sgemm
@@ -141,7 +146,7 @@ class CppLayerOps:
             return PanelWeight(self.gemm.pack_bf16(weight), weight.shape[0], path)
         if self.batch_invariant:
             return self._pack_invariant(weight)
-        if weight.dtype == torch.bfloat16:
+        if weight.dtype == torch.bfloat16 and onednn_bf16_packs():
             return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight, None), weight.shape[0])
         if weight.dtype == torch.float32 and self.gemm is not None and weight.dim() == 2:
             return PanelWeight(self.gemm.pack_f32(weight), weight.shape[0], "avx512-panel")
@@ -247,6 +252,20 @@ def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     if loader.kernels() is None:
         return "needs the pagoda-kernels library (make install builds it; the log says why it did not load)"
     return None
+
+
+@functools.cache
+def onednn_bf16_packs() -> bool:
+    """Whether oneDNN packs bf16 linear weights on this CPU: its reorder needs AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT and raises elsewhere (AVX2 alone, e.g. AMD Zen 3), so it is tried once on a tiny weight."""
+    if not _can_pack():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), None)
+    except RuntimeError as error:
+        log.info("onednn_bf16_packing_unavailable", reason=str(error).splitlines()[0])
+        return False
+    return True
 
 
 def _can_pack() -> bool:

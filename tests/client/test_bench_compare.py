@@ -36,6 +36,15 @@ def test_a_server_is_a_name_a_url_and_a_command():
         parse_servers(["a=http://10.0.0.1:1 x"], _loopback)
 
 
+def test_the_transformers_baseline_is_a_server_of_its_own_kind():
+    assert parse_server("hf-bf16=hf:bfloat16") == ServerSpec("hf-bf16", "", (), hf_dtype="bfloat16")
+    assert parse_server("hf=hf").hf_dtype == ""  # --dtype's
+    with pytest.raises(ValueError, match="dtype is one of"):
+        parse_server("hf=hf:int4")
+    # It has no URL to check: it runs in the benchmark's process.
+    assert [s.name for s in parse_servers(["a=http://127.0.0.1:1 x", "b=hf"], _loopback)] == ["a", "b"]
+
+
 def test_each_round_starts_with_the_next_server():
     specs = [ServerSpec(name, "http://127.0.0.1:1", ("x",)) for name in "abc"]
     orders = ["".join(s.name for s in rotated(specs, r)) for r in range(4)]
@@ -115,6 +124,35 @@ def test_two_servers_compared_over_rotated_rounds(client_tiny_model_dir, tmp_pat
     ]
     # Every server stopped: nothing answers on their ports any more.
     assert all(_refused(port) for port in ports)
+
+
+def test_the_transformers_baseline_takes_its_turn_in_the_rotation(client_tiny_model_dir, tmp_path, capsys):
+    """A server and transformers on the same prompts, the baseline loaded in its turn and freed after it."""
+    http_port, port = free_port(), free_port()
+    command = f"{sys.executable} -m pagoda_client.cli serve --model {client_tiny_model_dir} --dtype float32"
+    command += f" --kv-cache-memory 512KiB --http-port {http_port} --port {port}"
+    out = tmp_path / "compare.json"
+    argv = ["bench", "--model", str(client_tiny_model_dir), "--num-prompts", "4", "--input-len-range", "4:24"]
+    argv += ["--output-len-range", "2:8", "--rounds", "2", "--runs-per-start", "2", "--no-progress"]
+    argv += ["--hf-batch-size", "2", "--server-log-dir", str(tmp_path / "logs"), "--json", str(out)]
+    argv += ["--server", f"pagoda=http://127.0.0.1:{http_port} {command}", "--server", "hf=hf:float32"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    starts = [line.split("]")[0] + "] " + line.split()[1] for line in printed.splitlines() if "answered after" in line]
+    assert starts == ["[round1] pagoda", "[round1] hf", "[round2] hf", "[round2] pagoda"]
+    document = json.loads(out.read_text())["servers"]
+    assert document["hf"]["hf_dtype"] == "float32" and document["hf"]["command"] == []
+    assert all(seconds > 0 for seconds in document["hf"]["ready_s"])
+    for name in ("pagoda", "hf"):
+        runs = [run for start in document[name]["starts"] for run in start]
+        assert len(runs) == 4 and all(run["completed"] == 4 and run["failed"] == 0 for run in runs)
+    # The same prompts and the same wanted outputs for both (transformers counts only each request's own tokens).
+    for key in ("total_input_tokens", "total_output_tokens"):
+        assert [r[key] for s in document["hf"]["starts"] for r in s] == [
+            r[key] for s in document["pagoda"]["starts"] for r in s
+        ]
+    # The server has no log of its own.
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["pagoda-round1.log", "pagoda-round2.log"]
 
 
 def _refused(port: int) -> bool:

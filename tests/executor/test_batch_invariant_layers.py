@@ -49,6 +49,16 @@ def test_bf16_weights_widened_to_fp32_panels_are_invariant_and_rounded_once():
     assert ((out.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-5).all()  # within one bf16 rounding
 
 
+def test_a_cpu_without_the_panel_gemms_refuses_batch_invariance_and_says_why(cpp_kernel):
+    """AVX2 alone (e.g. AMD Zen 3): the kernels load without the panel GEMMs, and no weight is packed otherwise."""
+    if "avx512" in loader.kernels().features:
+        pytest.skip("this CPU has the AVX-512 panel GEMMs: the tests above run them")
+    ops = get_layer_ops("auto", CPU, torch.bfloat16, batch_invariant=True)
+    for dtype in (torch.bfloat16, torch.float32):
+        with pytest.raises(ValueError, match="need the C.. panel GEMMs .an AVX-512 kernel build."):
+            ops.pack(_weight(64, 32, 1).to(dtype))
+
+
 def test_batch_invariant_refuses_the_torch_layer_ops():
     with pytest.raises(ValueError, match="need the cpp layer ops"):
         get_layer_ops("torch", CPU, torch.bfloat16, batch_invariant=True)

@@ -15,11 +15,24 @@ from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.runner.step_batch import build_step_batch
 from executor_svc.serving.sequence_table import SequenceState
 from pagoda.params import SamplingParams
+from tests.executor.conftest import native_ops
 
 PROMPTS = (5, 17, 30)  # tokens before the decode step
 
 
+def _needs_fused_kernels(dtype: str, quantization: str = "none") -> None:
+    """Skip unless this CPU runs the packed weights the fused call reads: the fp32 panels need AVX-512, bf16 ones
+    AMX or AVX512-BF16, int8 and GGUF blocks VNNI (an AVX2-only CPU keeps its weights for torch: no fused call)."""
+    if quantization != "none":
+        native_ops("avx512_vnni", f"{quantization} weights are packed for the fused call only with AVX512-VNNI")
+    elif dtype == "bfloat16":
+        native_ops("bf16", "bf16 weights are packed for the fused call only with AMX or AVX512-BF16")
+    else:
+        native_ops("avx512", "fp32 weights are packed for the fused call only with AVX-512")
+
+
 def _runner(folder, dtype: str, quantization: str = "none", kv: str = "auto") -> ModelRunner:
+    _needs_fused_kernels(dtype, quantization)
     return ModelRunner(
         str(folder),
         dtype=dtype,
@@ -111,7 +124,7 @@ def test_prefill_steps_and_other_paths_take_the_layer_loop(checkpoints, cpp_kern
     fresh = SequenceState(9, "r9", list(range(5, 25)), 20, SamplingParams(temperature=0.0), [60, 61, 62], 0)
     mixed = build_step_batch([(states[0], 1), (fresh, 20)], runner.block_size, runner.device)
     assert not runner.model.fused_decode.applies(runner._layer_states.prepare(runner.backend, mixed.attn_meta))
-    torch_ops = ModelRunner(
+    torch_ops = ModelRunner(  # not _runner: the torch ops run anywhere
         str(checkpoints["llama"]), dtype="float32", device="cpu", layer_ops="torch", kv_cache_memory_bytes=1 << 20
     )
     assert torch_ops.model.fused_decode is None and torch_ops.model.decode_path == "layer ops torch"

@@ -117,10 +117,13 @@ def test_every_family_split_generates_transformers_tokens(tp, pp, checkpoints, e
         assert shard.startswith("layers 0-0,"), shard  # 2 layers: stage 0 the first
     # A pipeline stage decodes through its layers in one C++ call where the kernels are built; tensor parallel
     # all-reduces inside the layers, so it runs them one by one.
+    # (fp32 weights are packed for that call only with AVX-512: an AVX2-only CPU runs every layer in Python.)
     decode_path = got["llama"][2]
+    kernels = loader.kernels()
+    fused_here = kernels is not None and "avx512" in kernels.features
     if tp == 2:
-        assert decode_path.startswith("per layer"), decode_path
-    elif loader.kernels() is not None:
+        assert decode_path.startswith("per layer") if fused_here else decode_path != "fused", decode_path
+    elif fused_here:
         assert decode_path == "fused", decode_path
 
 
@@ -270,7 +273,10 @@ def test_quantized_weights_are_split_and_served_per_shard(
     whole = _served(1, path, options)
     split = _served(2, path, options)
     assert whole[0] == split[0] == quantization
-    assert split[1] == whole[1] and split[1].startswith(("vnni", "amx", "avx512")), split[1]
+    # The C++ kernels where this CPU has AVX512-VNNI, else torch's (AVX2 alone): the split is the same either way.
+    kernels = loader.kernels()
+    vnni = kernels is not None and "avx512_vnni" in kernels.features
+    assert split[1] == whole[1] and split[1].startswith(("vnni", "amx", "avx512") if vnni else "torch-"), split[1]
     shared = whole[2].keys() & split[2].keys()
     assert len(shared) >= 6
     for tokens in shared:

@@ -18,6 +18,7 @@ import random
 import pytest
 import torch
 
+from executor_svc.native import loader
 from executor_svc.runner.model_runner import ModelRunner
 from pagoda import step as t
 from pagoda.params import StoppingCriteria
@@ -106,8 +107,9 @@ def test_short_and_long_sequences_in_one_batch(backend, phi3_long, hf, request):
     if backend == "cpp":
         request.getfixturevalue("cpp_kernel")
     runner = _runner(phi3_long, backend)
-    if backend == "cpp":
-        assert runner.model.fused_decode is not None  # decode steps take the one-call C++ path
+    kernels = loader.kernels()
+    if backend == "cpp" and kernels is not None and "avx512" in kernels.features:
+        assert runner.model.fused_decode is not None  # decode steps take the one-call C++ path (fp32: AVX-512)
     recorder = install_recorder(runner)
     prompts = {1: _prompt(12, 1), 2: _prompt(45, 2)}
     alloc = BlockAllocator(runner.info.num_kv_blocks)

@@ -12,7 +12,7 @@ from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.runner.step_batch import build_step_batch
 from executor_svc.serving.sequence_table import SequenceState
 from pagoda import step as t
-from tests.executor.conftest import GREEDY, install_recorder
+from tests.executor.conftest import GREEDY, install_recorder, native_ops
 from tests.executor.test_lora_adapter import LLAMA_SHAPES, bad_adapters, random_pairs, write_adapter
 
 BLOCK_SIZE = 4
@@ -181,6 +181,7 @@ def test_a_refused_adapter_leaves_the_runner_serving(checkpoints, adapters, tmp_
 def test_steps_without_adapter_rows_keep_the_fused_decode(checkpoints, adapters, cpp_kernel):
     """With adapters registered, a decode step of base rows only still runs the one-call fused decode; a step
     with an adapter row runs the layer loop with its deltas."""
+    native_ops("avx512", "fp32 weights are packed for the fused decode only with AVX-512")
     runner = _runner(checkpoints, adapters)
     fused = runner.model.fused_decode
     assert fused is not None, runner.model.decode_path
