@@ -132,8 +132,10 @@ class CppLayerOps:
         Else oneDNN's blocked layout: an unpacked weight is reordered again
         inside every matmul call, which costs more than the product itself
         at decode batch sizes. Either way bf16 inputs, fp32 accumulation,
-        one rounding. A CPU oneDNN refuses bf16 packing on (AVX2 alone, e.g.
-        AMD Zen 3) keeps the weight as it is, for torch's own bf16 linear.
+        one rounding. On a CPU oneDNN refuses bf16 packing on (AVX2 alone,
+        e.g. AMD Zen 3) torch's bf16 linear runs at 4-6 GFLOP/s a core, a
+        seventh of its sgemm: the weight is widened to fp32 once (twice the
+        memory) and multiplied by sgemm, the sums rounded to bf16 once.
 
         fp32: column panels for our kernel (native/cpu_gemm.cpp), which
         streams the weights at memory speed for decode batches (MKL's sgemm
@@ -148,6 +150,8 @@ class CppLayerOps:
             return self._pack_invariant(weight)
         if weight.dtype == torch.bfloat16 and onednn_bf16_packs():
             return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight, None), weight.shape[0])
+        if weight.dtype == torch.bfloat16 and weight.dim() == 2:
+            return WidenedWeight(weight.float(), weight.shape[0])
         if weight.dtype == torch.float32 and self.gemm is not None and weight.dim() == 2:
             return PanelWeight(self.gemm.pack_f32(weight), weight.shape[0], "avx512-panel")
         return weight
@@ -170,6 +174,9 @@ class CppLayerOps:
     def linear(self, x, weight, bias=None):
         if isinstance(weight, PackedWeight):
             return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+        if isinstance(weight, WidenedWeight):  # bf16 inputs widened exactly, fp32 sums rounded to bf16 once
+            b = None if bias is None else bias.float()
+            return F.linear(x.float(), weight.weight, b).to(x.dtype)
         if isinstance(weight, PanelWeight):
             flat = x.reshape(-1, x.shape[-1])
             shape = (*x.shape[:-1], weight.out_features)
@@ -212,6 +219,17 @@ class PackedWeight:
 
     def __init__(self, packed: torch.Tensor, out_features: int):
         self.packed = packed
+        self.out_features = out_features
+
+
+class WidenedWeight:
+    """A bf16 linear weight held in fp32 for torch's sgemm, where neither our panels nor oneDNN's packed bf16
+    run (AVX2 alone); ``path`` names it in the executor's kernel report."""
+
+    path = "torch-widened-f32"
+
+    def __init__(self, weight: torch.Tensor, out_features: int):
+        self.weight = weight  # [out, in] fp32, the bf16 values exactly
         self.out_features = out_features
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from executor_svc.attention import cpp_backend
-from executor_svc.models.layer_ops import PackedWeight, PanelWeight
+from executor_svc.models.layer_ops import PackedWeight, PanelWeight, WidenedWeight
 from executor_svc.native import loader
 from executor_svc.quant.quantized_ops import QuantizedLayerOps
 
@@ -54,7 +54,7 @@ def gemm_path(ops, dtype: torch.dtype, device: torch.device) -> str:
     if isinstance(ops, QuantizedLayerOps) and ops.gemm_paths:
         return "+".join(ops.gemm_paths)
     packed = ops.pack(torch.zeros(16, 64, dtype=dtype, device=device))  # [out, in]: one panel in every layout
-    if isinstance(packed, PanelWeight):
+    if isinstance(packed, (PanelWeight, WidenedWeight)):
         return packed.path
     if isinstance(packed, PackedWeight):
         return "onednn"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from executor_svc.models.layer_ops import LayerOps, PackedWeight, PanelWeight
+from executor_svc.models.layer_ops import LayerOps, PackedWeight, PanelWeight, WidenedWeight
 from executor_svc.models.rope import RotaryEmbedding
 from executor_svc.quant.base import QuantizedLinear
 from executor_svc.quant.gguf_blocks import GgufRows, GgufWeight
@@ -24,7 +24,7 @@ def packed_path(packed: Any) -> str:
     """How a packed weight is multiplied: a quantized layer's path, our panel GEMMs, oneDNN or torch."""
     if isinstance(packed, QuantizedLinear):
         return packed.path
-    if isinstance(packed, PanelWeight):
+    if isinstance(packed, (PanelWeight, WidenedWeight)):
         return packed.path
     if isinstance(packed, PackedWeight):
         return "onednn"

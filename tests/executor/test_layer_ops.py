@@ -132,7 +132,7 @@ def test_argmax_matches_torch_first_max_and_nan(ops, vocab, dtype):
 
 @pytest.mark.parametrize("rows", [1, 5, 48, 200])
 def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
-    from executor_svc.models.layer_ops import PackedWeight, PanelWeight, onednn_bf16_packs
+    from executor_svc.models.layer_ops import PackedWeight, PanelWeight, WidenedWeight, onednn_bf16_packs
 
     ops = CppLayerOps(pack_weights=True)
     if not ops.pack_weights:
@@ -142,11 +142,16 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
     bias = torch.randn(96, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
     packed = ops.pack(weight)
-    # Our panels (AMX or AVX512-BF16), else oneDNN's layout, else (AVX2 alone) the weight as it is, for torch.
+    # Our panels (AMX or AVX512-BF16), else oneDNN's layout, else (AVX2 alone) fp32 for torch's sgemm.
     if ops.gemm is not None and ops.gemm.bf16_kernels_ready():
         assert isinstance(packed, PanelWeight)
+    elif onednn_bf16_packs():
+        assert isinstance(packed, PackedWeight)
     else:
-        assert isinstance(packed, PackedWeight) if onednn_bf16_packs() else packed is weight
+        assert isinstance(packed, WidenedWeight) and torch.equal(packed.weight, weight.float())
+        # bf16 inputs widened, fp32 sums rounded once: the fp32 product of the same values, rounded to bf16.
+        exact = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).bfloat16()
+        assert torch.equal(ops.linear(x, packed, bias), exact)
     expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
     for b in (None, bias):
         out = ops.linear(x, packed, b)

@@ -31,7 +31,7 @@ def test_gemm_path_is_what_pack_makes_of_a_weight(cpp_kernel):
     assert active.gemm_path(packing, torch.float32, cpu) == (
         "avx512-panel" if "avx512" in kernels.features else "torch"
     )
-    bf16 = "onednn" if onednn_bf16_packs() else "torch"  # AVX2 alone: oneDNN packs no bf16, torch multiplies
+    bf16 = "onednn" if onednn_bf16_packs() else "torch-widened-f32"  # AVX2 alone: fp32 copies for sgemm
     if packing.gemm is not None and packing.gemm.bf16_kernels_ready():
         bf16 = "amx-panel" if packing.gemm.amx_ready() else "avx512bf16-panel"
     assert active.gemm_path(packing, torch.bfloat16, cpu) == bf16

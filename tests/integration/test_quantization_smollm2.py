@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from executor_svc.loading.memory import rss_bytes
+from executor_svc.native import loader
 from pagoda.launch.launcher import Launcher
 from pagoda_client import Client
 
@@ -76,7 +77,16 @@ def test_q4_1_smollm2_served_as_stored_answers_in_less_memory(tmp_path, dtype):
     # bf16 the process's ~530 MiB without weights (torch, kernels, KV cache) puts the whole-process ratio at
     # 1.29-1.31, too close to any bound, so the saving is asserted in MiB: the dense weights' ~270 MiB against
     # the blocks' ~90 MiB (measured: 182 MiB apart).
-    if dtype == "float32":
+    kernels = loader.kernels()
+    if kernels is None or "avx512_vnni" not in kernels.features:
+        # No AVX512-VNNI (AVX2 alone, e.g. AMD Zen 3): torch multiplies by each layer's blocks dequantized for
+        # that call, and the scratch of the largest (the tied LM head, 49,152 x 576: 108 MiB in fp32) stays with
+        # the allocator. Measured there: fp32 load 2.40-2.61x, process 1.59x; bf16 load 1.53-1.61x, 77-108 MiB.
+        if dtype == "float32":
+            assert dense_load > 2.2 * load and dense_rss > 1.4 * rss
+        else:
+            assert dense_load > 1.4 * load and dense_rss - rss > 50 * 2**20
+    elif dtype == "float32":
         assert dense_load > 2.5 * load and dense_rss > 1.8 * rss
     else:
         assert dense_load > 1.5 * load and dense_rss - rss > 120 * 2**20
