@@ -12,19 +12,14 @@ torch and transformers are imported only here, lazily.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pagoda_bench.metrics import RequestRecord
 from pagoda_bench.progress import ProgressBar
 from pagoda_bench.workload import BenchRequest
-
-if TYPE_CHECKING:
-    from pagoda_bench.servers import ServerSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -165,30 +160,3 @@ def run_hf(
         if not record.success and not record.error:
             record.error = "not run: --max-duration-s reached"
     return records, duration_s or time.perf_counter() - t0
-
-
-@dataclass
-class LoadedHf:
-    """The baseline as ``pagoda bench --server NAME=hf`` holds it in its turn: loaded, in this process."""
-
-    spec: ServerSpec
-    model: str
-    """The checkpoint folder, where a server would give its model id."""
-    ready_s: float
-    hf_model: Any
-
-    def check_alive(self) -> None:
-        """It runs in this process: alive while the benchmark is."""
-
-
-@contextlib.contextmanager
-def loaded(config: HfBackendConfig, spec: ServerSpec) -> Iterator[LoadedHf]:
-    """The model loaded (``ready_s``: how long that took) for one turn of the rotation, and freed after it."""
-    start = time.monotonic()
-    baseline = LoadedHf(spec, config.model_path, 0.0, load_model(config))
-    baseline.ready_s = time.monotonic() - start
-    try:
-        yield baseline
-    finally:
-        baseline.hf_model = None
-        gc.collect()

@@ -158,7 +158,6 @@ def _run_openai(
 
 def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
     """``--server ...``: each server started, measured over OpenAI's API and stopped, round after round."""
-    from pagoda_bench.backend_hf import LoadedHf, loaded
     from pagoda_bench.backend_openai import checkpoint_vocab
     from pagoda_bench.compare import (
         Started,
@@ -168,7 +167,7 @@ def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
         parse_servers,
         run_rounds,
     )
-    from pagoda_bench.servers import ServerSpec, started
+    from pagoda_bench.servers import LoadedHf, ServerSpec, loaded, started
 
     check_compare_args(args)
     specs = parse_servers(args.server, is_loopback)

@@ -9,6 +9,7 @@ ready when ``GET URL/v1/models`` answers 200. Every wait is bounded and says wha
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shlex
@@ -21,8 +22,9 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pagoda_bench.backend_hf import DTYPES
+from pagoda_bench.backend_hf import DTYPES, HfBackendConfig, load_model
 
 _POLL_S = 1.0
 _REPORT_EVERY_S = 30.0
@@ -149,3 +151,30 @@ def started(spec: ServerSpec, log_dir: Path, label: str, start_timeout_s: float)
         yield server
     finally:
         server.stop()
+
+
+@dataclass
+class LoadedHf:
+    """The baseline as ``pagoda bench --server NAME=hf`` holds it in its turn: loaded, in this process."""
+
+    spec: ServerSpec
+    model: str
+    """The checkpoint folder, where a server would give its model id."""
+    ready_s: float
+    hf_model: Any
+
+    def check_alive(self) -> None:
+        """It runs in this process: alive while the benchmark is."""
+
+
+@contextlib.contextmanager
+def loaded(config: HfBackendConfig, spec: ServerSpec) -> Iterator[LoadedHf]:
+    """The model loaded (``ready_s``: how long that took) for one turn of the rotation, and freed after it."""
+    start = time.monotonic()
+    baseline = LoadedHf(spec, config.model_path, 0.0, load_model(config))
+    baseline.ready_s = time.monotonic() - start
+    try:
+        yield baseline
+    finally:
+        baseline.hf_model = None
+        gc.collect()
