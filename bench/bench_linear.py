@@ -5,7 +5,7 @@ gate_up, down; the LM head for decode-sized batches) with distinct random
 weights, so the weights come from memory as in a real step, and prints the
 time per step for each path side by side:
 
-- fp32: our AVX-512 panel GEMM vs ``F.linear`` (MKL sgemm) and oneDNN packed;
+- fp32: our panel GEMM (AVX-512, or AVX2 + FMA) vs ``F.linear`` (MKL sgemm) and oneDNN packed;
 - bf16: our panel GEMM (AMX tiles, or AVX512-BF16 dot products) vs oneDNN packed (what runs without
   either), and the quantized layers of
   ``--quantized`` (``--quantization`` modes: int8, q8_0, q4_0; q4_1 as a GGUF file stores it) with bf16 inputs,
@@ -23,6 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from executor_svc.models.layer_ops import onednn_bf16_packs
 from executor_svc.native import loader
 from executor_svc.quant import gguf_blocks
 from executor_svc.quant.modes import MODES, Target
@@ -45,7 +46,7 @@ def _paths(gemm, dtype):
             "sgemm": (lambda w: w, lambda x, p, n: F.linear(x, p)),
             "onednn": onednn,
         }
-    paths = {"onednn": onednn}
+    paths = {"onednn": onednn} if onednn_bf16_packs() else {}
     if gemm.bf16_kernels_ready():
         paths["pagoda"] = (gemm.pack_bf16, lambda x, p, n: gemm.linear_bf16(x, p, n, None))
     return paths
@@ -84,14 +85,18 @@ def main() -> None:
     parser.add_argument("--quantized", default="int8", help="quantized layers beside bf16: int8,q8_0,q4_0,q4_1")
     args = parser.parse_args()
     kernels = loader.kernels()
-    if kernels is None or "avx512" not in kernels.features:
-        raise SystemExit("the installed C++ kernels have no AVX-512 panel GEMM (make install builds them)")
+    if kernels is None or "f32_panels" not in kernels.features:
+        raise SystemExit("the installed C++ kernels have no panel GEMM (AVX-512 or AVX2 + FMA; make install builds it)")
     gemm = kernels.ops
     gen = torch.Generator().manual_seed(0)
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
         paths = _paths(gemm, dtype)
         if dtype == torch.bfloat16 and args.quantized:
             paths.update(_quantized_paths(kernels, args.quantized.split(",")))
+        if "pagoda" not in paths:
+            print(f"{dtype}: neither our bf16 panels nor oneDNN's packed bf16 run on this CPU (the executor widens")
+            print("  bf16 weights to fp32 panels there: the float32 rows are its figures)")
+            continue
         dense = {
             "layers": [
                 {k: (torch.randn(*s, generator=gen) * 0.02).to(dtype) for k, s in SHAPES.items()}

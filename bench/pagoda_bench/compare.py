@@ -118,17 +118,20 @@ def _spread(values: Sequence[float]) -> str:
 def format_comparison(results: Sequence[ServerRuns]) -> str:
     """The table: first-run and steady output tok/s (medians, with their spread), TTFT, start-up, ratios."""
     base = _median(results[0].steady())
+    versus = "steady vs " + results[0].spec.name
+    width = max(20, len(versus) + 2)  # long server names keep their columns apart
+    names = max(16, 1 + max(len(r.spec.name) for r in results))
     header = (
-        f"{'server':<16}{'first run tok/s':>18}{'steady tok/s':>18}{'first/steady':>14}"
-        f"{'steady vs ' + results[0].spec.name:>20}{'TTFT ms':>10}{'ready s':>9}"
+        f"{'server':<{names}}{'first run tok/s':>18}{'steady tok/s':>18}{'first/steady':>14}"
+        f"{versus:>{width}}{'TTFT ms':>10}{'ready s':>9}"
     )
     lines = [header, "-" * len(header)]
     for result in results:
         first, steady = _median(result.first()), _median(result.steady())
         lines.append(
-            f"{result.spec.name:<16}{f'{first:.1f} ({_spread(result.first())})':>18}"
+            f"{result.spec.name:<{names}}{f'{first:.1f} ({_spread(result.first())})':>18}"
             f"{f'{steady:.1f} ({_spread(result.steady())})':>18}{first / steady:>14.2f}"
-            f"{steady / base:>20.2f}{_median(result.steady_ttft_ms()):>10.0f}{_median(result.ready_s):>9.1f}"
+            f"{steady / base:>{width}.2f}{_median(result.steady_ttft_ms()):>10.0f}{_median(result.ready_s):>9.1f}"
         )
     lines.append("medians over rounds (min-max in parentheses); steady: every run after a start's first")
     return "\n".join(lines)

@@ -69,8 +69,12 @@ def to_device(
 
 
 def _kernel_panels(packed: Any, dtype: torch.dtype) -> bool:
-    """Whether ``packed`` is a matrix as pack_bf16 / pack_f32 lay it out, in ``dtype`` (not bf16 widened to fp32)."""
-    return isinstance(packed, PanelWeight) and packed.path != WIDENED_F32_PANEL and packed.panels.dtype == dtype
+    """Whether ``packed`` is a matrix as pack_bf16 / pack_f32 lay it out, in ``dtype`` (not bf16 widened to fp32),
+    for the vector code of the LoRA kernel: its fp32 blocks are AVX-512 (on AVX2 alone they are scalar loops, so
+    the adapters run as two panel GEMMs per layer instead)."""
+    if not isinstance(packed, PanelWeight) or packed.path == WIDENED_F32_PANEL or packed.panels.dtype != dtype:
+        return False
+    return packed.path != "avx2-panel"
 
 
 def _fused_pair(modules: list[LoraModule]) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -8,7 +8,8 @@ same order from C++, so its outputs are the Python loop's bits.
 
 It applies when every piece is one the C++ op chains: the C++ layer ops, the
 C++ attention backend on a step with no prefill chunk, every linear weight
-packed for our kernels (bf16 or fp32 panels, int8, GGUF blocks), dense SiLU
+packed for our kernels (bf16 or fp32 panels, bf16 weights as fp32 panels, int8,
+GGUF blocks), dense SiLU
 feed-forward blocks, no q/k norms, one window and soft-cap for all layers,
 and a bf16 or fp32 model. Anything else runs the Python loop; ``reason``
 says why, once, at load.
@@ -28,7 +29,7 @@ from executor_svc.quant.gguf_blocks import BlockLinear
 from executor_svc.quant.int8 import Int8Linear
 
 # The weight kinds of cpu_layers.cpp.
-PANEL_BF16, PANEL_F32, INT8, INT8_VNNI, BLOCKS = 0, 1, 2, 3, 16
+PANEL_BF16, PANEL_F32, INT8, INT8_VNNI, PANEL_WIDENED, BLOCKS = 0, 1, 2, 3, 4, 16
 
 
 class FusedDecode:
@@ -137,8 +138,11 @@ def prepare(model: Any) -> tuple[FusedDecode | None, str]:
 
 def _linear(weight: Any) -> tuple[Any, ...] | None:
     """(tensor, scales, kind, out features, widen_above or None) of a packed weight, or None."""
-    if isinstance(weight, PanelWeight) and weight.path != WIDENED_F32_PANEL:  # fp32 panels of bf16 rows: Python
-        kind = PANEL_BF16 if weight.panels.dtype == torch.bfloat16 else PANEL_F32
+    if isinstance(weight, PanelWeight):
+        if weight.path == WIDENED_F32_PANEL:  # fp32 panels of a bf16 weight: bf16 rows widened, sums rounded once
+            kind = PANEL_WIDENED
+        else:
+            kind = PANEL_BF16 if weight.panels.dtype == torch.bfloat16 else PANEL_F32
         return weight.panels, None, kind, weight.out_features, None
     if isinstance(weight, Int8Linear) and weight.path in ("amx-int8", "vnni-int8"):
         kind = INT8_VNNI if weight.path == "vnni-int8" else INT8

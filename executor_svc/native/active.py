@@ -5,7 +5,8 @@ the ``pagoda_executor_kernel_info`` metric:
 
 - ``attention``: the attention backend (cpp, torch, triton);
 - ``prefill``: what prompt chunks run (amx-flash, avx512bf16-flash, sdpa, triton);
-- ``gemm``: how linear layers multiply (amx-panel, avx512bf16-panel, avx512-panel, onednn, torch; with
+- ``gemm``: how linear layers multiply (amx-panel, avx512bf16-panel, avx512-panel, avx2-panel,
+  f32-panel-widened, onednn, torch-widened-f32, torch; with
   ``--quantization`` the quantized paths, e.g. amx-int8, joined with ``+`` when the weights run several);
 - ``layer_ops``: the norms, rotary and SiLU (cpp, torch);
 - ``mlp``: the feed-forward blocks (dense, moe-grouped: experts grouped over the step's tokens, or both);

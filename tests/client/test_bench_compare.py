@@ -68,6 +68,14 @@ def test_the_table_takes_first_runs_and_steady_runs_apart():
     assert a.complete() and not ServerRuns(a.spec, [[_metrics(1, failed=1)]]).complete()
 
 
+def test_a_long_first_server_name_keeps_the_header_columns_apart():
+    name = "pagoda-bf16-widened"
+    runs = ServerRuns(ServerSpec(name, "u", ("x",)), [[_metrics(50), _metrics(100)]], [2.0])
+    header, _, row = format_comparison([runs]).splitlines()[:3]
+    assert "first/steady steady vs " + name in " ".join(header.split())
+    assert len(header) == len(row) and row.split()[6] == "1.00"
+
+
 def test_a_server_that_exits_is_reported_with_its_last_lines(tmp_path):
     spec = ServerSpec(
         "crash", f"http://127.0.0.1:{free_port()}", (sys.executable, "-c", "print('no model here'); exit(3)")

@@ -62,8 +62,9 @@ def _weight(k: int, n: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(("k", "n"), SHAPES)
 def test_fp32_panel_gemm_rows_do_not_depend_on_the_batch(k, n):
-    """avx512-panel: one fp32 FMA chain over k per output, whatever micro-kernel height (1-6) or 96-row item."""
-    ops = native_ops("avx512", "the fp32 panel GEMM needs AVX-512")
+    """avx512-panel / avx2-panel: one fp32 FMA chain over k per output, whatever micro-kernel height (1-6),
+    column slice (AVX2: 64, 32 or 16 columns by height) or 96-row item."""
+    ops = native_ops("f32_panels", "the fp32 panel GEMM needs AVX-512 or AVX2 + FMA")
     w, bias = _weight(k, n, k + n), torch.randn(n)
     packed = ops.pack_f32(w)
     assert _mismatches(lambda x: ops.linear_f32(x, packed, n, bias), _probes(k, torch.float32, n), n) == []

@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 
 
 def _invariant_ops(dtype: torch.dtype) -> CppLayerOps:
-    native_ops("avx512", "batch-invariant layers need the AVX-512 panel GEMMs")
+    native_ops("f32_panels", "batch-invariant layers need the fp32 panel GEMMs (AVX-512 or AVX2 + FMA)")
     ops = get_layer_ops("auto", CPU, dtype, batch_invariant=True)
     assert isinstance(ops, CppLayerOps) and ops.batch_invariant
     return ops
@@ -36,7 +36,7 @@ def test_invariant_layer_ops_pack_every_weight_for_a_panel_gemm(dtype):
 
 
 def test_bf16_weights_widened_to_fp32_panels_are_invariant_and_rounded_once():
-    """The path of CPUs with AVX-512 but no bf16 panel kernel (oneDNN would choose its blocking by M there)."""
+    """The path of CPUs without a bf16 panel kernel (oneDNN would choose its blocking by M there)."""
     ops = _invariant_ops(torch.bfloat16)
     weight, bias = _weight(1536, 576, 2).bfloat16(), torch.randn(576).bfloat16()
     packed = ops._pack_invariant(weight)
@@ -50,12 +50,13 @@ def test_bf16_weights_widened_to_fp32_panels_are_invariant_and_rounded_once():
 
 
 def test_a_cpu_without_the_panel_gemms_refuses_batch_invariance_and_says_why(cpp_kernel):
-    """AVX2 alone (e.g. AMD Zen 3): the kernels load without the panel GEMMs, and no weight is packed otherwise."""
-    if "avx512" in loader.kernels().features:
-        pytest.skip("this CPU has the AVX-512 panel GEMMs: the tests above run them")
+    """A build without AVX2 + FMA (the portable x86-64 variant): the kernels load without the panel GEMMs, and no
+    weight is packed otherwise."""
+    if "f32_panels" in loader.kernels().features:
+        pytest.skip("this CPU has the fp32 panel GEMMs: the tests above run them")
     ops = get_layer_ops("auto", CPU, torch.bfloat16, batch_invariant=True)
     for dtype in (torch.bfloat16, torch.float32):
-        with pytest.raises(ValueError, match="need the C.. panel GEMMs .an AVX-512 kernel build."):
+        with pytest.raises(ValueError, match="need the C.. panel GEMMs .an AVX-512 or AVX2 . FMA kernel build."):
             ops.pack(_weight(64, 32, 1).to(dtype))
 
 

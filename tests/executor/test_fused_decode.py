@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from executor_svc.models.layer_ops import onednn_bf16_packs
 from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.runner.step_batch import build_step_batch
 from executor_svc.serving.sequence_table import SequenceState
@@ -21,14 +22,17 @@ PROMPTS = (5, 17, 30)  # tokens before the decode step
 
 
 def _needs_fused_kernels(dtype: str, quantization: str = "none") -> None:
-    """Skip unless this CPU runs the packed weights the fused call reads: the fp32 panels need AVX-512, bf16 ones
-    AMX or AVX512-BF16, int8 and GGUF blocks VNNI (an AVX2-only CPU keeps its weights for torch: no fused call)."""
+    """Skip unless this CPU runs the packed weights the fused call reads: the fp32 panels need AVX-512 or AVX2 +
+    FMA; bf16 weights are bf16 panels on AMX or AVX512-BF16, fp32 panels where oneDNN packs no bf16 (AVX2 alone)
+    and oneDNN's layout elsewhere (no fused call); int8 and GGUF blocks need VNNI."""
     if quantization != "none":
         native_ops("avx512_vnni", f"{quantization} weights are packed for the fused call only with AVX512-VNNI")
     elif dtype == "bfloat16":
-        native_ops("bf16", "bf16 weights are packed for the fused call only with AMX or AVX512-BF16")
+        ops = native_ops("f32_panels", "bf16 weights are packed for the fused call only with our panel GEMMs")
+        if not ops.bf16_kernels_ready() and onednn_bf16_packs():
+            pytest.skip("bf16 weights go to oneDNN's packed layout here, which the fused call does not read")
     else:
-        native_ops("avx512", "fp32 weights are packed for the fused call only with AVX-512")
+        native_ops("f32_panels", "fp32 weights are packed for the fused call only with AVX-512 or AVX2 + FMA")
 
 
 def _runner(folder, dtype: str, quantization: str = "none", kv: str = "auto") -> ModelRunner:

@@ -117,10 +117,10 @@ def test_every_family_split_generates_transformers_tokens(tp, pp, checkpoints, e
         assert shard.startswith("layers 0-0,"), shard  # 2 layers: stage 0 the first
     # A pipeline stage decodes through its layers in one C++ call where the kernels are built; tensor parallel
     # all-reduces inside the layers, so it runs them one by one.
-    # (fp32 weights are packed for that call only with AVX-512: an AVX2-only CPU runs every layer in Python.)
+    # (fp32 weights are packed for that call only with AVX-512 or AVX2 + FMA; elsewhere every layer runs in Python.)
     decode_path = got["llama"][2]
     kernels = loader.kernels()
-    fused_here = kernels is not None and "avx512" in kernels.features
+    fused_here = kernels is not None and "f32_panels" in kernels.features
     if tp == 2:
         assert decode_path.startswith("per layer") if fused_here else decode_path != "fused", decode_path
     elif fused_here:

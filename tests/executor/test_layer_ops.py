@@ -132,7 +132,13 @@ def test_argmax_matches_torch_first_max_and_nan(ops, vocab, dtype):
 
 @pytest.mark.parametrize("rows", [1, 5, 48, 200])
 def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
-    from executor_svc.models.layer_ops import PackedWeight, PanelWeight, WidenedWeight, onednn_bf16_packs
+    from executor_svc.models.layer_ops import (
+        WIDENED_F32_PANEL,
+        PackedWeight,
+        PanelWeight,
+        WidenedWeight,
+        onednn_bf16_packs,
+    )
 
     ops = CppLayerOps(pack_weights=True)
     if not ops.pack_weights:
@@ -142,16 +148,21 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
     bias = torch.randn(96, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
     packed = ops.pack(weight)
-    # Our panels (AMX or AVX512-BF16), else oneDNN's layout, else (AVX2 alone) fp32 for torch's sgemm.
+    # Our panels (AMX or AVX512-BF16), else oneDNN's layout, else (AVX2 alone) fp32: our fp32 panels where they
+    # run, else a copy for torch's sgemm. Widened: the fp32 product of the same values, rounded to bf16 once.
+    exact = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
     if ops.gemm is not None and ops.gemm.bf16_kernels_ready():
         assert isinstance(packed, PanelWeight)
     elif onednn_bf16_packs():
         assert isinstance(packed, PackedWeight)
+    elif ops.gemm is not None:
+        assert isinstance(packed, PanelWeight) and packed.path == WIDENED_F32_PANEL
+        fp32 = ops.gemm.linear_f32(x.float(), ops.gemm.pack_f32(weight.float()), 96, bias.float())
+        assert torch.equal(ops.linear(x, packed, bias), fp32.bfloat16())
+        assert (fp32 - exact).abs().max().item() <= 1e-5 * exact.abs().max().item()
     else:
         assert isinstance(packed, WidenedWeight) and torch.equal(packed.weight, weight.float())
-        # bf16 inputs widened, fp32 sums rounded once: the fp32 product of the same values, rounded to bf16.
-        exact = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).bfloat16()
-        assert torch.equal(ops.linear(x, packed, bias), exact)
+        assert torch.equal(ops.linear(x, packed, bias), exact.bfloat16())
     expected = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
     for b in (None, bias):
         out = ops.linear(x, packed, b)
@@ -163,7 +174,7 @@ def test_packed_bf16_linear_equals_f_linear(cpp_kernel, rows):
 
 @pytest.fixture(scope="module")
 def gemm(cpp_kernel):
-    return native_ops("avx512", "the panel GEMM needs AVX-512")
+    return native_ops("f32_panels", "the fp32 panel GEMM needs AVX-512 or AVX2 + FMA")
 
 
 @pytest.mark.parametrize("rows", [1, 5, 6, 13, 48, 97, 300])

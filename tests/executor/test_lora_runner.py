@@ -181,7 +181,7 @@ def test_a_refused_adapter_leaves_the_runner_serving(checkpoints, adapters, tmp_
 def test_steps_without_adapter_rows_keep_the_fused_decode(checkpoints, adapters, cpp_kernel):
     """With adapters registered, a decode step of base rows only still runs the one-call fused decode; a step
     with an adapter row runs the layer loop with its deltas."""
-    native_ops("avx512", "fp32 weights are packed for the fused decode only with AVX-512")
+    native_ops("f32_panels", "fp32 weights are packed for the fused decode only with AVX-512 or AVX2 + FMA")
     runner = _runner(checkpoints, adapters)
     fused = runner.model.fused_decode
     assert fused is not None, runner.model.decode_path

@@ -9,7 +9,13 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps, onednn_bf16_packs
+from executor_svc.models.layer_ops import (
+    WIDENED_F32_PANEL,
+    CppLayerOps,
+    TorchLayerOps,
+    f32_panel_path,
+    onednn_bf16_packs,
+)
 from executor_svc.native import active, loader
 from executor_svc.runner.model_runner import ModelRunner
 from executor_svc.serving.metrics import ExecutorMetrics
@@ -28,10 +34,10 @@ def test_gemm_path_is_what_pack_makes_of_a_weight(cpp_kernel):
     assert active.gemm_path(TorchLayerOps(), torch.float32, cpu) == "torch"
     assert active.gemm_path(CppLayerOps(pack_weights=False), torch.bfloat16, cpu) == "torch"
     packing = CppLayerOps(pack_weights=True)
-    assert active.gemm_path(packing, torch.float32, cpu) == (
-        "avx512-panel" if "avx512" in kernels.features else "torch"
-    )
-    bf16 = "onednn" if onednn_bf16_packs() else "torch-widened-f32"  # AVX2 alone: fp32 copies for sgemm
+    panels = "f32_panels" in kernels.features
+    assert active.gemm_path(packing, torch.float32, cpu) == (f32_panel_path() if panels else "torch")
+    widened = WIDENED_F32_PANEL if panels else "torch-widened-f32"  # no bf16 packing: fp32 copies
+    bf16 = "onednn" if onednn_bf16_packs() else widened
     if packing.gemm is not None and packing.gemm.bf16_kernels_ready():
         bf16 = "amx-panel" if packing.gemm.amx_ready() else "avx512bf16-panel"
     assert active.gemm_path(packing, torch.bfloat16, cpu) == bf16
@@ -43,10 +49,10 @@ def test_fp32_runner_reports_its_backend_layer_ops_and_variant(checkpoints, cpp_
     assert kernels == {
         "attention": "cpp",
         "prefill": "sdpa",
-        "gemm": "avx512-panel" if "avx512" in loader.kernels().features else "torch",
+        "gemm": f32_panel_path() if "f32_panels" in loader.kernels().features else "torch",
         "layer_ops": "cpp",
         "mlp": "dense",
-        "decode": "fused-layers" if "avx512" in loader.kernels().features else "layer-loop",  # fp32 panels
+        "decode": "fused-layers" if "f32_panels" in loader.kernels().features else "layer-loop",  # fp32 panels
         "variant": loader.kernels().variant,
     }
     assert tuple(kernels) == active.KERNEL_KEYS

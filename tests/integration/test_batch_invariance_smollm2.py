@@ -37,11 +37,12 @@ from pagoda_client import Client
 
 
 def _panel_gemms_here() -> bool:
-    """Whether the installed kernels have the AVX-512 panel GEMMs ``--batch-invariant`` runs every linear layer on."""
+    """Whether the installed kernels have the fp32 panel GEMMs (AVX-512 or AVX2 + FMA) ``--batch-invariant`` runs
+    every linear layer on."""
     from executor_svc.native import loader
 
     kernels = loader.kernels()
-    return kernels is not None and "avx512" in kernels.features
+    return kernels is not None and "f32_panels" in kernels.features
 
 
 pytestmark = [
@@ -49,8 +50,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not _panel_gemms_here(),
-        reason="--batch-invariant needs the C++ panel GEMMs, built for AVX-512 CPUs only; on this one the executor "
-        "refuses it with that message (tests/executor/test_batch_invariant_layers.py)",
+        reason="--batch-invariant needs the C++ fp32 panel GEMMs (AVX-512 or AVX2 + FMA builds); on this one the "
+        "executor refuses it with that message (tests/executor/test_batch_invariant_layers.py)",
     ),
 ]
 

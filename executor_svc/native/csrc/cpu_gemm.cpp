@@ -1,6 +1,6 @@
 // Linear layers for the CPU: y = x @ W^T (+ bias) with W packed once.
 //
-// fp32 (AVX-512 FMAs):
+// fp32 (AVX-512 FMAs; AVX2 + FMA the same sums in 8-wide slices):
 // W [N, K] is stored as column panels of NR = 64 outputs, each K x 64 and
 // contiguous ([ceil(N / 64), K, 64], zero-padded): a panel is read front to
 // back once per step, which is what decode needs (the weights are streamed
@@ -80,9 +80,58 @@ PAGODA_INLINE void micro_kernel(const float* x, int64_t ldx, const float* panel,
     for (int r = 0; r < ROWS; ++r) _mm512_mask_storeu_ps(y + r * ldy + 16 * j, mask, _mm512_add_ps(acc[r][j], add));
   }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// The same sums on AVX2 + FMA (16 ymm registers): the panel's 64 columns in
+// slices of 8 * VECS, rows x VECS accumulators each (6 x 2, 3 x 4 or 1 x 8,
+// so a lone decode row still keeps 8 FMA chains in flight). Each output is
+// the same fp32 FMA chain over k in order plus the bias as the AVX-512
+// kernel's: the two builds give the same bits.
+template <int ROWS, int VECS>
+PAGODA_INLINE void micro_slice(const float* x, int64_t ldx, const float* panel, int64_t k_size, float* y,
+                               int64_t ldy, int64_t left, const float* bias, bool prefetch, const char* next,
+                               int64_t next_lines) {
+  __m256 acc[ROWS][VECS];
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r)
+    for (int j = 0; j < VECS; ++j) acc[r][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < k_size; ++k) {
+    const float* b = panel + k * NR;
+    if (prefetch)  // the first row tile streams the slice's lines from memory
+      for (int j = 0; j < VECS; j += 2) _mm_prefetch(reinterpret_cast<const char*>(b + 16 * NR + 8 * j), _MM_HINT_T0);
+    if (k < next_lines) _mm_prefetch(next + k * 64, _MM_HINT_T1);  // the next panel, one line per k
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < VECS; ++j) acc[r][j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 8 * j), acc[r][j]);
+    }
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+#pragma GCC unroll 8
+  for (int j = 0; j < VECS; ++j) {
+    const int64_t n = std::min<int64_t>(left - 8 * j, 8);
+    if (n <= 0) break;
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane);
+    const __m256 add = bias ? _mm256_maskload_ps(bias + 8 * j, mask) : _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * j, mask, _mm256_add_ps(acc[r][j], add));
+  }
+}
+
+// y[r, 0:columns] (+)= sum_k x[r, k] * panel[k, 0:columns] for rows r < ROWS (<= MR), slice by slice.
+template <int ROWS>
+PAGODA_INLINE void micro_kernel(const float* x, int64_t ldx, const float* panel, int64_t k_size, float* y,
+                                int64_t ldy, int64_t columns, const float* bias, bool prefetch,
+                                const char* next, int64_t next_lines) {
+  constexpr int VECS = ROWS == 1 ? 8 : (ROWS <= 3 ? 4 : 2);
+  for (int64_t c = 0; c < columns; c += 8 * VECS) {
+    micro_slice<ROWS, VECS>(x, ldx, panel + c, k_size, y + c, ldy, columns - c, bias ? bias + c : nullptr,
+                            prefetch, next, c == 0 ? next_lines : 0);
+  }
+}
 #endif
 
-// Scalar fallback with the same layout (no AVX-512).
+// Scalar fallback with the same layout (neither AVX-512 nor AVX2 + FMA).
 void micro_kernel_scalar(const float* x, int64_t ldx, int64_t rows, const float* panel, int64_t k_size, float* y,
                          int64_t ldy, int64_t columns, const float* bias) {
   for (int64_t r = 0; r < rows; ++r)
@@ -106,7 +155,7 @@ void panel_rows(const float* x, int64_t ldx, int64_t row_begin, int64_t row_end,
     const int64_t rows = std::min(MR, row_end - r);
     const float* xr = x + r * ldx;
     float* yr = y + r * ldy;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     const bool prefetch = r == row_begin;
     switch (rows) {
       case 6: micro_kernel<6>(xr, ldx, panel, k_size, yr, ldy, columns, bias, prefetch, pf, pf_lines); break;
@@ -410,8 +459,9 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 #endif
 }
 
-// Without AVX-512 (cpu_features() lacks "avx512") linear_f32 runs a scalar
-// loop that only keeps the op defined: callers then use sgemm instead.
+// Without AVX-512 or AVX2 + FMA (cpu_features() lacks "f32_panels")
+// linear_f32 runs a scalar loop that only keeps the op defined: callers then
+// use sgemm instead.
 // linear_bf16 needs bf16_kernels_ready().
 TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
   m.impl("pack_f32", &pack_f32);

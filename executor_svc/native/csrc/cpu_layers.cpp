@@ -24,6 +24,7 @@ enum LinearKind : int64_t {
   kPanelF32 = 1,   // pack_f32 panels
   kInt8 = 2,       // pack_int8 panels + per-channel scales, on AMX-INT8
   kInt8Vnni = 3,   // the same, on AVX512-VNNI
+  kPanelWidened = 4,  // pack_f32 panels of a bf16 weight, for bf16 rows: widened, fp32 sums rounded once
   kBlocks = 16,    // GGUF blocks: kBlocks + the GGUF type, quants + scales from pack_qblocks
 };
 
@@ -54,6 +55,11 @@ struct Linears {
     switch (kind) {
       case kPanelBf16: return linear_bf16(x, weights[j], n, bias);
       case kPanelF32: return linear_f32(x, weights[j], n, bias);
+      case kPanelWidened: {
+        const std::optional<at::Tensor> wide =
+            bias.has_value() ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
+        return linear_f32(x.to(at::kFloat), weights[j], n, wide).to(x.scalar_type());
+      }
       case kInt8:
       case kInt8Vnni:
         return pagoda::quant::linear_int8(x, weights[j], *scales.get(j), n, bias, kind == kInt8Vnni, widen_above);
@@ -81,9 +87,11 @@ struct Linears {
                 "and bias entry each");
     for (int64_t j = 0; j < count; ++j) {
       const int64_t kind = kinds[j];
-      TORCH_CHECK(kind == kPanelBf16 || kind == kPanelF32 || kind == kInt8 || kind == kInt8Vnni || kind > kBlocks,
+      TORCH_CHECK(kind == kPanelBf16 || kind == kPanelF32 || kind == kInt8 || kind == kInt8Vnni ||
+                      kind == kPanelWidened || kind > kBlocks,
                   "decode_layers: unknown linear kind ", kind);
-      TORCH_CHECK(kind < kInt8 || scales.get(j).has_value(), "decode_layers: weight ", j, " needs its scales");
+      TORCH_CHECK(kind < kInt8 || kind == kPanelWidened || scales.get(j).has_value(), "decode_layers: weight ", j,
+                  " needs its scales");
     }
   }
 };

@@ -17,7 +17,10 @@ namespace {
 std::vector<std::string> cpu_features() {
   std::vector<std::string> features;
 #if defined(__AVX512F__)
-  features.push_back("avx512");  // decode attention, argmax, the fp32 panel GEMM
+  features.push_back("avx512");  // decode attention, argmax
+#endif
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  features.push_back("f32_panels");  // the fp32 panel GEMM (AVX-512, or AVX2 + FMA: the same bits)
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   features.push_back("avx512_bf16");  // bf16 rotary and SiLU-and-multiply
