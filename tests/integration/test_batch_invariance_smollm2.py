@@ -45,6 +45,14 @@ def _panel_gemms_here() -> bool:
     return kernels is not None and "f32_panels" in kernels.features
 
 
+def _int8_kernels_here() -> bool:
+    """Whether the installed kernels have the int8 GEMMs ``--batch-invariant`` needs for int8 weights."""
+    from executor_svc.native import loader
+
+    kernels = loader.kernels()
+    return kernels is not None and bool({"avx512_vnni", "amx_int8"} & kernels.features)
+
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
@@ -131,6 +139,8 @@ def smollm2_dir() -> Path:
 def served(request, smollm2_dir, tmp_path_factory):
     """(mode, the roomy server, the probes' answers alone on it)."""
     mode = request.param
+    if mode == "int8" and not _int8_kernels_here():
+        pytest.skip("batch-invariant int8 layers need the C++ int8 kernels (AVX512-VNNI or AMX-INT8)")
     with _launch(smollm2_dir, tmp_path_factory.mktemp(f"roomy-{mode}"), mode) as system:
         with Client(system.target, timeout=30) as client:
             info = client.model_info()
