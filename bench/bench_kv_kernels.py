@@ -1,11 +1,12 @@
-"""The C++ attention kernels alone over a bf16 and an int8 KV cache, side by side: decode and bf16 prefill.
+"""The C++ attention kernels alone over bf16, int8 and fp32 KV caches, side by side: decode and bf16 prefill.
 
 Usage:
     python bench/bench_kv_kernels.py [--caches bf16/32,int8/64,int8/32] [--decode 1x400,8x400,48x400,128x400,8x2000]
         [--prefill 2048+0,512+1536] [--layers 30] [--repeats 7]
 
-SmolLM2-135M's attention shape (9 query heads, 3 kv heads, head_dim 64, bf16 queries); each cache is
-``dtype/block_size`` with random rows (int8: quantized by ``kv_cache.quantize_rows``), one per layer, so a
+SmolLM2-135M's attention shape (9 query heads, 3 kv heads, head_dim 64, bf16 queries; fp32 ones for an fp32
+cache, an fp32 model's); each cache is ``dtype/block_size`` (bf16, int8, fp32) with random rows (int8:
+quantized by ``kv_cache.quantize_rows``), one per layer, so a
 call per layer walks as many bytes as a model step does. Decode cases are ``batch x context``, or ``batch x
 low-high`` for contexts drawn uniformly from [low, high] (seed 1) and ordered by length as the executor orders
 its decode rows (64x16-768: W-mixed's 64 sequences of 16-512 prompt and up to 256 output tokens), prefill ones
@@ -28,7 +29,7 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64
 
 
 def make_caches(kind: str, num_layers: int, num_blocks: int, block_size: int) -> list[LayerKV]:
-    """One cache [KVH, NB, BS, D] per layer, bf16 or int8 with scales."""
+    """One cache [KVH, NB, BS, D] per layer, bf16, fp32 or int8 with scales."""
     gen = torch.Generator().manual_seed(0)
     caches = []
     for _ in range(num_layers):
@@ -37,7 +38,7 @@ def make_caches(kind: str, num_layers: int, num_blocks: int, block_size: int) ->
             quantized, scale = quantize_rows(rows)
             caches.append(LayerKV(quantized[0], quantized[1], scale[0], scale[1]))
         else:
-            rows = rows.to(torch.bfloat16)
+            rows = rows.to(torch.float32 if kind == "fp32" else torch.bfloat16)
             caches.append(LayerKV(rows[0], rows[1]))
     return caches
 
@@ -57,7 +58,7 @@ def decode_case(ops, kind: str, block_size: int, batch: int, context: tuple[int,
     blocks_per_seq = -(-high // block_size)
     caches = make_caches(kind, args.layers, batch * blocks_per_seq + 1, block_size)
     gen = torch.Generator().manual_seed(1)
-    q = torch.randn(batch, NUM_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    q = torch.randn(batch, NUM_HEADS, HEAD_DIM, generator=gen).to(torch.float32 if kind == "fp32" else torch.bfloat16)
     tables = torch.randperm(batch * blocks_per_seq, generator=gen).view(batch, blocks_per_seq)
     lens = torch.randint(low, high + 1, (batch,), generator=gen).sort().values
 
@@ -111,6 +112,8 @@ def main() -> None:
     print(f"threads {torch.get_num_threads()}, {args.layers} layers, best of {args.repeats}; ms for all layers")
     print(f"{'case':<20}" + "".join(f"{f'{k}/{s}':>12}" for k, s in caches) + "   vs " + "/".join(map(str, caches[0])))
     for name, run in cases:
+        if name.startswith("prefill") and any(kind == "fp32" for kind, _ in caches):
+            continue  # the prefill kernel is bf16 only (fp32 models prefill through sdpa)
         times = [run(kind, size) * 1e3 for kind, size in caches]
         ratios = "  ".join(f"{times[0] / t:.2f}x" for t in times[1:])
         print(f"{name:<20}" + "".join(f"{t:>12.2f}" for t in times) + f"   {ratios}")
