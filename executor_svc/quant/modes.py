@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import structlog
 import torch
 
 from executor_svc.models.layer_ops import LayerOps
@@ -26,6 +27,8 @@ from executor_svc.native import loader
 from executor_svc.quant import gguf_blocks, int8
 from executor_svc.quant.base import QuantizedLinear
 from executor_svc.quant.quantized_ops import QuantizedLayerOps
+
+log = structlog.get_logger(__name__)
 
 ACTIVATIONS = ("auto", "int8", "bf16")
 
@@ -213,4 +216,21 @@ def resolve_quantization(
         target.int8_path()  # raises where the int8 layers could not be batch-invariant
     elif batch_invariant and mode.name != "none":
         target.block_kernels()
+    _warn_if_slower(mode.name, target)
     return Quantization(mode, target)
+
+
+def _warn_if_slower(mode: str, target: Target) -> None:
+    """Logs ``quantized_layers_on_torch_code`` when a CPU's quantized layers would run the torch code (no
+    AVX512-VNNI or AMX-INT8 kernels, e.g. AVX2 alone): weights are dequantized in every call there, so the model
+    takes less memory but runs slower than unquantized (W-mixed int8 at 0.37x bf16 on an AMD Zen 3)."""
+    if target.device.type != "cpu" or mode == "none":
+        return
+    slow = target.int8_path()[0] == "torch-int8" if mode == "int8" else target.block_kernels()[0] is None
+    if slow:
+        log.warning(
+            "quantized_layers_on_torch_code",
+            quantization=mode,
+            reason="the CPU kernels for quantized layers need AVX512-VNNI or AMX-INT8 (and the cpp layer ops)",
+            effect="less memory, slower than --quantization none here",
+        )

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from structlog.testing import capture_logs
 
+from executor_svc.models.layer_ops import CppLayerOps, TorchLayerOps
 from executor_svc.models.moe import MoeBlock
 from executor_svc.native.active import active_kernels
 from executor_svc.quant import int8
 from executor_svc.quant.base import QuantizedLinear
+from executor_svc.quant.modes import resolve_quantization
 from executor_svc.runner.model_runner import ModelRunner
 from tests.executor.conftest import install_recorder
 from tests.executor.test_model_hf_parity import _generate, greedy_prompts
@@ -108,3 +111,26 @@ def test_int8_layers_take_a_quarter_of_the_fp32_bytes(checkpoints, cpp_kernel):
 def test_bad_flags_fail_before_the_weights_are_read(tmp_path, flags, message):
     with pytest.raises(ValueError, match=message):
         ModelRunner(str(tmp_path / "no-such-model"), device="cpu", **flags)
+
+
+@pytest.mark.parametrize("mode", ["int8", "q8_0"])
+def test_quantized_layers_on_the_torch_code_are_said_to_be_slower(tmp_path, mode):
+    """The torch layer ops (no C++ quantized kernels) dequantize every call: the load says so once."""
+    cpu = torch.device("cpu")
+    with capture_logs() as logs:
+        resolve_quantization(mode, "auto", tmp_path / "model", cpu, torch.bfloat16, TorchLayerOps())
+    warned = [e for e in logs if e["event"] == "quantized_layers_on_torch_code"]
+    assert len(warned) == 1 and warned[0]["quantization"] == mode and warned[0]["log_level"] == "warning"
+    with capture_logs() as logs:
+        resolve_quantization("none", "auto", tmp_path / "model", cpu, torch.bfloat16, TorchLayerOps())
+    assert not [e for e in logs if e["event"] == "quantized_layers_on_torch_code"]
+
+
+def test_quantized_layers_on_the_int8_kernels_are_not_warned_about(tmp_path, cpp_kernel):
+    from executor_svc.native import loader
+
+    if not {"avx512_vnni", "amx_int8"} & loader.kernels().features:
+        pytest.skip("no C++ int8 kernels on this CPU: the test above covers the warning")
+    with capture_logs() as logs:
+        resolve_quantization("int8", "auto", tmp_path / "model", torch.device("cpu"), torch.bfloat16, CppLayerOps())
+    assert not [e for e in logs if e["event"] == "quantized_layers_on_torch_code"]
