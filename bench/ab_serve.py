@@ -43,7 +43,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,14 +52,10 @@ from pathlib import Path
 
 from stop_signals import stop_on_signals
 
+from pagoda.runtime.ports import free_port
+
 READY_TIMEOUT_S = 900.0
 BENCH_TIMEOUT_S = 1800.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_ready(bench: Path, target: str, server: subprocess.Popen[bytes]) -> None:
@@ -147,7 +142,7 @@ def run_once(
     The CPU time is the server's (launcher, scheduler, executors) while the
     benchmark runs: on a shared machine it varies far less than throughput does.
     """
-    port = _free_port()
+    port = free_port()
     target = f"127.0.0.1:{port}"
     run_dir = tempfile.mkdtemp(prefix="ab-serve-")
     serve_args = [arg.replace("{tmpdir}", run_dir) for arg in serve_args]

@@ -37,7 +37,6 @@ import os
 import pickle
 import random
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -53,6 +52,7 @@ import torch.multiprocessing as mp
 from executor_svc.loading.model_cache import resolve_model
 from pagoda import step as t
 from pagoda.params import SamplingParams
+from pagoda.runtime.ports import free_port
 
 BLOCK_SIZE = 16
 GROUP_TIMEOUT_S = 120.0
@@ -361,9 +361,7 @@ def run_config(cfg: Config, setup: Setup) -> list[dict[str, Any]]:
     """Every rank's report, by rank, of one configuration."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     procs = [ctx.Process(target=rank_main, args=(r, cfg, setup, port, results)) for r in range(cfg.world_size)]
     for proc in procs:
         proc.start()

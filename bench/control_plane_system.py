@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pagoda.launch.health import ServingStatus, check_health
 from pagoda.launch.launcher import LOOPBACK, service_command
+from pagoda.runtime.ports import free_port
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -105,12 +105,8 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, procs
 
 
 def free_ports(num: int) -> list[int]:
-    """`num` distinct TCP ports free a moment ago on 127.0.0.1 (all held open at once, so none repeats)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(num)]
-        for sock in sockets:
-            sock.bind((LOOPBACK, 0))
-        return [sock.getsockname()[1] for sock in sockets]
+    """`num` distinct TCP ports free a moment ago on 127.0.0.1, outside the ephemeral range."""
+    return [free_port() for _ in range(num)]
 
 
 def start_executors(num: int, log_dir: Path, extra_args: Sequence[str] = (), timeout_s: float = 300) -> list[Proc]:

@@ -15,7 +15,6 @@ import ctypes
 import ctypes.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import structlog
 from executor_svc.config import ExecutorConfig
 from executor_svc.parallel.collectives import fatal
 from executor_svc.parallel.shard import Placement
+from pagoda.runtime.ports import LOOPBACK, free_port
 
 log = structlog.get_logger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -43,9 +43,7 @@ def group_address(config: ExecutorConfig) -> str:
     """The group's rendezvous: the flag's, else (every rank local) 127.0.0.1 and a port free right now."""
     if config.group_address:
         return config.group_address
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
+    return f"{LOOPBACK}:{free_port()}"
 
 
 class LocalRanks:

@@ -4,38 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-LOOPBACK = "127.0.0.1"
-
-
-# Ports free_port gave out in this process, and the lock that keeps two threads from taking the same one.
-_handed_out: set[int] = set()
-_handed_out_lock = threading.Lock()
-# Tries before free_port gives up: the kernel's ephemeral range holds tens of thousands.
-_MAX_PORT_TRIES = 1000
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free a moment ago on ``host``, never one given before in this process.
-
-    The port is closed again when it is returned, so the kernel may hand the same one to the next bind(0): two
-    services started from one process would then race for it, and the loser fails to listen.
-    """
-    with _handed_out_lock:
-        for _ in range(_MAX_PORT_TRIES):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((host, 0))
-                port: int = sock.getsockname()[1]
-            if port not in _handed_out:
-                _handed_out.add(port)
-                return port
-    raise OSError(f"no free port on {host} that this process was not given before ({_MAX_PORT_TRIES} tries)")
+from pagoda.runtime.ports import LOOPBACK, free_port
 
 
 def service_command(script: str, module: str) -> list[str]:

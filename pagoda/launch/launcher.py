@@ -23,18 +23,17 @@ import grpc
 from pagoda.channel import Tls, auth_metadata, open_channel
 from pagoda.launch.child import Child, describe_exit
 from pagoda.launch.commands import (
-    LOOPBACK,
     OffloadPlan,
     SchedulerPlan,
     child_env,
     executor_argv,
-    free_port,
     scheduler_ports,
     service_command,
 )
 from pagoda.launch.health import ServingStatus, check_health
 from pagoda.launch.restart_policy import RestartPolicy
 from pagoda.launch.supervisor import CRASH_LOOP_LINES, Supervisor
+from pagoda.runtime.ports import LOOPBACK, free_port
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
 
 __all__ = ["LOOPBACK", "Launcher", "LauncherError", "OffloadPlan", "free_port", "service_command"]

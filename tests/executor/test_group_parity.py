@@ -11,7 +11,6 @@ is tests/integration/test_group_e2e.py.
 
 from __future__ import annotations
 
-import socket
 import traceback
 
 import pytest
@@ -19,17 +18,12 @@ import torch
 import torch.multiprocessing as mp
 
 from executor_svc.native import loader
+from pagoda.runtime.ports import free_port
 from tests.executor.conftest import ARCHS, load_hf
 from tests.executor.test_model_hf_parity import _generate, greedy_prompts
 
 NUM_NEW = 24
 CONFIGS = [(2, 1), (1, 2), (2, 2)]  # (tensor, pipeline)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _rank_main(rank: int, tp: int, pp: int, port: int, folders: dict, backend: str, results) -> None:
@@ -82,7 +76,7 @@ def _spawn(target, world: int, *args) -> tuple[object, list[int]]:
 
 def run_group(tp: int, pp: int, folders: dict, backend: str = "torch") -> dict:
     """What rank 0 of a (tp x pp) group generated for each checkpoint."""
-    out, codes = _spawn(_rank_main, tp * pp, tp, pp, _free_port(), folders, backend)
+    out, codes = _spawn(_rank_main, tp * pp, tp, pp, free_port(), folders, backend)
     assert "error" not in out, out.get("error")
     assert codes == [0] * (tp * pp), codes
     return out
@@ -195,7 +189,7 @@ def test_each_rank_reads_and_holds_its_shard_only(tmp_path):
     folder = str(make_tiny_checkpoint(tmp_path, "llama", num_attention_heads=8, num_key_value_heads=4, **sizes))
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_memory_main, args=(0, 1, 0, folder, results))]
     procs += [ctx.Process(target=_memory_main, args=(rank, 2, port, folder, results)) for rank in range(2)]
     got = []
@@ -245,7 +239,7 @@ def _quantized_main(rank: int, tp: int, port: int, path: str, options: dict, res
 
 
 def _served(tp: int, path: str, options: dict) -> tuple[str, str, dict]:
-    out, _ = _spawn(_quantized_main, tp, tp, _free_port(), path, options)
+    out, _ = _spawn(_quantized_main, tp, tp, free_port(), path, options)
     assert not out[0].startswith("rank "), out[0]
     return out
 
@@ -321,7 +315,7 @@ def test_a_step_that_fails_on_one_rank_takes_the_group_down_at_once(checkpoints)
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_failing_main, args=(r, port, str(checkpoints["llama"]), results)) for r in range(2)]
     for proc in procs:
         proc.start()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 from pagoda.launch.launcher import Launcher
 from pagoda.launch.serve import launcher_from_args
 from pagoda_client.cli import build_parser
@@ -57,21 +55,3 @@ def test_serve_flags_supervision_and_schedulers():
 def test_launcher_without_restart_is_not_supervised():
     assert Launcher("/m").supervisor is None
     assert Launcher("/m", restart=True).supervisor is not None
-
-
-def test_free_port_never_gives_a_port_twice(monkeypatch):
-    """The kernel may give back a port just closed; free_port asks again rather than give it out twice."""
-    from pagoda.launch import commands
-
-    given = [commands.free_port() for _ in range(50)]
-    assert len(set(given)) == len(given)
-    reused = iter([given[-1]])  # the first bind(0) below "gets" a port given out already
-
-    class FirstBindGetsAGivenPort(socket.socket):
-        def getsockname(self):
-            host, port = super().getsockname()
-            return host, next(reused, port)
-
-    monkeypatch.setattr(commands.socket, "socket", FirstBindGetsAGivenPort)
-    port = commands.free_port()
-    assert next(reused, None) is None and port not in given
