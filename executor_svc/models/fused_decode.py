@@ -26,7 +26,7 @@ from executor_svc.models.layer_ops import WIDENED_F32_PANEL, PanelWeight
 from executor_svc.models.mlp import GatedMlp
 from executor_svc.native import loader
 from executor_svc.quant.gguf_blocks import BlockLinear
-from executor_svc.quant.int8 import Int8Linear
+from executor_svc.quant.int8 import VECTOR_PATHS, Int8Linear
 
 # The weight kinds of cpu_layers.cpp.
 PANEL_BF16, PANEL_F32, INT8, INT8_VNNI, PANEL_WIDENED, BLOCKS = 0, 1, 2, 3, 4, 16
@@ -144,8 +144,8 @@ def _linear(weight: Any) -> tuple[Any, ...] | None:
         else:
             kind = PANEL_BF16 if weight.panels.dtype == torch.bfloat16 else PANEL_F32
         return weight.panels, None, kind, weight.out_features, None
-    if isinstance(weight, Int8Linear) and weight.path in ("amx-int8", "vnni-int8"):
-        kind = INT8_VNNI if weight.path == "vnni-int8" else INT8
+    if isinstance(weight, Int8Linear) and weight.path in ("amx-int8", *VECTOR_PATHS):
+        kind = INT8_VNNI if weight.path in VECTOR_PATHS else INT8  # INT8_VNNI: the kernels' vector path
         return weight.packed, weight.scales, kind, weight.out_features, weight.widen_above
     if isinstance(weight, BlockLinear) and weight.kernels is not None:
         quants, scales = weight.tensors

@@ -124,6 +124,7 @@ HEADERS = (
     "cpu_kernel_avx512.h",
     "cpu_prefill_pack.h",
     "cpu_quant.h",
+    "cpu_quant_avx2.h",
     "cpu_layer_ops.h",
 )
 

@@ -33,6 +33,9 @@ GROUP = 64
 # than bf16 tile products there (bench/bench_linear.py --quantization int8).
 WIDEN_ABOVE_ROWS = 128
 ALWAYS = 1 << 62  # a widen_above that no step reaches
+# The kernels' vector paths (the op's vnni=True): int8 activations at every step size, no bf16 widening.
+# AVX512-VNNI, or AVX2's vpmaddubsw where the build has no VNNI (cpu_quant_avx2.h).
+VECTOR_PATHS = ("vnni-int8", "avx2-int8")
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,8 +83,8 @@ def int8_matmul(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, bias: torch
 class Int8Linear(QuantizedLinear):
     """A linear layer with int8 weights: ``layer(x, bias)`` -> [..., out_features].
 
-    ``path`` says what runs it: ``amx-int8`` / ``vnni-int8`` (the C++ kernels;
-    ``packed`` is their panel layout) or
+    ``path`` says what runs it: ``amx-int8`` / ``vnni-int8`` / ``avx2-int8`` (the
+    C++ kernels; ``packed`` is their panel layout) or
     ``torch-int8`` (``packed`` is wq [N, K], dequantized per call).
     """
 
@@ -110,7 +113,7 @@ class Int8Linear(QuantizedLinear):
             y = int8_matmul(flat, self._wq(), self.scales, bias, self.widen_above)
         else:
             y = self.kernels.linear_int8(  # type: ignore[attr-defined]
-                flat, self.packed, self.scales, self.out_features, bias, self.path == "vnni-int8", self.widen_above
+                flat, self.packed, self.scales, self.out_features, bias, self.path in VECTOR_PATHS, self.widen_above
             )
         return y.view(*x.shape[:-1], self.out_features)
 
@@ -121,7 +124,7 @@ class Int8Linear(QuantizedLinear):
             return None
         flat = x.reshape(-1, x.shape[-1])
         y = self.kernels.linear_int8_silu(  # type: ignore[attr-defined]
-            flat, self.packed, self.scales, self.out_features, self.path == "vnni-int8", self.widen_above
+            flat, self.packed, self.scales, self.out_features, self.path in VECTOR_PATHS, self.widen_above
         )
         return y.view(*x.shape[:-1], self.out_features // 2)
 
@@ -134,13 +137,15 @@ class Int8Linear(QuantizedLinear):
 
 
 def int8_path(kernels, device: torch.device) -> str:
-    """What runs int8 layers here: the AMX-INT8 or VNNI kernels on a CPU whose build has them, else torch."""
+    """What runs int8 layers here: the AMX-INT8, VNNI or AVX2 kernels on a CPU whose build has them, else torch."""
     if kernels is None or device.type != "cpu":
         return "torch-int8"
     if "amx_int8" in kernels.features and kernels.ops.amx_int8_ready():
         return "amx-int8"
     if "avx512_vnni" in kernels.features:
         return "vnni-int8"
+    if "avx2_int8" in kernels.features:
+        return "avx2-int8"
     return "torch-int8"
 
 

@@ -52,14 +52,16 @@ class Target:
     def int8_path(self) -> tuple[str, int]:
         """(what runs int8 layers, widen_above): the kernels where they take this dtype, else torch."""
         path = int8.int8_path(self.kernels, self.device)
-        if self.dtype not in (torch.float32, torch.bfloat16) or (path == "vnni-int8" and self.activations == "bf16"):
-            path = "torch-int8"  # the kernels take fp32 / bf16 rows; VNNI has no bf16 widening
+        if self.dtype not in (torch.float32, torch.bfloat16) or (
+            path in int8.VECTOR_PATHS and self.activations == "bf16"
+        ):
+            path = "torch-int8"  # the kernels take fp32 / bf16 rows; VNNI and AVX2 have no bf16 widening
         if self.batch_invariant and path == "torch-int8":
             raise ValueError(
-                "batch-invariant int8 layers need the C++ int8 kernels (AVX512-VNNI or AMX-INT8) on fp32 / bf16 "
-                "rows, and on VNNI int8 activations"
+                "batch-invariant int8 layers need the C++ int8 kernels (AMX-INT8, AVX512-VNNI or AVX2) on fp32 / "
+                "bf16 rows, and on VNNI or AVX2 int8 activations"
             )
-        if self.activations == "int8" or path == "vnni-int8":
+        if self.activations == "int8" or path in int8.VECTOR_PATHS:
             return path, int8.ALWAYS
         if self.activations == "bf16" or self.device.type == "cuda":
             return path, 0
@@ -222,8 +224,9 @@ def resolve_quantization(
 
 def _warn_if_slower(mode: str, target: Target) -> None:
     """Logs ``quantized_layers_on_torch_code`` when a CPU's quantized layers would run the torch code (no
-    AVX512-VNNI or AMX-INT8 kernels, e.g. AVX2 alone): weights are dequantized in every call there, so the model
-    takes less memory but runs slower than unquantized (W-mixed int8 at 0.37x bf16 on an AMD Zen 3)."""
+    int8 kernels, or GGUF layers without AVX512-VNNI): weights are dequantized in every call there, so the model
+    takes less memory but runs slower than unquantized (W-mixed int8 on the torch code ran 0.37x bf16 on an AMD
+    Zen 3, before the AVX2 int8 kernel)."""
     if target.device.type != "cpu" or mode == "none":
         return
     slow = target.int8_path()[0] == "torch-int8" if mode == "int8" else target.block_kernels()[0] is None
@@ -231,6 +234,7 @@ def _warn_if_slower(mode: str, target: Target) -> None:
         log.warning(
             "quantized_layers_on_torch_code",
             quantization=mode,
-            reason="the CPU kernels for quantized layers need AVX512-VNNI or AMX-INT8 (and the cpp layer ops)",
+            reason="the CPU kernels for int8 layers need AVX2 + FMA, for GGUF layers AVX512-VNNI (and the cpp "
+            "layer ops)",
             effect="less memory, slower than --quantization none here",
         )

@@ -81,10 +81,11 @@ def test_bf16_panel_gemm_rows_do_not_depend_on_the_batch(k, n):
 
 
 def _int8_ops(vnni: bool = True):
-    """The kernels' ops for the int8 path: AVX512-VNNI (vnni) or AMX-INT8, skipping where the build lacks it."""
-    ops = native_ops("avx512", "the int8 GEMMs need AVX-512")
-    if vnni and "avx512_vnni" not in ops.cpu_features():
-        pytest.skip("the VNNI int8 path needs AVX512-VNNI in the kernel build")
+    """The kernels' ops for the int8 path: the vector one (vnni: AVX512-VNNI, or AVX2 without it) or AMX-INT8,
+    skipping where the build lacks it."""
+    ops = native_ops("f32_panels", "the int8 GEMMs need AVX-512 or AVX2 + FMA")
+    if vnni and not {"avx512_vnni", "avx2_int8"} & set(ops.cpu_features()):
+        pytest.skip("the vector int8 path needs AVX512-VNNI or AVX2 in the kernel build")
     if not vnni and not ("amx_int8" in ops.cpu_features() and ops.amx_int8_ready()):
         pytest.skip("the AMX-INT8 path needs AMX-INT8 (CPU, kernel build and Linux permission)")
     return ops
@@ -134,7 +135,7 @@ def test_int8_widening_past_128_rows_changes_a_rows_bits_on_amx_only(vnni):
 def test_gguf_q8_0_rows_do_not_depend_on_the_batch_at_one_activation_kind(widen_above):
     """GGUF blocks on VNNI: int8 activations per 32 (ALWAYS), or bf16 dot products (0) at every M; the auto
     threshold (16 rows) switches kinds, so it changes a row's bits for M > 16."""
-    ops = _int8_ops()
+    ops = native_ops("avx512_vnni", "the GGUF block kernels need AVX512-VNNI")
     if widen_above != int8.ALWAYS and "avx512_bf16" not in ops.cpu_features() and not ops.amx_ready():
         pytest.skip("widened GGUF blocks need AVX512-BF16 or AMX")
     weight = gguf_blocks.quantize_blocks(_weight(576, 192, 13), gguf_blocks.Q.Q8_0)
@@ -148,14 +149,14 @@ def test_gguf_q8_0_rows_do_not_depend_on_the_batch_at_one_activation_kind(widen_
 
 def test_panel_and_int8_gemms_do_not_depend_on_the_thread_count():
     """Threads split output panels, never K: 1 thread and this process's count give the same bits."""
-    ops = native_ops("avx512", "the panel GEMMs need AVX-512")
+    ops = native_ops("f32_panels", "the panel GEMMs need AVX-512 or AVX2 + FMA")
     k, n = 1536, 576
     x = _probes(k, torch.float32, 43).repeat(22, 1)  # 66 rows
     w = _weight(k, n, 43)
     gemms = [lambda: ops.linear_f32(x, ops.pack_f32(w), n, None)]
     if ops.bf16_kernels_ready():
         gemms.append(lambda: ops.linear_bf16(x.bfloat16(), ops.pack_bf16(w.bfloat16()), n, None))
-    if "avx512_vnni" in ops.cpu_features():
+    if {"avx512_vnni", "avx2_int8"} & set(ops.cpu_features()):
         wq, ws = int8.quantize_per_channel(w)
         gemms.append(lambda: ops.linear_int8(x.bfloat16(), ops.pack_int8(wq), ws, n, None, True, int8.ALWAYS))
     threads = torch.get_num_threads()

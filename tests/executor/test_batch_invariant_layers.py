@@ -67,14 +67,14 @@ def test_batch_invariant_refuses_the_torch_layer_ops():
 
 def test_batch_invariant_int8_keeps_int8_activations_at_every_step_and_refuses_torch():
     kernels = loader.kernels()
-    if kernels is None or "avx512_vnni" not in kernels.features:
-        pytest.skip("the C++ int8 kernels need AVX512-VNNI or AMX-INT8")
+    if kernels is None or not {"avx512_vnni", "avx2_int8"} & kernels.features:
+        pytest.skip("the C++ int8 kernels need AVX512-VNNI, AMX-INT8 or AVX2")
     path, widen_above = Target(CPU, torch.bfloat16, kernels, "auto", batch_invariant=True).int8_path()
-    assert path in ("amx-int8", "vnni-int8") and widen_above == int8.ALWAYS
+    assert path in ("amx-int8", *int8.VECTOR_PATHS) and widen_above == int8.ALWAYS
     weight_only = Target(CPU, torch.bfloat16, kernels, "bf16", batch_invariant=True)
     if path == "amx-int8":  # bf16 activations: widened at every step
         assert weight_only.int8_path() == (path, 0)
-    else:  # VNNI has no widened path: the torch code (sgemm) would run it
+    else:  # VNNI and AVX2 have no widened path: the torch code (sgemm) would run it
         with pytest.raises(ValueError, match="batch-invariant int8"):
             weight_only.int8_path()
     for dtype, found in ((torch.float16, kernels), (torch.bfloat16, None)):  # torch-int8: sgemm's blocking
@@ -95,8 +95,9 @@ def test_batch_invariant_gguf_blocks_never_switch_activation_kind():
 @pytest.mark.parametrize("mode", ["int8", "q8_0"])
 def test_quantized_layers_of_an_invariant_executor_do_not_depend_on_the_batch(mode, tmp_path):
     kernels = loader.kernels()
-    if kernels is None or "avx512_vnni" not in kernels.features:
-        pytest.skip("the C++ quantized kernels need AVX512-VNNI")
+    needs = {"avx512_vnni"} if mode == "q8_0" else {"avx512_vnni", "avx2_int8"}  # GGUF blocks: VNNI only
+    if kernels is None or not needs & kernels.features:
+        pytest.skip(f"the C++ {mode} kernels need one of {sorted(needs)}")
     base = _invariant_ops(torch.bfloat16)
     quantization = resolve_quantization(mode, "auto", tmp_path, CPU, torch.bfloat16, base, batch_invariant=True)
     ops = quantization.wrap(base)

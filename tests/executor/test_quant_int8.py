@@ -1,7 +1,7 @@
 """int8 weights (``--quantization int8``): the kernels' GEMMs against a dequantize-then-matmul reference.
 
-Each int8 path (AMX-INT8, AVX512-VNNI, the widened bf16 path of large steps,
-the torch code) is held to a float64 product of the dequantized operands:
+Each int8 path (AMX-INT8, AVX512-VNNI, AVX2's vpmaddubsw, the widened bf16
+path of large steps, the torch code) is held to a float64 product of the dequantized operands:
 the kernel's own quantized activations (an int8 dot product per 64-feature
 group is exact, so only the final scaling and rounding differ), or x rounded
 to bf16 for the widened path. Rounding as in the bf16 GEMM tests: fp32 within
@@ -22,9 +22,9 @@ SHAPES = [(16, 64), (100, 40), (960, 576), (576, 1536)]  # (out, in): panel and 
 
 @pytest.fixture(scope="module")
 def kernels(cpp_kernel):
-    ops = native_ops("avx512", "the int8 GEMMs need AVX-512")
-    if "avx512_vnni" not in ops.cpu_features():
-        pytest.skip("the int8 GEMMs need AVX512-VNNI or AMX-INT8 in the kernel build")
+    ops = native_ops("f32_panels", "the int8 GEMMs need AVX-512 or AVX2 + FMA")
+    if not {"avx512_vnni", "avx2_int8"} & set(ops.cpu_features()):
+        pytest.skip("the int8 GEMMs need AVX512-VNNI, AMX-INT8 or AVX2 in the kernel build")
     return ops
 
 
@@ -83,7 +83,8 @@ def test_kernel_quantizes_activations_as_the_reference(kernels, dtype, group):
 
 
 def _paths(kernels) -> list[str]:
-    paths = ["vnni-int8"]
+    """The C++ paths of this build: its vector path (VNNI, else AVX2), and AMX-INT8 where it runs."""
+    paths = ["vnni-int8" if "avx512_vnni" in kernels.cpu_features() else "avx2-int8"]
     if "amx_int8" in kernels.cpu_features() and kernels.amx_int8_ready():
         paths.insert(0, "amx-int8")
     return paths

@@ -129,7 +129,7 @@ def test_quantized_layers_on_the_torch_code_are_said_to_be_slower(tmp_path, mode
 def test_quantized_layers_on_the_int8_kernels_are_not_warned_about(tmp_path, cpp_kernel):
     from executor_svc.native import loader
 
-    if not {"avx512_vnni", "amx_int8"} & loader.kernels().features:
+    if not {"avx512_vnni", "amx_int8", "avx2_int8"} & loader.kernels().features:
         pytest.skip("no C++ int8 kernels on this CPU: the test above covers the warning")
     with capture_logs() as logs:
         resolve_quantization("int8", "auto", tmp_path / "model", torch.device("cpu"), torch.bfloat16, CppLayerOps())

@@ -50,7 +50,7 @@ def _int8_kernels_here() -> bool:
     from executor_svc.native import loader
 
     kernels = loader.kernels()
-    return kernels is not None and bool({"avx512_vnni", "amx_int8"} & kernels.features)
+    return kernels is not None and bool({"avx512_vnni", "amx_int8", "avx2_int8"} & kernels.features)
 
 
 pytestmark = [

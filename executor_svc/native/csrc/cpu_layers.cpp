@@ -23,7 +23,7 @@ enum LinearKind : int64_t {
   kPanelBf16 = 0,  // pack_bf16 panels
   kPanelF32 = 1,   // pack_f32 panels
   kInt8 = 2,       // pack_int8 panels + per-channel scales, on AMX-INT8
-  kInt8Vnni = 3,   // the same, on AVX512-VNNI
+  kInt8Vnni = 3,   // the same, on the vector path: AVX512-VNNI, or AVX2 (vpmaddubsw) in a build without VNNI
   kPanelWidened = 4,  // pack_f32 panels of a bf16 weight, for bf16 rows: widened, fp32 sums rounded once
   kBlocks = 16,    // GGUF blocks: kBlocks + the GGUF type, quants + scales from pack_qblocks
 };

@@ -29,10 +29,31 @@ namespace {
 constexpr int64_t kPanelGroup = 8;  // panels a thread keeps in L2 while every row tile passes
 constexpr int64_t kTileBytes = kDepth * kCols;  // one 64-k group of a panel: 1 KB
 
+struct Int8Problem {
+  const int8_t* xq;
+  const float* xs;
+  int64_t m, mp, kp, groups, n, panels;
+  const int8_t* w;
+  const float* ws;
+  const int32_t* xsum;  // VNNI: the sum of each row's group of xq [mp, groups]
+  bool gated = false;  // linear_int8_silu: y [m, n / 2] = silu(gate) * up of the two halves of the outputs
+};
+
+#include "cpu_quant_avx2.h"
+
 template <typename T>
 void quantize_row(const T* x, int64_t k, int64_t kp, int64_t group, int8_t* q, float* scale, int32_t* sum) {
   for (int64_t g = 0; g * group < kp; ++g) {
     const int64_t k0 = g * group, n = std::min(group, k - k0);
+#if defined(PAGODA_AVX2_INT8) && !defined(__AVX512F__)
+    if (n == group) {
+      int32_t total = 0;
+      const float m = avx2_quantize_group(x + k0, group, q + k0, &total);
+      scale[g] = m / 127.f;
+      if (sum) sum[g] = total;
+      continue;
+    }
+#endif
 #if defined(__AVX512F__)
     __m512 v[4];
     __m512 amax = _mm512_setzero_ps();
@@ -214,16 +235,6 @@ PAGODA_INLINE void store_rows(const __m512* acc, int64_t rows, const float* ws, 
   for (int64_t r = 0; r < rows; ++r) store16(y + (row0 + r) * n + col0, _mm512_fmadd_ps(acc[r], w_scale, add), mask);
 }
 #endif
-
-struct Int8Problem {
-  const int8_t* xq;
-  const float* xs;
-  int64_t m, mp, kp, groups, n, panels;
-  const int8_t* w;
-  const float* ws;
-  const int32_t* xsum;  // VNNI: the sum of each row's group of xq [mp, groups]
-  bool gated = false;  // linear_int8_silu: y [m, n / 2] = silu(gate) * up of the two halves of the outputs
-};
 
 #if defined(PAGODA_AMX_INT8)
 // Rows [row0, row0 + ROWS) of y for panels [p0, p1).
@@ -502,8 +513,10 @@ void run_vnni(const Int8Problem& pr, const T* bias, T* y) {
       }
     }
   });
+#elif defined(PAGODA_AVX2_INT8)
+  run_avx2(pr, bias, y);  // exact int8 dot products: no shift to take off
 #else
-  TORCH_CHECK(false, "this build has no AVX512-VNNI kernel");
+  TORCH_CHECK(false, "this build has no AVX512-VNNI or AVX2 int8 kernel");
 #endif
 }
 
@@ -605,7 +618,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::
   Int8Problem problem{widen ? nullptr : rows.q.data_ptr<int8_t>(), widen ? nullptr : rows.scale.data_ptr<float>(),
                       m, widen ? 0 : rows.mp, kp, kp / kDepth, n, panels, packed.data_ptr<int8_t>(),
                       scales.data_ptr<float>(), vnni ? rows.sum.data_ptr<int32_t>() : nullptr};
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(PAGODA_AVX2_INT8)
   AT_DISPATCH_V2(x.scalar_type(), "linear_int8", AT_WRAP([&] {
     const scalar_t* bd = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
     scalar_t* yd = y.data_ptr<scalar_t>();
@@ -616,7 +629,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const at::
     else run_amx<scalar_t>(problem, bd, yd);
   }), at::kFloat, at::kBFloat16);
 #else
-  TORCH_CHECK(false, "this build has no int8 kernel (needs AVX-512)");
+  TORCH_CHECK(false, "this build has no int8 kernel (needs AVX-512, or AVX2 + FMA)");
 #endif
   return y;
 }

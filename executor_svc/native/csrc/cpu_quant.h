@@ -13,6 +13,11 @@
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 #define PAGODA_AMX_INT8 1
 #endif
+// The int8 GEMM on AVX2 (vpmaddubsw) where the build has no AVX512-VNNI: cpu_quant_avx2.h.
+#if !defined(__AVX512VNNI__) && defined(__AVX2__) && defined(__FMA__)
+#define PAGODA_AVX2_INT8 1
+#include <immintrin.h>
+#endif
 
 namespace pagoda::quant {
 

@@ -31,6 +31,9 @@ std::vector<std::string> cpu_features() {
 #if defined(__AVX512VNNI__)
   features.push_back("avx512_vnni");  // the int8 GEMM without AMX
 #endif
+#if defined(PAGODA_AVX2_INT8)
+  features.push_back("avx2_int8");  // the int8 GEMM on AVX2 (vpmaddubsw), where the build has no VNNI
+#endif
 #if defined(PAGODA_AMX_INT8)
   features.push_back("amx_int8");  // the int8 GEMM's tile path
 #endif
