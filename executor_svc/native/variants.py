@@ -121,6 +121,7 @@ HEADERS = (
     "amx.h",
     "bf16_dot.h",
     "cpu_kernel_common.h",
+    "cpu_kernel_avx2.h",
     "cpu_kernel_avx512.h",
     "cpu_prefill_pack.h",
     "cpu_quant.h",

@@ -149,7 +149,10 @@ def test_span_block_sizes(cpp_kernel, dtype, tol, block_size):
 @pytest.mark.parametrize("q_scale", [4.0, 12.0])
 def test_span_peaky_scores(cpp_kernel, dtype, tol, q_scale):
     """Large scores: the running max grows often and the softmax is far from flat."""
-    tol = 3e-2 if dtype == BF16 else tol  # bf16 probabilities round coarser when the softmax is peaked
+    # bf16 probabilities round coarser when the softmax is peaked. fp32: a score's rounding grows with its size
+    # (|s| up to ~40 at q_scale 12), and an output's error with it: over 12 seeds the portable path reached
+    # 3.4-3.5e-6 at q_scale 12 with the compiler's loops and with AVX2 intrinsics alike (mean 2.2-2.4e-6).
+    tol = 3e-2 if dtype == BF16 else tol * max(1.0, q_scale / 4)
     _check(cpp_kernel, dtype, dtype, [1, 33, 100, 500], q_scale=q_scale, tol=tol)
 
 

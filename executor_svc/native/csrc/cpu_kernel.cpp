@@ -12,13 +12,15 @@
 // one transpose-add tree, state in registers). bf16 rows widen without
 // shuffles into an even/odd lane order (queries and outputs use the same
 // order). Anything else runs plain loops that the compiler vectorises (-O3
-// -ffast-math), so the build works on any CPU.
+// -ffast-math), so the build works on any CPU; on AVX2 + FMA without AVX-512
+// the tile step of those loops runs intrinsics (cpu_kernel_avx2.h).
 //
 // int8 caches (cpu_kernel_common.h) take the same paths: rows widen from
 // int8 in registers (natural lane order), each tile's 16 K scales multiply
 // its scores and its 16 V scales its probabilities before P.V (the softmax
 // sums use the unscaled ones). store_kv quantizes the step's rows.
 #include "cpu_kernel_common.h"
+#include "cpu_kernel_avx2.h"
 #include "cpu_kernel_avx512.h"
 #include "cpu_layer_ops.h"
 
@@ -83,6 +85,13 @@ void attend_span(const Job& job, HeadRows<C> head, const int64_t* table, int64_t
     widen_tile(head.v, head.v_scale, rows, count, head_dim, values);
     for (int64_t g = 0; g < group; ++g) {
       float* acc = state.acc + g * head_dim;
+#if defined(PAGODA_AVX2_ATTENTION)
+      if (head_dim % 8 == 0) {
+        pagoda_avx2::tile_step(keys, values, query + g * head_dim, count, head_dim, job.softcap, state.row_max + g,
+                               state.row_sum + g, acc, probs + g * kTile);
+        continue;
+      }
+#endif
       tile_step_generic(keys, values, query + g * head_dim, count, head_dim, job.softcap, state.row_max + g,
                         state.row_sum + g, acc, probs + g * kTile);
     }
