@@ -12,8 +12,10 @@
 // one transpose-add tree, state in registers). bf16 rows widen without
 // shuffles into an even/odd lane order (queries and outputs use the same
 // order). Anything else runs plain loops that the compiler vectorises (-O3
-// -ffast-math), so the build works on any CPU; on AVX2 + FMA without AVX-512
-// the tile step of those loops runs intrinsics (cpu_kernel_avx2.h).
+// -ffast-math), so the build works on any CPU. On AVX2 + FMA without AVX-512,
+// head dims that are a multiple of 8 run intrinsics (cpu_kernel_avx2.h): GQA
+// groups of up to 4 queries straight from the cache rows, larger ones the
+// widened tiles with an AVX2 tile step.
 //
 // int8 caches (cpu_kernel_common.h) take the same paths: rows widen from
 // int8 in registers (natural lane order), each tile's 16 K scales multiply
@@ -77,6 +79,17 @@ void attend_span(const Job& job, HeadRows<C> head, const int64_t* table, int64_t
   float *keys = scratch.keys(), *values = scratch.values(), *probs = scratch.probs(), *query = scratch.query(group);
 #if defined(__AVX512F__)
   if constexpr (NC > 0) return span_wide_all<C, NC>(job, head, table, lo, hi, state, query);
+#endif
+#if defined(PAGODA_AVX2_ATTENTION)
+  if (head_dim % 8 == 0 && head_dim <= 256) {
+    switch (group) {
+      case 1: return pagoda_avx2::span_rows<1>(job, head, table, lo, hi, state, query);
+      case 2: return pagoda_avx2::span_rows<2>(job, head, table, lo, hi, state, query);
+      case 3: return pagoda_avx2::span_rows<3>(job, head, table, lo, hi, state, query);
+      case 4: return pagoda_avx2::span_rows<4>(job, head, table, lo, hi, state, query);
+      default: break;  // larger groups: the widened tiles below, per query
+    }
+  }
 #endif
   TileWalker<C> walker(job, head.k, head.v, table, lo, hi);
   int64_t rows[kTile];  // element offsets of the tile's K (= V) rows
