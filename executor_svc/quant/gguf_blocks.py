@@ -188,7 +188,7 @@ class BlockLinear(QuantizedLinear):
 
 
 def block_linear(weight: GgufWeight, kernels: Any, widen_above: int) -> BlockLinear:
-    """``weight``'s layer on the C++ kernels (``kernels``: their ops; VNNI) or, with None, the torch code
+    """``weight``'s layer on the C++ kernels (``kernels``: their ops; VNNI or AVX2) or, with None, the torch code
     (weight-only: the layer dequantized per call).
 
     The file's rows are released: the layer holds the blocks from then on, and the weight reads through it.
@@ -200,7 +200,8 @@ def block_linear(weight: GgufWeight, kernels: Any, widen_above: int) -> BlockLin
         layer = BlockLinear(f"torch-{name}", weight.qtype, n, k, widen_above, (weight.data,))
     else:
         quants, scales = kernels.pack_qblocks(weight.data, int(weight.qtype), k)
-        layer = BlockLinear(f"vnni-{name}", weight.qtype, n, k, widen_above, (quants, scales), kernels)
+        vector = "vnni" if "avx512_vnni" in kernels.cpu_features() else "avx2"  # AVX2: vpmaddubsw, no VNNI
+        layer = BlockLinear(f"{vector}-{name}", weight.qtype, n, k, widen_above, (quants, scales), kernels)
     weight.data, weight.packed = None, layer
     return layer
 

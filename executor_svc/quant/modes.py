@@ -71,15 +71,17 @@ class Target:
     def block_kernels(self) -> tuple[Any, int]:
         """(the kernels' ops for GGUF blocks, or None for the torch code; widen_above)."""
         kernels = self.kernels
-        usable = kernels is not None and self.device.type == "cpu" and "avx512_vnni" in kernels.features
+        usable = (
+            kernels is not None and self.device.type == "cpu" and bool({"avx512_vnni", "avx2_int8"} & kernels.features)
+        )
         # Widened steps run on the bf16 AMX blocks, or without AMX on AVX512-BF16 dot products.
         widens = usable and (
             "avx512_bf16" in kernels.features or ("amx" in kernels.features and kernels.ops.amx_ready())
         )
         if self.batch_invariant and (not usable or (self.activations == "bf16" and not widens)):
             raise ValueError(
-                "batch-invariant GGUF layers need the C++ block kernels (AVX512-VNNI; bf16 activations also "
-                "AVX512-BF16 or AMX)"
+                "batch-invariant GGUF layers need the C++ block kernels (AVX512-VNNI or AVX2; bf16 activations "
+                "also AVX512-BF16 or AMX)"
             )
         if not usable:
             return None, int8.ALWAYS  # the torch code is weight-only whatever widen_above says
@@ -223,10 +225,10 @@ def resolve_quantization(
 
 
 def _warn_if_slower(mode: str, target: Target) -> None:
-    """Logs ``quantized_layers_on_torch_code`` when a CPU's quantized layers would run the torch code (no
-    int8 kernels, or GGUF layers without AVX512-VNNI): weights are dequantized in every call there, so the model
-    takes less memory but runs slower than unquantized (W-mixed int8 on the torch code ran 0.37x bf16 on an AMD
-    Zen 3, before the AVX2 int8 kernel)."""
+    """Logs ``quantized_layers_on_torch_code`` when a CPU's quantized layers would run the torch code (no C++
+    kernels for them: a CPU without AVX2 + FMA, or the torch layer ops): weights are dequantized in every call
+    there, so the model takes less memory but runs slower than unquantized (W-mixed int8 on the torch code ran
+    0.37x bf16 on an AMD Zen 3, before the AVX2 int8 kernels)."""
     if target.device.type != "cpu" or mode == "none":
         return
     slow = target.int8_path()[0] == "torch-int8" if mode == "int8" else target.block_kernels()[0] is None
@@ -234,7 +236,6 @@ def _warn_if_slower(mode: str, target: Target) -> None:
         log.warning(
             "quantized_layers_on_torch_code",
             quantization=mode,
-            reason="the CPU kernels for int8 layers need AVX2 + FMA, for GGUF layers AVX512-VNNI (and the cpp "
-            "layer ops)",
+            reason="the CPU kernels for quantized layers need AVX2 + FMA and the cpp layer ops",
             effect="less memory, slower than --quantization none here",
         )

@@ -83,10 +83,10 @@ def test_batch_invariant_int8_keeps_int8_activations_at_every_step_and_refuses_t
 
 
 def test_batch_invariant_gguf_blocks_never_switch_activation_kind():
-    ops = native_ops("avx512", "GGUF block kernels need AVX-512")
+    ops = native_ops("f32_panels", "GGUF block kernels need AVX-512 or AVX2 + FMA")
     kernels = loader.kernels()
-    if "avx512_vnni" not in kernels.features:
-        pytest.skip("GGUF block kernels need AVX512-VNNI")
+    if not {"avx512_vnni", "avx2_int8"} & kernels.features:
+        pytest.skip("GGUF block kernels need AVX512-VNNI or AVX2")
     assert Target(CPU, torch.bfloat16, kernels, "auto", batch_invariant=True).block_kernels() == (ops, int8.ALWAYS)
     with pytest.raises(ValueError, match="batch-invariant GGUF"):
         Target(CPU, torch.bfloat16, None, "auto", batch_invariant=True).block_kernels()
@@ -95,9 +95,8 @@ def test_batch_invariant_gguf_blocks_never_switch_activation_kind():
 @pytest.mark.parametrize("mode", ["int8", "q8_0"])
 def test_quantized_layers_of_an_invariant_executor_do_not_depend_on_the_batch(mode, tmp_path):
     kernels = loader.kernels()
-    needs = {"avx512_vnni"} if mode == "q8_0" else {"avx512_vnni", "avx2_int8"}  # GGUF blocks: VNNI only
-    if kernels is None or not needs & kernels.features:
-        pytest.skip(f"the C++ {mode} kernels need one of {sorted(needs)}")
+    if kernels is None or not {"avx512_vnni", "avx2_int8"} & kernels.features:
+        pytest.skip(f"the C++ {mode} kernels need AVX512-VNNI or AVX2")
     base = _invariant_ops(torch.bfloat16)
     quantization = resolve_quantization(mode, "auto", tmp_path, CPU, torch.bfloat16, base, batch_invariant=True)
     ops = quantization.wrap(base)

@@ -24,13 +24,11 @@ PROMPTS = (5, 17, 30)  # tokens before the decode step
 def _needs_fused_kernels(dtype: str, quantization: str = "none") -> None:
     """Skip unless this CPU runs the packed weights the fused call reads: the fp32 panels need AVX-512 or AVX2 +
     FMA; bf16 weights are bf16 panels on AMX or AVX512-BF16, fp32 panels where oneDNN packs no bf16 (AVX2 alone)
-    and oneDNN's layout elsewhere (no fused call); int8 needs VNNI or AVX2, GGUF blocks VNNI."""
-    if quantization == "int8":
-        ops = native_ops("f32_panels", "int8 weights are packed for the fused call only with the int8 kernels")
+    and oneDNN's layout elsewhere (no fused call); int8 and GGUF blocks need VNNI or AVX2."""
+    if quantization != "none":
+        ops = native_ops("f32_panels", f"{quantization} weights are packed for the fused call only with our kernels")
         if not {"avx512_vnni", "avx2_int8"} & set(ops.cpu_features()):
-            pytest.skip("int8 weights are packed for the fused call only with AVX512-VNNI or AVX2")
-    elif quantization != "none":
-        native_ops("avx512_vnni", f"{quantization} weights are packed for the fused call only with AVX512-VNNI")
+            pytest.skip(f"{quantization} weights are packed for the fused call only with AVX512-VNNI or AVX2")
     elif dtype == "bfloat16":
         ops = native_ops("f32_panels", "bf16 weights are packed for the fused call only with our panel GEMMs")
         if not ops.bf16_kernels_ready() and onednn_bf16_packs():

@@ -267,11 +267,9 @@ def test_quantized_weights_are_split_and_served_per_shard(
     whole = _served(1, path, options)
     split = _served(2, path, options)
     assert whole[0] == split[0] == quantization
-    # The C++ kernels where this CPU has them (GGUF blocks: AVX512-VNNI; int8: VNNI or AVX2), else torch's: the
-    # split is the same either way.
+    # The C++ kernels where this CPU has them (AVX512-VNNI or AVX2), else torch's: the split is the same either way.
     kernels = loader.kernels()
-    features = kernels.features if kernels is not None else frozenset()
-    fast = "avx512_vnni" in features or (model == "llama" and "avx2_int8" in features)
+    fast = kernels is not None and bool({"avx512_vnni", "avx2_int8"} & kernels.features)
     prefixes = ("vnni", "amx", "avx512", "avx2") if fast else ("torch-",)
     assert split[1] == whole[1] and split[1].startswith(prefixes), split[1]
     shared = whole[2].keys() & split[2].keys()

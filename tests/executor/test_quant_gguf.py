@@ -33,9 +33,9 @@ SHAPES = [(16, 64), (100, 96), (960, 576), (576, 1536)]
 
 @pytest.fixture(scope="module")
 def kernels(cpp_kernel):
-    ops = native_ops("avx512", "the GGUF block kernels need AVX-512")
-    if "avx512_vnni" not in ops.cpu_features():
-        pytest.skip("the GGUF block kernels need AVX512-VNNI")
+    ops = native_ops("f32_panels", "the GGUF block kernels need AVX-512 or AVX2 + FMA")
+    if not {"avx512_vnni", "avx2_int8"} & set(ops.cpu_features()):
+        pytest.skip("the GGUF block kernels need AVX512-VNNI or AVX2 in the kernel build")
     return ops
 
 
@@ -46,6 +46,11 @@ def _blocks(qtype: QT, out_features: int, in_features: int, seed: int) -> tuple[
     data = np.ascontiguousarray(gguf.quants.quantize(weight, qtype))
     dequantized = gguf.quants.dequantize(data, qtype).reshape(out_features, in_features)
     return torch.from_numpy(data), torch.from_numpy(dequantized.astype(np.float64))
+
+
+def _vector(kernels) -> str:
+    """The block kernels' name prefix in this build: vnni (AVX512-VNNI), else avx2 (vpmaddubsw)."""
+    return "vnni" if "avx512_vnni" in kernels.cpu_features() else "avx2"
 
 
 def _widens(kernels) -> bool:
@@ -160,7 +165,7 @@ def test_a_gguf_file_is_served_from_its_blocks(tmp_path, kernels, qtype):
     path = _tiny_gguf(tmp_path, qtype)
     runner = _runner(path)
     name = qtype.name.lower()
-    assert runner.info.quantization == f"gguf:{name}" and active_kernels(runner)["gemm"] == f"vnni-{name}"
+    assert runner.info.quantization == f"gguf:{name}" and active_kernels(runner)["gemm"] == f"{_vector(kernels)}-{name}"
     layers = [runner.model.lm_head, *(w for layer in runner.model.layers for w in (layer.attn.qkv, layer.mlp.down))]
     assert all(isinstance(w, QuantizedLinear) and w.format == name for w in layers)
     assert runner.model.embed.data is None  # the tied embedding reads the LM head's panels
@@ -202,7 +207,7 @@ def test_blocks_of_different_types_fused_are_multiplied_part_by_part(tmp_path, k
 @pytest.mark.parametrize("mode", ["q8_0", "q4_0"])
 def test_a_checkpoint_folder_is_quantized_into_blocks_at_load(checkpoints, kernels, mode):
     runner = _runner(checkpoints["llama"], quantization=mode)
-    assert runner.info.quantization == mode and active_kernels(runner)["gemm"] == f"vnni-{mode}"
+    assert runner.info.quantization == mode and active_kernels(runner)["gemm"] == f"{_vector(kernels)}-{mode}"
     dense = _logits(_runner(checkpoints["llama"]))
     served = _logits(runner)
     bound = 0.999 if mode == "q8_0" else 0.9  # 4 bits of a tiny random model: lossy, as q4_0 is

@@ -20,7 +20,11 @@ from pagoda.launch.launcher import Launcher
 from pagoda_client import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# A question whose greedy answer does not hang on a near tie: for "What is the capital of France?" the dense
+# model's first token is "The" at p = 0.152 against "L" at 0.140, so any change of arithmetic (int8 activations
+# on one CPU kind, a different attention kernel on another) could turn the answer into "L'Étoile, ...". Here
+# each token up to "Paris" leads the next by 4.2x or more (transformers, fp32).
+QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 
 
 def _serve(tmp_path, quantization: str, dtype: str) -> Launcher:
@@ -78,10 +82,11 @@ def test_q4_1_smollm2_served_as_stored_answers_in_less_memory(tmp_path, dtype):
     # 1.29-1.31, too close to any bound, so the saving is asserted in MiB: the dense weights' ~270 MiB against
     # the blocks' ~90 MiB (measured: 182 MiB apart).
     kernels = loader.kernels()
-    if kernels is None or "avx512_vnni" not in kernels.features:
-        # No AVX512-VNNI (AVX2 alone, e.g. AMD Zen 3): torch multiplies by each layer's blocks dequantized for
-        # that call, and the scratch of the largest (the tied LM head, 49,152 x 576: 108 MiB in fp32) stays with
-        # the allocator. Measured there: fp32 load 2.40-2.61x, process 1.59x; bf16 load 1.53-1.61x, 77-108 MiB.
+    if kernels is None or not {"avx512_vnni", "avx2_int8"} & kernels.features:
+        # No C++ block kernels (no AVX2 + FMA, or no kernel build): torch multiplies by each layer's blocks
+        # dequantized for that call, and the scratch of the largest (the tied LM head, 49,152 x 576: 108 MiB in
+        # fp32) stays with the allocator. Measured on a Zen 3 before its AVX2 block kernel: fp32 load 2.40-2.61x,
+        # process 1.59x; bf16 load 1.53-1.61x, 77-108 MiB.
         if dtype == "float32":
             assert dense_load > 2.2 * load and dense_rss > 1.4 * rss
         else:

@@ -12,7 +12,7 @@
 //
 // Activations: int8 per row and block of 32 (scale xs, sum of q xsum), so
 //   y = sum_b xs[r, b] * (d[c, b] * (xq . u)_b + m[c, b] * xsum[r, b]) (+ bias)
-// with the dot product exact in int32 (vpdpbusd: unsigned u x signed xq).
+// with the dot product exact in int32 (vpdpbusd: unsigned u x signed xq; on AVX2 alone vpmaddubsw, below).
 // Steps of more than widen_above rows dequantize a group of panels at a time
 // into bf16 (never the whole weight) for the bf16 AMX blocks, or without AMX
 // the AVX512-BF16 dot-product blocks (bf16_dot.h), x rounded to bf16.
@@ -147,6 +147,125 @@ PAGODA_INLINE void store_rows(const __m512* acc, int64_t rows, const T* bias, T*
   const __mmask16 mask = tail_mask(n - col0);
   const __m512 add = bias ? load16(bias + col0, mask) : _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) store16(y + (row0 + r) * n + col0, _mm512_add_ps(acc[r], add), mask);
+}
+#endif
+
+#if defined(PAGODA_AVX2_INT8)
+// The VNNI rows on AVX2 + FMA, ROWS rows and one panel (two 8-column halves). vpmaddubsw takes the unsigned
+// quants as the unsigned operand: 4-bit quants as they are, 8-bit ones (u up to 255, whose pair sums would
+// saturate) as their two nibbles, the high one's sums times 16 in vpmaddwd. A nibble pair's sum is at most
+// 2 * 15 * 127 = 3,810, so a block's 8 such products per column add in int16 (<= 30,480 < 2^15) before one
+// vpmaddwd: exact int32 block dots, then VNNI's scaling, float op for float op (the same bits as vnni_rows).
+template <int ROWS, int BITS>
+PAGODA_INLINE void avx2_rows(const int8_t* xq, int64_t kp, const float* xs, const int32_t* xsum, int64_t blocks,
+                             int64_t groups, const uint8_t* panel, const uint16_t* scales, __m256 (&acc)[ROWS][2]) {
+  constexpr int64_t kQuantBytes = BITS * kBlock * kCols / 8;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+  auto broadcast = [&](int r, int64_t k) {
+    int32_t quad;
+    std::memcpy(&quad, xq + r * kp + k, 4);
+    return _mm256_set1_epi32(quad);
+  };
+#pragma GCC unroll 4
+  for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* qb = panel + b * kQuantBytes;
+    const int64_t k0 = b * kBlock;
+    const uint16_t* sb = scales + b * 2 * kCols;
+    for (int h = 0; h < 2; ++h) {
+      __m256i dot[ROWS];
+      if constexpr (BITS == 4) {
+        __m256i sum[ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; ++r) sum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int64_t j = 0; j < 4; ++j) {  // row j: elements 4j.. in the low nibbles, 16 + 4j.. in the high ones
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 64 * j + 32 * h));
+          const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+#pragma GCC unroll 4
+          for (int r = 0; r < ROWS; ++r)
+            sum[r] = _mm256_add_epi16(sum[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast(r, k0 + 4 * j)),
+                                                               _mm256_maddubs_epi16(hi, broadcast(r, k0 + 16 + 4 * j))));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; ++r) dot[r] = _mm256_madd_epi16(sum[r], ones);
+      } else {
+        __m256i sum_lo[ROWS], sum_hi[ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; ++r) sum_lo[r] = sum_hi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int64_t j = 0; j < 8; ++j) {  // row j: elements 4j .. 4j + 3
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 64 * j + 32 * h));
+          const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+#pragma GCC unroll 4
+          for (int r = 0; r < ROWS; ++r) {
+            const __m256i x = broadcast(r, k0 + 4 * j);
+            sum_lo[r] = _mm256_add_epi16(sum_lo[r], _mm256_maddubs_epi16(lo, x));
+            sum_hi[r] = _mm256_add_epi16(sum_hi[r], _mm256_maddubs_epi16(hi, x));
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; ++r)
+          dot[r] = _mm256_add_epi32(_mm256_madd_epi16(sum_lo[r], ones), _mm256_madd_epi16(sum_hi[r], sixteen));
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 8 * h)));
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kCols + 8 * h)));
+#pragma GCC unroll 4
+      for (int r = 0; r < ROWS; ++r) {
+        const float scale = xs[r * groups + b];
+        const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]), d);
+        acc[r][h] = _mm256_fmadd_ps(scaled, _mm256_set1_ps(scale), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(scale * float(xsum[r * groups + b])), acc[r][h]);
+      }
+    }
+  }
+}
+
+// Rows [row0, row0 + ROWS) of panel p (rows past m not stored): y = acc (+ bias).
+template <int ROWS, typename T>
+void avx2_pass(const Problem& pr, int64_t row0, int64_t p, const T* bias, T* y) {
+  __m256 acc[ROWS][2];
+  const int8_t* xq = pr.xq + row0 * pr.kp;
+  const float* xs = pr.xs + row0 * pr.groups;
+  const int32_t* xsum = pr.xsum + row0 * pr.groups;
+  const uint8_t* panel = pr.quants + p * pr.blocks * pr.format.quant_bytes();
+  const uint16_t* scales = pr.scales + p * pr.blocks * 2 * kCols;
+  if (pr.format.bits == 4) avx2_rows<ROWS, 4>(xq, pr.kp, xs, xsum, pr.blocks, pr.groups, panel, scales, acc);
+  else avx2_rows<ROWS, 8>(xq, pr.kp, xs, xsum, pr.blocks, pr.groups, panel, scales, acc);
+  const int64_t col0 = p * kCols;
+  for (int64_t r = 0; r < std::min<int64_t>(ROWS, pr.m - row0); ++r) {
+    T* y_row = y + (row0 + r) * pr.n;
+    if (col0 + kCols <= pr.n) {
+      __m256 out[2];
+      for (int h = 0; h < 2; ++h)
+        out[h] = bias ? _mm256_add_ps(acc[r][h], quant::avx2_load8(bias + col0 + 8 * h)) : acc[r][h];
+      quant::avx2_store16(y_row + col0, out[0], out[1]);
+      continue;
+    }
+    alignas(32) float lanes[kCols];
+    _mm256_store_ps(lanes, acc[r][0]);
+    _mm256_store_ps(lanes + 8, acc[r][1]);
+    for (int64_t c = 0; c < pr.n - col0; ++c)
+      y_row[col0 + c] = T(bias ? lanes[c] + pagoda::to_float(bias[col0 + c]) : lanes[c]);
+  }
+}
+
+// Threads split the panels; a group of panels stays in L2 while every block of 3 rows passes over it.
+template <typename T>
+void run_avx2(const Problem& pr, const T* bias, T* y) {
+  constexpr int64_t kMr = 3;  // rows per pass: 6 fp32 accumulators and 3 (8-bit: 6) int16 sums in 16 registers
+  pagoda::parallel_for(pr.panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p0 = begin; p0 < end; p0 += kPanelGroup) {
+      const int64_t p1 = std::min(end, p0 + kPanelGroup);
+      for (int64_t row0 = 0; row0 < pr.m; row0 += kMr)
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t rows = std::min(kMr, pr.m - row0);
+          if (rows == 3) avx2_pass<3>(pr, row0, p, bias, y);
+          else if (rows == 2) avx2_pass<2>(pr, row0, p, bias, y);
+          else avx2_pass<1>(pr, row0, p, bias, y);
+        }
+    }
+  });
 }
 #endif
 
@@ -434,7 +553,7 @@ at::Tensor linear_qblocks(const at::Tensor& x, const at::Tensor& quants, const a
                         m, widen ? 0 : rows.kp, widen ? 0 : rows.groups, blocks, n, panels,
                         quants.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<int16_t>()),
                         format};
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) || defined(PAGODA_AVX2_INT8)
   AT_DISPATCH_V2(x.scalar_type(), "linear_qblocks", AT_WRAP([&] {
     const scalar_t* bd = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
     scalar_t* yd = y.data_ptr<scalar_t>();
@@ -450,17 +569,22 @@ at::Tensor linear_qblocks(const at::Tensor& x, const at::Tensor& quants, const a
       return;
     }
 #endif
+#if defined(__AVX512VNNI__)
     run_vnni<scalar_t>(problem, bd, yd);
+#else
+    run_avx2<scalar_t>(problem, bd, yd);
+#endif
   }), at::kFloat, at::kBFloat16);
 #else
-  TORCH_CHECK(false, "this build has no GGUF block kernel (needs AVX512-VNNI)");
+  TORCH_CHECK(false, "this build has no GGUF block kernel (needs AVX512-VNNI, or AVX2 + FMA)");
 #endif
   return y;
 }
 
 }  // namespace pagoda::qblocks
 
-// linear_qblocks needs "avx512_vnni" in cpu_features() (and "avx512_bf16" or "amx" to widen large steps).
+// linear_qblocks needs "avx512_vnni" or "avx2_int8" in cpu_features() (and "avx512_bf16" or "amx" to widen large
+// steps).
 TORCH_LIBRARY_IMPL(pagoda, CPU, m) {
   m.impl("pack_qblocks", &pagoda::qblocks::pack_qblocks);
   m.impl("linear_qblocks", &pagoda::qblocks::linear_qblocks);

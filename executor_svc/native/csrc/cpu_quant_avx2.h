@@ -67,29 +67,6 @@ PAGODA_INLINE void avx2_block(const int8_t* xq, int64_t kp, const float* xs, int
   }
 }
 
-PAGODA_INLINE __m256 avx2_load8(const float* p) { return _mm256_loadu_ps(p); }
-PAGODA_INLINE __m256 avx2_load8(const BF16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
-// 8 floats rounded to bf16 (nearest even, as c10::BFloat16 rounds finite values), as 8 int32 lanes.
-PAGODA_INLINE __m256i avx2_bf16_bits(__m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
-}
-
-PAGODA_INLINE void avx2_store16(float* y, __m256 lo, __m256 hi) {
-  _mm256_storeu_ps(y, lo);
-  _mm256_storeu_ps(y + 8, hi);
-}
-PAGODA_INLINE void avx2_store16(BF16* y, __m256 lo, __m256 hi) {
-  // packus interleaves the 128-bit lanes (lo 0-3, hi 0-3, lo 4-7, hi 4-7); the permute puts them in order.
-  const __m256i packed = _mm256_packus_epi32(avx2_bf16_bits(lo), avx2_bf16_bits(hi));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm256_permute4x64_epi64(packed, 0xD8));
-}
-
 // y_row[col0 : col0 + 16] = acc * ws (+ bias), columns < n (the same fma per output in the tail).
 template <typename T>
 PAGODA_INLINE void avx2_store_panel(const float* acc, const float* ws, const T* bias, T* y_row, int64_t n,

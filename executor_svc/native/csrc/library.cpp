@@ -32,7 +32,7 @@ std::vector<std::string> cpu_features() {
   features.push_back("avx512_vnni");  // the int8 GEMM without AMX
 #endif
 #if defined(PAGODA_AVX2_INT8)
-  features.push_back("avx2_int8");  // the int8 GEMM on AVX2 (vpmaddubsw), where the build has no VNNI
+  features.push_back("avx2_int8");  // int8 and GGUF block GEMMs on AVX2 (vpmaddubsw), where the build has no VNNI
 #endif
 #if defined(PAGODA_AMX_INT8)
   features.push_back("amx_int8");  // the int8 GEMM's tile path
