@@ -153,7 +153,7 @@ class ExecutorConfig:
     group_address: str = setting(
         "",
         "HOST:PORT where the group's ranks meet (the leader's; needed when ranks run in other pods or hosts)",
-        doc_default="127.0.0.1 and a free port when every rank is local",
+        doc_default="127.0.0.1 and a free port (outside the ephemeral range) when every rank is local",
     )
     group_timeout_s: float = setting(
         60.0, "a collective, or the leader's silence, longer than this takes the executor group down"
