@@ -2,6 +2,7 @@
 
 - `stub`: the generated gRPC stub, the lightest client (the benchmark's default);
 - `library`: the project's asyncio client (`pagoda_client.AsyncClient`), what an application would use;
+- `library-mux`: the same with `multiplex=True`: every stream of the load process over one `GenerateStreams` call;
 - `sse`: OpenAI-compatible streaming over the scheduler's HTTP API (`--http-port`), read by
   `control_plane_sse` on raw asyncio streams.
 
@@ -80,8 +81,10 @@ class StubClient:
 class LibraryClient:
     """`AsyncClient.stream` with the options an application would pass."""
 
+    multiplex = False
+
     def __init__(self, target: str, max_tokens: int, timeout_s: float) -> None:
-        self.client = AsyncClient(target, timeout=timeout_s)
+        self.client = AsyncClient(target, timeout=timeout_s, multiplex=self.multiplex)
         self.max_tokens = max_tokens
 
     async def generate(self, prompt_ids: Sequence[int], received: Received) -> None:
@@ -97,6 +100,12 @@ class LibraryClient:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+class MultiplexedLibraryClient(LibraryClient):
+    """`AsyncClient(multiplex=True)`: the load process's streams share one `GenerateStreams` call."""
+
+    multiplex = True
 
 
 class SseClient:
@@ -157,5 +166,6 @@ class SseClient:
 CLIENTS: dict[str, Callable[[str, int, float], LoadClient]] = {
     "stub": StubClient,
     "library": LibraryClient,
+    "library-mux": MultiplexedLibraryClient,
     "sse": SseClient,
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -13,6 +13,9 @@ from pagoda.channel import ChannelOption, Tls, open_aio_channel
 from pagoda_client._base import BaseClient, CallDriver, StreamDriver
 from pagoda_client.core import calls
 from pagoda_client.core.calls import UnaryCall
+from pagoda_client.core.requests import call_metadata
+from pagoda_client.core.targets import Endpoint
+from pagoda_client.multiplex import StreamMux
 from pagoda_client.options import Message
 from pagoda_client.results import GenerationDelta, GenerationResult, LoraAdapter, ModelInfo, ServerStatus
 
@@ -93,12 +96,29 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
     inside the event loop that uses it.
     """
 
+    def __init__(self, *args: Any, multiplex: bool = False, **kwargs: Any) -> None:
+        """``multiplex``: carry every stream to an endpoint over one ``GenerateStreams`` call
+        (``pagoda_client.multiplex``): one message per server step for all of them, instead of one per stream,
+        for clients that hold many streams at once. Needs a server with ``GenerateStreams``."""
+        super().__init__(*args, **kwargs)
+        self._multiplex = multiplex
+        self._muxes: dict[str, StreamMux] = {}
+
     def _open_channel(self, target: str, tls: Tls, options: Sequence[ChannelOption]) -> grpc.aio.Channel:
         return open_aio_channel(target, tls, options)
 
     def stream(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> AsyncGenerationStream:
         """Start a generation; ``async for`` over the result (arguments and errors: ``Client.stream``)."""
-        return AsyncGenerationStream(self._method("Generate"), self._core.generate(prompt, options))
+        method = self._mux_open if self._multiplex else self._method("Generate")
+        return AsyncGenerationStream(method, self._core.generate(prompt, options))
+
+    def _mux_open(self, endpoint: Endpoint) -> Callable[..., Any]:
+        """``StreamMux.open`` of ``endpoint``'s multiplexed call (a new call when there is none or it broke)."""
+        mux = self._muxes.get(endpoint.address)
+        if mux is None or mux.broken:
+            open_call = self._method("GenerateStreams")(endpoint)
+            mux = self._muxes[endpoint.address] = StreamMux(open_call, call_metadata(self._core.api_key))
+        return mux.open
 
     async def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerationResult:
         """Generate and return the whole result; arguments as in ``Client.stream``."""
@@ -145,6 +165,9 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
 
     async def close(self) -> None:
         """Close the channels (cancels calls in flight)."""
+        muxes, self._muxes = list(self._muxes.values()), {}
+        for mux in muxes:
+            mux.close()
         await asyncio.gather(*(channel.close() for channel in self._take_channels()))
 
     async def __aenter__(self) -> AsyncClient:

@@ -93,7 +93,8 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
     truncated bytes, wrong wire types, nesting too deep) with INVALID_ARGUMENT.
 
     Without it grpc answers UNKNOWN and logs a traceback per bad message.
-    Only unary requests are wrapped (the client API); streams keep grpc's handling.
+    Unary requests and bidi streams are wrapped (the client API: a message of
+    a bidi stream that does not parse ends its call with INVALID_ARGUMENT).
     """
 
     async def intercept_service(
@@ -102,7 +103,9 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler | None:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        if handler.request_streaming and not handler.response_streaming:
             return handler
         parse = handler.request_deserializer
 
@@ -112,6 +115,10 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
             except Exception as exc:  # DecodeError, or UnicodeDecodeError from some protobuf backends
                 return _Malformed(exc)
 
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(
+                _checked_bidi(handler.stream_stream), deserialize, handler.response_serializer
+            )
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(
                 _checked_stream(handler.unary_stream), deserialize, handler.response_serializer
@@ -132,6 +139,32 @@ def _checked_stream(behavior: Any) -> Callable[[Any, Context], AsyncIterator[Any
                 yield response
 
     return checked_stream
+
+
+class _MalformedInStream(Exception):
+    def __init__(self, request: _Malformed) -> None:
+        super().__init__(str(request))
+        self.request = request
+
+
+def _checked_bidi(behavior: Any) -> Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]:
+    """A bidi stream whose request does not parse ends the call with INVALID_ARGUMENT (its handler closed)."""
+
+    async def checked_bidi(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+        async def parsed() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, _Malformed):
+                    raise _MalformedInStream(request)
+                yield request
+
+        try:
+            async with contextlib.aclosing(behavior(parsed(), context)) as responses:
+                async for response in responses:
+                    yield response
+        except _MalformedInStream as exc:
+            await _refuse(context, exc.request)
+
+    return checked_bidi
 
 
 def _checked_unary(behavior: Any) -> Callable[[Any, Context], Awaitable[Any]]:

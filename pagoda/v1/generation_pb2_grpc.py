@@ -41,6 +41,11 @@ class GenerationStub:
                 request_serializer=pagoda_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=pagoda_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateStreams = channel.stream_stream(
+                '/pagoda.v1.Generation/GenerateStreams',
+                request_serializer=pagoda_dot_v1_dot_generation__pb2.StreamRequest.SerializeToString,
+                response_deserializer=pagoda_dot_v1_dot_generation__pb2.StreamResponses.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/pagoda.v1.Generation/GetModelInfo',
                 request_serializer=pagoda_dot_v1_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
@@ -80,6 +85,18 @@ class GenerationServicer:
     def Generate(self, request, context):
         """Generate a completion, streamed as deltas. Cancel the call (or let its
         deadline pass) to abort the request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateStreams(self, request_iterator, context):
+        """Many Generate streams over one call: each request names a stream (a key
+        the client picks, unique among the call's open streams) and each response
+        message carries what every stream produced since the previous one, so a
+        client with many streams costs one message per step, not one per stream.
+        A stream ends with a StreamEnd (its status); cancelling the call cancels
+        every stream on it. Same semantics per stream as Generate.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -137,6 +154,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=pagoda_dot_v1_dot_generation__pb2.GenerateRequest.FromString,
                     response_serializer=pagoda_dot_v1_dot_generation__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateStreams': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateStreams,
+                    request_deserializer=pagoda_dot_v1_dot_generation__pb2.StreamRequest.FromString,
+                    response_serializer=pagoda_dot_v1_dot_generation__pb2.StreamResponses.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -197,6 +219,33 @@ class Generation:
             '/pagoda.v1.Generation/Generate',
             pagoda_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
             pagoda_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStreams(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pagoda.v1.Generation/GenerateStreams',
+            pagoda_dot_v1_dot_generation__pb2.StreamRequest.SerializeToString,
+            pagoda_dot_v1_dot_generation__pb2.StreamResponses.FromString,
             options,
             channel_credentials,
             insecure,

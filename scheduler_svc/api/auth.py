@@ -64,6 +64,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
         self._deny_unary: Handler = grpc.unary_unary_rpc_method_handler(_deny)
         self._deny_stream: Handler = grpc.unary_stream_rpc_method_handler(_deny_stream)
+        self._deny_bidi: Handler = grpc.stream_stream_rpc_method_handler(_deny_bidi)
 
     async def intercept_service(
         self,
@@ -78,6 +79,8 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             return await continuation(handler_call_details)
         log.warning("unauthenticated_call", method=method)
         handler = await continuation(handler_call_details)
+        if handler is not None and handler.request_streaming:
+            return self._deny_bidi
         if handler is not None and handler.response_streaming:
             return self._deny_stream
         return self._deny_unary
@@ -88,6 +91,11 @@ async def _deny(request: Any, context: Context) -> None:
 
 
 async def _deny_stream(request: Any, context: Context) -> AsyncIterator[None]:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key")
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def _deny_bidi(requests: Any, context: Context) -> AsyncIterator[None]:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid API key")
     yield  # pragma: no cover - makes this an async generator
 

@@ -6,8 +6,6 @@ id (field, `x-request-id` metadata, or a fresh one) into every log line.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,42 +15,20 @@ import structlog
 
 from pagoda.by_name import copy_by_name
 from pagoda.runtime.grpc_server import Context
-from pagoda.step import FinishReason
 from pagoda.step_pb import lora_to_pb
 from pagoda.tracing import traceparent_in
 from pagoda.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 from scheduler_svc.api import convert
+from scheduler_svc.api.streams import StreamFailed, StreamMux, generate_responses, status_of
 from scheduler_svc.core.config import DraftSource
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import (
-    AlreadyExists,
-    DeadlineExceeded,
-    ExecutorFailure,
-    InvalidRequest,
-    NotFound,
-    Overloaded,
     RequestError,
-    Unavailable,
 )
 from scheduler_svc.fleet.executor_handle import ExecutorHandle
 from scheduler_svc.text.tokenizer import Tokenizer
 
 log = structlog.get_logger("scheduler")
-
-STATUS_OF_ERROR = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Unavailable: grpc.StatusCode.UNAVAILABLE,
-    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ExecutorFailure: grpc.StatusCode.INTERNAL,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
-}
-
-
-def status_of(exc: RequestError) -> grpc.StatusCode:
-    """The gRPC status of an engine error."""
-    return STATUS_OF_ERROR.get(type(exc), grpc.StatusCode.INTERNAL)
 
 
 def request_id_of(request_id: str, context: Context) -> str:
@@ -77,26 +53,21 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         request_id = request_id_of(request.request_id or request.resume.request_id, context)
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
-            gen_request = convert.request_from_pb(request, request_id, context.time_remaining())
             traceparent = traceparent_in(context.invocation_metadata() or ())
-            if traceparent:
-                gen_request = dataclasses.replace(gen_request, traceparent=traceparent)
-            # aclosing: a cancelled call must abort the request now, not when
-            # the generator happens to be garbage-collected.
-            async with contextlib.aclosing(self.engine.generate(gen_request)) as outputs:
-                async for out in outputs:
-                    if out.finish_reason is FinishReason.ERROR:
-                        await context.abort(
-                            grpc.StatusCode.INTERNAL, f"request {request_id} failed in the executor: {out.error}"
-                        )
-                    if out.finish_reason is FinishReason.ABORT:  # no executor here, or draining: resume elsewhere
-                        await context.abort(grpc.StatusCode.UNAVAILABLE, f"request {request_id}: {out.error}")
-                    yield convert.output_to_pb(out)
-        except RequestError as exc:
-            log.info("request_rejected", status=status_of(exc).name, error=str(exc))
-            await context.abort(status_of(exc), str(exc))
+            async for response in generate_responses(
+                self.engine, request, request_id, context.time_remaining(), traceparent
+            ):
+                yield response
+        except StreamFailed as exc:
+            await context.abort(exc.code, exc.message)
         finally:
             structlog.contextvars.unbind_contextvars("request_id")
+
+    async def GenerateStreams(
+        self, requests: AsyncIterator[generation_pb2.StreamRequest], context: Context
+    ) -> AsyncIterator[generation_pb2.StreamResponses]:
+        async for message in StreamMux(self.engine, requests).run():
+            yield message
 
     async def GetModelInfo(
         self, request: generation_pb2.GetModelInfoRequest, context: Context

@@ -8,11 +8,13 @@ kernel's OOM killer would); every stream that ran there must resume on the other
 and read, for the application, exactly as the fault-free run: token ids, text,
 logprobs, nothing repeated. Then the killed scheduler must be back, hold an
 executor again and take requests. The same through ``pagoda generate --target a,b``.
-The time from the kill to the next token of each resumed stream is printed (``-s``).
+The same with ``AsyncClient(multiplex=True)``, whose streams share one call per scheduler. The time from the kill
+to the next token of each resumed stream is printed (``-s``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -23,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.streams import KillOnce, gaps_after, mixed_requests, p50_and_max, run_streams
+from support.streams import KillOnce, gaps_after, mixed_requests, p50_and_max, run_streams, run_streams_async
 
 from pagoda.launch.launcher import Launcher
-from pagoda_client import Client, PagodaError
+from pagoda_client import AsyncClient, Client, PagodaError
 
 pytestmark = pytest.mark.integration
 
@@ -125,6 +127,36 @@ def test_killing_the_scheduler_mid_stream_loses_and_repeats_nothing(system):
         f"\nscheduler SIGKILL under pagoda serve --schedulers 2 --executors 2, {len(resumed)} of {NUM_STREAMS} "
         f"streams resumed: kill -> next token p50 {gap_p50 * 1e3:.0f} ms, max {gap_max * 1e3:.0f} ms; "
         f"kill -> the restarted scheduler serves, holding an executor again, {back_s:.1f} s"
+    )
+
+
+def test_multiplexed_streams_resume_through_a_scheduler_kill(system):
+    """``AsyncClient(multiplex=True)``: the killed scheduler's call breaks, and each of its streams resumes alone."""
+    _wait_each_holds_one(system)
+    with Client(",".join(system.targets), timeout=180) as client:
+        requests = _requests(client)
+        expected = run_streams(client, requests)
+    total = sum(len(record.token_ids) for record in expected)
+    killed: list[int] = []
+    kill = KillOnce(total // 4, lambda: killed.append(_kill_first_scheduler(system)), min_streams_started=NUM_STREAMS)
+
+    async def run() -> list:
+        async with AsyncClient(",".join(system.targets), timeout=180, multiplex=True) as aclient:
+            return await run_streams_async(aclient, requests, kill)
+
+    got = asyncio.run(run())
+    assert kill.fired_at is not None and killed, "the scheduler was never killed"
+    for i, (run_record, reference) in enumerate(zip(got, expected)):
+        assert (run_record.token_ids, run_record.text) == (reference.token_ids, reference.text), f"stream {i}"
+        assert run_record.logprobs == pytest.approx(reference.logprobs, abs=1e-4), f"stream {i}"
+    resumed = [record for record in got if record.num_resumes]
+    assert len(resumed) >= NUM_STREAMS // 4, "too few streams ran on the killed scheduler mid-stream"
+    assert all(record.num_resumes == 1 for record in resumed)
+    system.wait_restarted(system.schedulers[0], killed[0], timeout_s=120, serving=True)
+    gap_p50, gap_max = p50_and_max(gaps_after(resumed, kill.fired_at))
+    print(
+        f"\nmultiplexed: {len(resumed)} of {NUM_STREAMS} streams resumed after the scheduler SIGKILL: "
+        f"kill -> next token p50 {gap_p50 * 1e3:.0f} ms, max {gap_max * 1e3:.0f} ms"
     )
 
 

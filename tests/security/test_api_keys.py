@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
 import pytest
 
 from pagoda.v1 import generation_pb2, generation_pb2_grpc
-from pagoda_client import Client, PagodaError
+from pagoda_client import AsyncClient, Client, PagodaError
 from scheduler_svc.api.auth import bearer_token, key_is_valid, load_api_keys
 from security.system import SecureSystem, is_serving
 
@@ -27,8 +28,9 @@ def keyed_system(security_model_dir, tmp_path_factory):
 
 
 def _refused_calls(target: str, metadata) -> list[grpc.StatusCode]:
-    """Generate, Tokenize and GetStatus with the given metadata; their status codes."""
+    """Generate, Tokenize, GetStatus and GenerateStreams with the given metadata; their status codes."""
     request = generation_pb2.GenerateRequest(request_id=f"{SECRET}-id", text=f"{SECRET} text", cache_salt=SECRET)
+    streamed = generation_pb2.StreamRequest(stream=1, generate=request)
     codes = []
     with grpc.insecure_channel(target) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
@@ -36,6 +38,7 @@ def _refused_calls(target: str, metadata) -> list[grpc.StatusCode]:
             lambda: list(stub.Generate(request, metadata=metadata, timeout=10)),
             lambda: stub.Tokenize(generation_pb2.TokenizeRequest(text=SECRET), metadata=metadata, timeout=10),
             lambda: stub.GetStatus(generation_pb2.GetStatusRequest(), metadata=metadata, timeout=10),
+            lambda: list(stub.GenerateStreams(iter([streamed]), metadata=metadata, timeout=10)),
         ]
         for call in calls:
             with pytest.raises(grpc.RpcError) as info:
@@ -60,7 +63,7 @@ def _refused_calls(target: str, metadata) -> list[grpc.StatusCode]:
     ids=["missing", "wrong", "longer", "shorter", "basic-scheme", "no-scheme", "empty", "comment-line", "other-header"],
 )
 def test_missing_or_wrong_key_is_unauthenticated(keyed_system, metadata):
-    assert _refused_calls(keyed_system.target, metadata) == [grpc.StatusCode.UNAUTHENTICATED] * 3
+    assert _refused_calls(keyed_system.target, metadata) == [grpc.StatusCode.UNAUTHENTICATED] * 4
 
 
 @pytest.mark.parametrize("key", [FLAG_KEY, "other-key", FILE_KEY])
@@ -70,6 +73,21 @@ def test_right_key_is_served(keyed_system, key):
         assert len(result.token_ids) == 3 and result.finish_reason == "length"
         assert client.detokenize(client.tokenize("brown fox", add_special_tokens=False)) == "brown fox"
         assert client.status().executors[0].state == "READY"
+
+
+def test_multiplexed_client_with_and_without_key(keyed_system):
+    async def run(key: str | None) -> list[int] | grpc.StatusCode:
+        async with AsyncClient(keyed_system.target, api_key=key, timeout=60, max_retries=0, multiplex=True) as client:
+            try:
+                result = await client.generate(token_ids=[5, 6, 7], max_tokens=3, temperature=0, ignore_eos=True)
+            except PagodaError as error:
+                return error.code
+            return result.token_ids
+
+    with Client(keyed_system.target, api_key=FLAG_KEY, timeout=60) as client:
+        expected = client.generate(token_ids=[5, 6, 7], max_tokens=3, temperature=0, ignore_eos=True).token_ids
+    assert asyncio.run(run(FLAG_KEY)) == expected
+    assert asyncio.run(run(None)) == asyncio.run(run("wrong-key")) == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_client_without_key_gets_unauthenticated(keyed_system):
@@ -88,13 +106,14 @@ def test_refusal_logs_only_the_method(keyed_system):
     text = keyed_system.scheduler.log_text()
     assert SECRET not in text
     refusals = [json.loads(line) for line in text.splitlines() if "unauthenticated_call" in line]
-    assert len(refusals) >= 6
+    assert len(refusals) >= 8
     for entry in refusals:
         assert set(entry) == {"event", "method", "level", "timestamp"}, entry
         assert entry["method"] in (
             "/pagoda.v1.Generation/Generate",
             "/pagoda.v1.Generation/Tokenize",
             "/pagoda.v1.Generation/GetStatus",
+            "/pagoda.v1.Generation/GenerateStreams",
         )
 
 

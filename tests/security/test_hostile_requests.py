@@ -244,3 +244,34 @@ def test_other_rpcs_refuse_hostile_input(system):
             raw_tokenize(field(1, BAD_UTF8), timeout=10)
         codes["tokenize-invalid-utf8"] = info.value.code()
     assert codes == dict.fromkeys(codes, INVALID)
+
+
+def test_hostile_requests_on_one_multiplexed_call(system):
+    """Every hostile request of the table as a stream of one GenerateStreams call, beside a good stream: each
+    ends with its status, the good one runs to its end, and the service is unchanged."""
+    cases = [(name, build()) for name, build, expected in CASES if expected in (OK, INVALID)]
+    cases = [(name, request) for name, request in cases if not isinstance(request, bytes)]
+    assert len(cases) >= 40
+    good = req(stopping__max_tokens=24, stopping__ignore_eos=True)
+    messages = [g.StreamRequest(stream=key, generate=request) for key, (_, request) in enumerate(cases, start=1)]
+    messages.insert(len(messages) // 2, g.StreamRequest(stream=10_000, generate=good))
+    with Client(system.target, timeout=60) as client, grpc.insecure_channel(system.target) as channel:
+        before = _greedy(client)
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        items = [item for message in stub.GenerateStreams(iter(messages), timeout=120) for item in message.responses]
+        ends = {item.stream: item.end.code for item in items if item.HasField("end")}
+        expected = {name: build_expected for name, _, build_expected in CASES}
+        wrong = {
+            name: (ends.get(key), expected[name].value[0])
+            for key, (name, _) in enumerate(cases, start=1)
+            if ends.get(key) != expected[name].value[0]
+        }
+        assert not wrong, f"wrong status (got, expected): {wrong}"
+        tokens = [
+            t for item in items if item.stream == 10_000 and item.HasField("response") for t in item.response.token_ids
+        ]
+        assert len(tokens) == 24 and ends[10_000] == 0
+        assert _greedy(client) == before
+        wait_pool_whole(client, 10)
+        assert system.dead_child() is None
+        assert "Traceback" not in system.logs()["scheduler"]

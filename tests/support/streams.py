@@ -1,6 +1,7 @@
 """Concurrent generation streams with arrival times, for fault tests that kill a process mid-stream.
 
-``run_streams`` runs requests concurrently through one client and records, per
+``run_streams`` (``run_streams_async``: through an ``AsyncClient``) runs requests concurrently through one client
+and records, per
 stream, the tokens, the text and when each delta arrived; ``KillOnce`` is a
 progress callback that fires an action once enough tokens have arrived (and,
 if asked, once enough streams have had their first token);
@@ -87,6 +88,34 @@ def run_streams(
 
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
         return list(pool.map(one, range(len(requests)), requests))
+
+
+async def run_streams_async(
+    client: Any, requests: Sequence[dict[str, Any]], on_progress: Callable[[int, int], None] | None = None
+) -> list[StreamRecord]:
+    """``run_streams`` through an ``AsyncClient``: every request concurrently on its event loop."""
+    import asyncio
+
+    received = [0]
+    started: set[int] = set()
+
+    async def one(index: int, request: dict[str, Any]) -> StreamRecord:
+        record = StreamRecord()
+        async with client.stream(**request) as stream:
+            async for delta in stream:
+                record.arrivals.append((time.monotonic(), len(delta.token_ids)))
+                record.token_ids.extend(delta.token_ids)
+                record.text += delta.text
+                record.logprobs.extend(entry.sampled.logprob for entry in delta.logprobs)
+                received[0] += len(delta.token_ids)
+                if delta.token_ids:
+                    started.add(index)
+                if on_progress is not None:
+                    on_progress(received[0], len(started))
+            record.num_resumes = stream.num_resumes
+        return record
+
+    return list(await asyncio.gather(*(one(i, request) for i, request in enumerate(requests))))
 
 
 class KillOnce:
