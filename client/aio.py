@@ -96,7 +96,7 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
     inside the event loop that uses it.
     """
 
-    def __init__(self, *args: Any, multiplex: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, multiplex: bool = True, **kwargs: Any) -> None:
         """``multiplex``: carry every stream to an endpoint over one ``GenerateStreams`` call
         (``pagoda_client.multiplex``): one message per server step for all of them, instead of one per stream,
         for clients that hold many streams at once. Needs a server with ``GenerateStreams``."""
@@ -115,9 +115,11 @@ class AsyncClient(BaseClient[grpc.aio.Channel]):
     def _mux_open(self, endpoint: Endpoint) -> Callable[..., Any]:
         """``StreamMux.open`` of ``endpoint``'s multiplexed call (a new call when there is none or it broke)."""
         mux = self._muxes.get(endpoint.address)
+        if mux is not None and mux.unsupported:
+            return self._method("Generate")(endpoint)
         if mux is None or mux.broken:
-            open_call = self._method("GenerateStreams")(endpoint)
-            mux = self._muxes[endpoint.address] = StreamMux(open_call, call_metadata(self._core.api_key))
+            open_call, open_plain = self._method("GenerateStreams")(endpoint), self._method("Generate")(endpoint)
+            mux = self._muxes[endpoint.address] = StreamMux(open_call, open_plain, call_metadata(self._core.api_key))
         return mux.open
 
     async def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerationResult:

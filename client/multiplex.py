@@ -4,7 +4,8 @@
 (``read()`` gives each ``GenerateResponse``, then ``grpc.aio.EOF``; a failure raises ``grpc.RpcError`` with the
 stream's status), so the client's retry and resume logic (``pagoda_client.core``) drives a multiplexed stream
 exactly as a call of its own. When the shared call breaks, every stream on it fails with the call's status
-(UNAVAILABLE when the server went away) and resumes on its own, on a new call.
+(UNAVAILABLE when the server went away) and resumes on its own, on a new call. Against a server without
+``GenerateStreams`` each stream goes on as a ``Generate`` call.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -45,11 +46,15 @@ class StreamError(grpc.RpcError):
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
+# What grpc.aio makes the status of a call whose write failed in its core (the connection went away under it).
+_WRITE_FAILED = "Internal error from Core"
+
+
 def _error_of(error: BaseException) -> StreamError:
     if isinstance(error, grpc.RpcError) and callable(getattr(error, "code", None)):
         code, details = error.code(), error.details() or ""
-        if code is grpc.StatusCode.UNIMPLEMENTED:
-            details = f"the server has no GenerateStreams (an older version; use multiplex=False): {details}"
+        if code is grpc.StatusCode.INTERNAL and details == _WRITE_FAILED:  # the transport broke: resume elsewhere
+            return StreamError(grpc.StatusCode.UNAVAILABLE, f"the multiplexed call broke ({details})")
         return StreamError(code, details)
     return StreamError(grpc.StatusCode.UNAVAILABLE, f"the multiplexed call ended: {error!r}")
 
@@ -57,11 +62,15 @@ def _error_of(error: BaseException) -> StreamError:
 class MuxStream:
     """One stream of a ``StreamMux``: its responses as they arrive."""
 
-    def __init__(self, mux: StreamMux, key: int, timeout: float | None) -> None:
+    def __init__(self, mux: StreamMux, key: int, timeout: float | None, open_plain: Callable[[], Any]) -> None:
+        """``open_plain``: the same request as a ``Generate`` call of its own (with what is left of the timeout),
+        for a server without ``GenerateStreams``."""
         self._mux = mux
         self.key = key
         self._items: asyncio.Queue[Any] = asyncio.Queue()
         self._closed = False
+        self._open_plain = open_plain
+        self._plain: Any = None  # the Generate call that replaced this stream
         # The deadline here too, as grpc enforces a call's on the client: a server that never answers fails the
         # stream in time (the server ends it with the same status on its side).
         self._timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, self._expire)
@@ -70,16 +79,21 @@ class MuxStream:
         """The next ``GenerateResponse``, or ``grpc.aio.EOF`` after the last.
 
         Raises:
-            StreamError: the stream ended with an error status, or its call broke.
+            grpc.RpcError: the stream ended with an error status, or its call broke.
         """
-        item = await self._items.get()
-        if isinstance(item, StreamError):
-            raise item
-        return item
+        if self._plain is None:
+            item = await self._items.get()
+            if isinstance(item, StreamError):
+                raise item
+            if item is not _PLAIN:
+                return item
+        return await cast(Any, self._plain).read()
 
     def cancel(self) -> None:
         """Stop the stream (the server aborts its request); idempotent."""
-        if not self._closed:
+        if self._plain is not None:
+            self._plain.cancel()
+        elif not self._closed:
             self._close()
             self._mux.cancel(self.key)
 
@@ -102,21 +116,35 @@ class MuxStream:
         self._items.put_nowait(grpc.aio.EOF if code is grpc.StatusCode.OK else StreamError(code, item.end.message))
 
     def _fail(self, error: StreamError) -> None:
-        if not self._closed:
-            self._close()
+        if self._closed:
+            return
+        self._close()
+        if error.code() is grpc.StatusCode.UNIMPLEMENTED:  # an older server: this stream goes on as a call
+            self._plain = self._open_plain()
+            self._items.put_nowait(_PLAIN)
+        else:
             self._items.put_nowait(error)
+
+
+_PLAIN = object()  # in a stream's queue: read on from its Generate call
 
 
 class StreamMux:
     """One ``GenerateStreams`` call on a channel and the streams it carries.
 
+    A server without ``GenerateStreams`` (UNIMPLEMENTED) sets ``unsupported``, and each stream goes on as a
+    ``Generate`` call of its own: the client then calls ``Generate`` on that endpoint.
+
     Args:
         open_call: the stub's ``GenerateStreams`` multi-callable (``metadata=`` the call's).
+        open_plain: the stub's ``Generate`` multi-callable.
         metadata: the call's metadata (the API key).
     """
 
-    def __init__(self, open_call: Callable[..., Any], metadata: Metadata) -> None:
+    def __init__(self, open_call: Callable[..., Any], open_plain: Callable[..., Any], metadata: Metadata) -> None:
         self._call = open_call(metadata=metadata)
+        self._open_plain = open_plain
+        self.unsupported = False
         self._streams: dict[int, MuxStream] = {}
         self._next_key = 1
         self._outbox: asyncio.Queue[generation_pb2.StreamRequest | None] = asyncio.Queue()
@@ -128,7 +156,14 @@ class StreamMux:
     ) -> MuxStream:
         """A stream of ``request``: ``stub.Generate``'s arguments, read as its call."""
         key, self._next_key = self._next_key, self._next_key + 1
-        stream = self._streams[key] = MuxStream(self, key, timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+
+        def open_plain() -> Any:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            return self._open_plain(request, timeout=left, metadata=metadata)
+
+        stream = self._streams[key] = MuxStream(self, key, timeout, open_plain)
         given = dict(metadata)
         message = generation_pb2.StreamRequest(stream=key, generate=request, timeout_s=timeout or 0.0)
         message.traceparent = str(given.get(TRACEPARENT_KEY, ""))
@@ -154,6 +189,9 @@ class StreamMux:
 
     async def _write(self) -> None:
         try:
+            # Nothing is written before the server has answered the call: a write racing the end of a call that
+            # the server refused (UNIMPLEMENTED, UNAUTHENTICATED) would turn its status into grpc's INTERNAL.
+            await self._call.initial_metadata()
             while (message := await self._outbox.get()) is not None:
                 await self._call.write(message)
         except (grpc.RpcError, asyncio.InvalidStateError) as error:  # the reader sees the call's end
@@ -176,7 +214,11 @@ class StreamMux:
                         del self._streams[item.stream]
         except grpc.RpcError as exc:
             error = exc
-        self._break(_error_of(error))
+        failure = _error_of(error)
+        self.unsupported = failure.code() is grpc.StatusCode.UNIMPLEMENTED
+        if self.unsupported:
+            logger.info("the server has no GenerateStreams: each stream is a Generate call")
+        self._break(failure)
 
     def _break(self, error: StreamError) -> None:
         if self.broken:

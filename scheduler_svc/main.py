@@ -36,7 +36,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     engine = Engine(config, metrics, executor_creds, RequestTracer(tracer) if tracer is not None else None)
     options = [*grpc_server.KEEPALIVE_OPTIONS, *grpc_server.message_size_options(config.max_message_bytes)]
     server = grpc.aio.server(options=options, interceptors=build_interceptors(config.api_keys, config.api_keys_file))
-    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
+    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine, config.max_message_bytes), server)
     health = grpc_server.add_health_and_reflection(server, [SERVICE_NAME])
     await grpc_server.set_serving(health, [SERVICE_NAME], False)
     await grpc_server.set_live(health)

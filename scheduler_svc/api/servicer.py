@@ -44,8 +44,10 @@ def request_id_of(request_id: str, context: Context) -> str:
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     """Generate, model info, tokenize/detokenize, status, and loading LoRA adapters."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, max_message_bytes: int = 4 * 2**20) -> None:
+        """``max_message_bytes``: the server's message size limit (``--max-message-bytes``)."""
         self.engine = engine
+        self.max_message_bytes = max_message_bytes
 
     async def Generate(
         self, request: generation_pb2.GenerateRequest, context: Context
@@ -66,7 +68,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def GenerateStreams(
         self, requests: AsyncIterator[generation_pb2.StreamRequest], context: Context
     ) -> AsyncIterator[generation_pb2.StreamResponses]:
-        async for message in StreamMux(self.engine, requests).run():
+        # At once: a client writes its streams' requests once it has the server's answer (client/multiplex.py).
+        await context.send_initial_metadata(())
+        async for message in StreamMux(self.engine, requests, self.max_message_bytes).run():
             yield message
 
     async def GetModelInfo(

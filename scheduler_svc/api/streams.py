@@ -92,6 +92,11 @@ async def generate_responses(
         raise StreamFailed(status_of(exc), str(exc)) from None
 
 
+# Bytes of a message kept for its framing; a response's field tag and length in it.
+_MESSAGE_HEADROOM = 1024
+_ITEM_FRAMING = 6
+
+
 class StreamMux:
     """One ``GenerateStreams`` call: a task per open stream, and the responses waiting to leave.
 
@@ -102,9 +107,15 @@ class StreamMux:
     generator (``run``) writes everything pending as one message whenever there is something.
     """
 
-    def __init__(self, engine: Engine, requests: AsyncIterator[generation_pb2.StreamRequest]) -> None:
+    def __init__(
+        self, engine: Engine, requests: AsyncIterator[generation_pb2.StreamRequest], max_message_bytes: int
+    ) -> None:
+        """``max_message_bytes``: the server's largest message (``--max-message-bytes``): a message carries at
+        most this much, and a single response larger than that ends its stream (RESOURCE_EXHAUSTED) instead of
+        failing the call of every stream."""
         self._engine = engine
         self._requests = requests
+        self._max_bytes = max_message_bytes - _MESSAGE_HEADROOM
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._outbox: list[generation_pb2.StreamResponse] = []
         self._wake = asyncio.Event()
@@ -122,7 +133,7 @@ class StreamMux:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                batch, self._outbox = self._outbox, []
+                batch = self._take_batch()
                 sent, self._sent = self._sent, asyncio.Event()
                 yield generation_pb2.StreamResponses(responses=batch)
                 sent.set()
@@ -133,6 +144,26 @@ class StreamMux:
             reader.cancel()
             for task in list(self._tasks.values()):
                 task.cancel()
+
+    def _take_batch(self) -> list[generation_pb2.StreamResponse]:
+        """The pending responses that fit in one message, in order (the rest stay pending for the next)."""
+        size = 0
+        for i, item in enumerate(self._outbox):
+            item_size = item.ByteSize() + _ITEM_FRAMING
+            if item_size > self._max_bytes:  # alone it cannot leave: its stream ends here
+                task = self._tasks.pop(item.stream, None)
+                if task is not None:
+                    task.cancel()
+                what = f"a response of {item_size} bytes exceeds the server's message limit ({self._max_bytes})"
+                end = generation_pb2.StreamEnd(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message=what)
+                self._outbox[i] = item = generation_pb2.StreamResponse(stream=item.stream, end=end)
+                item_size = item.ByteSize() + _ITEM_FRAMING
+            if size + item_size > self._max_bytes and i > 0:
+                batch, self._outbox = self._outbox[:i], self._outbox[i:]
+                return batch
+            size += item_size
+        batch, self._outbox = self._outbox, []
+        return batch
 
     async def _read(self) -> None:
         try:

@@ -275,3 +275,34 @@ def test_hostile_requests_on_one_multiplexed_call(system):
         wait_pool_whole(client, 10)
         assert system.dead_child() is None
         assert "Traceback" not in system.logs()["scheduler"]
+
+
+def test_multiplexed_messages_stay_within_the_message_limit(system):
+    """With --max-message-bytes 64KiB: first responses that together exceed it leave in several messages, and
+    a response that alone exceeds it ends its own stream (RESOURCE_EXHAUSTED), not the call's other streams."""
+    streams = []
+    for key in range(1, 17):  # prompt logprobs of 120 tokens: ~8 KB per first response, ~128 KB in all
+        streams.append(req(token_ids=[(key * 7 + i) % 300 + 3 for i in range(120)], sampling__prompt_logprobs=5))
+    huge = req(token_ids=[(11 * i) % 300 + 3 for i in range(450)], sampling__prompt_logprobs=20)
+    messages = [g.StreamRequest(stream=key, generate=request) for key, request in enumerate(streams, start=1)]
+    messages.insert(8, g.StreamRequest(stream=99, generate=huge))
+    with grpc.insecure_channel(system.target) as channel:
+        call = channel.stream_stream(
+            "/pagoda.v1.Generation/GenerateStreams",
+            request_serializer=g.StreamRequest.SerializeToString,
+            response_deserializer=None,
+        )
+        raw = list(call(iter(messages), timeout=120))
+    assert max(len(message) for message in raw) <= 64 * 1024
+    items = [item for message in raw for item in g.StreamResponses.FromString(message).responses]
+    ends = {item.stream: item.end for item in items if item.HasField("end")}
+    assert ends[99].code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and "message limit" in ends[99].message
+    assert all(ends[key].code == 0 for key in range(1, 17)), ends
+    firsts = [item.response for item in items if item.HasField("response") and item.response.prompt_logprobs]
+    assert len(firsts) == 16 and all(len(first.prompt_logprobs) == 119 for first in firsts)
+    firsts_per_message = [
+        sum(1 for item in g.StreamResponses.FromString(m).responses if item.response.prompt_logprobs) for m in raw
+    ]
+    assert sum(1 for n in firsts_per_message if n) >= 2, "the first responses should not fit in one message"
+    with Client(system.target, timeout=60) as client:
+        wait_pool_whole(client, 10)
