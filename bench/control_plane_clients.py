@@ -1,8 +1,10 @@
 """The kinds of client the control-plane load streams through: one class each, behind `LoadClient`.
 
 - `stub`: the generated gRPC stub, the lightest client (the benchmark's default);
-- `library`: the project's asyncio client (`pagoda_client.AsyncClient`), what an application would use;
-- `library-mux`: the same with `multiplex=True`: every stream of the load process over one `GenerateStreams` call;
+- `library`: the project's asyncio client (`pagoda_client.AsyncClient`), what an application would use: every
+  stream of the load process over one `GenerateStreams` call (a `Generate` call each against a scheduler from
+  before it);
+- `library-per-call`: the same with `multiplex=False`: a `Generate` call per stream;
 - `sse`: OpenAI-compatible streaming over the scheduler's HTTP API (`--http-port`), read by
   `control_plane_sse` on raw asyncio streams.
 
@@ -79,9 +81,9 @@ class StubClient:
 
 
 class LibraryClient:
-    """`AsyncClient.stream` with the options an application would pass."""
+    """`AsyncClient.stream` with the options an application would pass (the client's defaults)."""
 
-    multiplex = False
+    multiplex = True
 
     def __init__(self, target: str, max_tokens: int, timeout_s: float) -> None:
         self.client = AsyncClient(target, timeout=timeout_s, multiplex=self.multiplex)
@@ -102,10 +104,10 @@ class LibraryClient:
         await self.client.close()
 
 
-class MultiplexedLibraryClient(LibraryClient):
-    """`AsyncClient(multiplex=True)`: the load process's streams share one `GenerateStreams` call."""
+class PerCallLibraryClient(LibraryClient):
+    """`AsyncClient(multiplex=False)`: a `Generate` call per stream, as the library did before `GenerateStreams`."""
 
-    multiplex = True
+    multiplex = False
 
 
 class SseClient:
@@ -166,6 +168,6 @@ class SseClient:
 CLIENTS: dict[str, Callable[[str, int, float], LoadClient]] = {
     "stub": StubClient,
     "library": LibraryClient,
-    "library-mux": MultiplexedLibraryClient,
+    "library-per-call": PerCallLibraryClient,
     "sse": SseClient,
 }

@@ -63,15 +63,24 @@ def resume_from_pb(msg: generation_pb2.GenerateRequest) -> ResumeFrom | None:
 
 def output_to_pb(out: RequestOutput) -> generation_pb2.GenerateResponse:
     """One streamed delta."""
-    msg = generation_pb2.GenerateResponse(
-        request_id=out.request_id,
-        text=out.text,
-        token_ids=out.token_ids,
-        prompt_token_ids=out.prompt_token_ids,
-        logprobs=logprobs_to_pb(out.logprobs),
-        output_index=out.output_index,
-        prompt_logprobs=logprobs_to_pb(out.prompt_logprobs) if out.prompt_logprobs else (),
-    )
+    msg = generation_pb2.GenerateResponse()
+    fill_output_pb(msg, out)
+    return msg
+
+
+def fill_output_pb(msg: generation_pb2.GenerateResponse, out: RequestOutput) -> None:
+    """Set ``msg`` (empty; a field of another message, filled in place) to one streamed delta: only the fields
+    that are set, since a delta mostly carries a few tokens and their text."""
+    msg.request_id = out.request_id
+    msg.text = out.text
+    msg.token_ids.extend(out.token_ids)
+    msg.output_index = out.output_index
+    if out.prompt_token_ids:
+        msg.prompt_token_ids.extend(out.prompt_token_ids)
+    if out.logprobs:
+        msg.logprobs.extend(logprobs_to_pb(out.logprobs))
+    if out.prompt_logprobs:
+        msg.prompt_logprobs.extend(logprobs_to_pb(out.prompt_logprobs))
     if out.seed is not None:
         msg.seed = out.seed
     if out.finish_reason is not None:
@@ -81,4 +90,3 @@ def output_to_pb(out: RequestOutput) -> generation_pb2.GenerateResponse:
         msg.usage.CopyFrom(generation_pb2.Usage(**vars(out.usage)))
     if out.timings is not None:
         msg.timings.CopyFrom(generation_pb2.Timings(**vars(out.timings)))
-    return msg

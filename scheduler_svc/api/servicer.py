@@ -19,7 +19,7 @@ from pagoda.step_pb import lora_to_pb
 from pagoda.tracing import traceparent_in
 from pagoda.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 from scheduler_svc.api import convert
-from scheduler_svc.api.streams import StreamFailed, StreamMux, generate_responses, status_of
+from scheduler_svc.api.streams import StreamFailed, StreamMux, generate_outputs, status_of
 from scheduler_svc.core.config import DraftSource
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import (
@@ -56,10 +56,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
             traceparent = traceparent_in(context.invocation_metadata() or ())
-            async for response in generate_responses(
-                self.engine, request, request_id, context.time_remaining(), traceparent
-            ):
-                yield response
+            async for out in generate_outputs(self.engine, request, request_id, context.time_remaining(), traceparent):
+                yield convert.output_to_pb(out)
         except StreamFailed as exc:
             await context.abort(exc.code, exc.message)
         finally:

@@ -1,4 +1,4 @@
-"""Generate streams: one stream's responses (``generate_responses``, shared by ``Generate`` and
+"""Generate streams: one stream's outputs (``generate_outputs``, shared by ``Generate`` and
 ``GenerateStreams``), and ``StreamMux``, which serves many streams over one ``GenerateStreams`` call.
 
 A client with many streams pays gRPC's per-message cost (its Cython core, a completion and a ``sendmsg`` per
@@ -32,6 +32,7 @@ from scheduler_svc.errors import (
     RequestError,
     Unavailable,
 )
+from scheduler_svc.request import RequestOutput
 
 log = structlog.get_logger("scheduler")
 
@@ -60,14 +61,14 @@ class StreamFailed(Exception):
         self.message = message
 
 
-async def generate_responses(
+async def generate_outputs(
     engine: Engine,
     request: generation_pb2.GenerateRequest,
     request_id: str,
     timeout_s: float | None,
     traceparent: str | None,
-) -> AsyncGenerator[generation_pb2.GenerateResponse, None]:
-    """The responses of one Generate stream.
+) -> AsyncGenerator[RequestOutput, None]:
+    """The outputs of one Generate stream (each edge makes its own message of each: ``convert.fill_output_pb``).
 
     Raises:
         StreamFailed: the request was refused, failed in the executor, or must resume elsewhere.
@@ -86,7 +87,7 @@ async def generate_responses(
                     )
                 if out.finish_reason is FinishReason.ABORT:  # no executor here, or draining: resume elsewhere
                     raise StreamFailed(grpc.StatusCode.UNAVAILABLE, f"request {request_id}: {out.error}")
-                yield convert.output_to_pb(out)
+                yield out
     except RequestError as exc:
         log.info("request_rejected", status=status_of(exc).name, error=str(exc))
         raise StreamFailed(status_of(exc), str(exc)) from None
@@ -190,12 +191,14 @@ class StreamMux:
         structlog.contextvars.bind_contextvars(request_id=request_id)
         timeout_s = message.timeout_s if message.timeout_s > 0 else None
         try:
-            responses = generate_responses(
+            responses = generate_outputs(
                 self._engine, request, request_id, timeout_s, parse_traceparent(message.traceparent) or None
             )
             async with contextlib.aclosing(responses):
-                async for response in responses:
-                    self._push(generation_pb2.StreamResponse(stream=key, response=response))
+                async for out in responses:
+                    item = generation_pb2.StreamResponse(stream=key)
+                    convert.fill_output_pb(item.response, out)  # in place: no copy of the response
+                    self._push(item)
                     await self._sent.wait()
             self._end(key, grpc.StatusCode.OK, "")
         except StreamFailed as exc:
