@@ -6,9 +6,10 @@ for each configuration (executors x schedulers x streams) starts 1 or 2 real
 schedulers over them and one load process per scheduler that keeps its share of
 the streams in flight (--streams in all, a comma list for several
 configurations; else --streams-per-executor per executor), through the client
-that --client names: the generated gRPC stub (the default, the lightest), the
-project's asyncio client library, or OpenAI-compatible SSE over the
-schedulers' HTTP API. After a warm-up it measures, over the same window:
+that --client names: the generated gRPC stub (the default, the lightest client
+process: a `Generate` call per stream), the project's asyncio client library
+(`library`: its streams over one `GenerateStreams` call; `library-per-call`),
+or OpenAI-compatible SSE over the schedulers' HTTP API. After a warm-up it measures, over the same window:
 
 - aggregate output tokens/s (the schedulers' `generation_tokens` counters), and
   the same tokens as the clients counted them;

@@ -1,6 +1,7 @@
 """The kinds of client the control-plane load streams through: one class each, behind `LoadClient`.
 
-- `stub`: the generated gRPC stub, the lightest client (the benchmark's default);
+- `stub`: `Generate` through the generated gRPC stub, a call per stream: the lightest client process (the
+  benchmark's default);
 - `library`: the project's asyncio client (`pagoda_client.AsyncClient`), what an application would use: every
   stream of the load process over one `GenerateStreams` call (a `Generate` call each against a scheduler from
   before it);
