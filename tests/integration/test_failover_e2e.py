@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.streams import KillOnce, gaps_after, mixed_requests, p50_and_max, run_streams, run_streams_async
+from support.streams import (
+    KillOnce,
+    StreamRecord,
+    gaps_after,
+    mixed_requests,
+    p50_and_max,
+    run_streams,
+    run_streams_async,
+)
 
 from pagoda.launch.launcher import Launcher
 from pagoda_client import AsyncClient, Client, PagodaError
@@ -92,6 +100,17 @@ def _kill_first_scheduler(system: Launcher) -> int:
     return pid
 
 
+def _check_resumed(got: list[StreamRecord], expected: list[StreamRecord]) -> list[StreamRecord]:
+    """Every stream read as in the fault-free run, and enough of them resumed once; those resumed."""
+    for i, (run, reference) in enumerate(zip(got, expected)):
+        assert (run.token_ids, run.text) == (reference.token_ids, reference.text), f"stream {i}"
+        assert run.logprobs == pytest.approx(reference.logprobs, abs=1e-4), f"stream {i}"
+    resumed = [run for run in got if run.num_resumes]
+    assert len(resumed) >= NUM_STREAMS // 4, "too few streams ran on the killed scheduler mid-stream"
+    assert all(run.num_resumes == 1 for run in resumed)
+    return resumed
+
+
 def test_killing_the_scheduler_mid_stream_loses_and_repeats_nothing(system):
     _wait_each_holds_one(system)
     with Client(",".join(system.targets), timeout=180) as client:
@@ -105,12 +124,7 @@ def test_killing_the_scheduler_mid_stream_loses_and_repeats_nothing(system):
         )
         got = run_streams(client, requests, kill)
     assert kill.fired_at is not None and killed, "the scheduler was never killed"
-    for i, (run, reference) in enumerate(zip(got, expected)):
-        assert (run.token_ids, run.text) == (reference.token_ids, reference.text), f"stream {i}"
-        assert run.logprobs == pytest.approx(reference.logprobs, abs=1e-4), f"stream {i}"
-    resumed = [run for run in got if run.num_resumes]
-    assert len(resumed) >= NUM_STREAMS // 4, "too few streams ran on the killed scheduler mid-stream"
-    assert all(run.num_resumes == 1 for run in resumed)
+    resumed = _check_resumed(got, expected)
     assert '"request_resumed"' in system.logs()["scheduler-1"]
 
     # The supervisor restarts the killed scheduler; the ownership rule gives it an executor back.
@@ -140,18 +154,13 @@ def test_multiplexed_streams_resume_through_a_scheduler_kill(system):
     killed: list[int] = []
     kill = KillOnce(total // 4, lambda: killed.append(_kill_first_scheduler(system)), min_streams_started=NUM_STREAMS)
 
-    async def run() -> list:
+    async def run() -> list[StreamRecord]:
         async with AsyncClient(",".join(system.targets), timeout=180, multiplex=True) as aclient:
             return await run_streams_async(aclient, requests, kill)
 
     got = asyncio.run(run())
     assert kill.fired_at is not None and killed, "the scheduler was never killed"
-    for i, (run_record, reference) in enumerate(zip(got, expected)):
-        assert (run_record.token_ids, run_record.text) == (reference.token_ids, reference.text), f"stream {i}"
-        assert run_record.logprobs == pytest.approx(reference.logprobs, abs=1e-4), f"stream {i}"
-    resumed = [record for record in got if record.num_resumes]
-    assert len(resumed) >= NUM_STREAMS // 4, "too few streams ran on the killed scheduler mid-stream"
-    assert all(record.num_resumes == 1 for record in resumed)
+    resumed = _check_resumed(got, expected)
     system.wait_restarted(system.schedulers[0], killed[0], timeout_s=120, serving=True)
     gap_p50, gap_max = p50_and_max(gaps_after(resumed, kill.fired_at))
     print(
