@@ -44,6 +44,9 @@ import numpy as np
 import torch
 from bench_kv_kernels import make_caches
 
+from executor_svc.attention.metadata import PrefillSpan
+from executor_svc.attention.sdpa_prefill import SdpaPrefill
+from executor_svc.models.layer_ops import get_layer_ops
 from executor_svc.native import loader
 from executor_svc.quant.modes import MODES, Target
 from pagoda.params import SamplingParams, StoppingCriteria
@@ -71,8 +74,22 @@ CONTEXTS = (128, 256, 512, 768)
 DECODE_BATCH, PREFILL_CHUNK = 64, 512
 PROBE = Path(__file__).with_name("roofline_probe.c")
 PROBE_REPEATS = 6  # a round's repeats of each probe (0.1 s each for the compute ones)
-INSTRUCTIONS = {"bf16": "vdpbf16ps", "vnni": "vpdpbusd", "amx": "tdpbf16ps", "amx_int8": "tdpbusd"}
-PROBE_NEEDS = {"bf16": {"avx512_bf16"}, "vnni": {"avx512_vnni"}, "amx": {"amx_bf16"}, "amx_int8": {"amx_int8"}}
+INSTRUCTIONS = {
+    "bf16": "vdpbf16ps",
+    "vnni": "vpdpbusd",
+    "amx": "tdpbf16ps",
+    "amx_int8": "tdpbusd",
+    "fma": "vfmadd231ps",
+    "avx2_int8": "vpmaddubsw+",  # vpsignb, vpmaddubsw, vpmaddwd, vpaddd: the AVX2 int8 kernel's product
+}
+PROBE_NEEDS = {
+    "bf16": {"avx512_bf16"},
+    "vnni": {"avx512_vnni"},
+    "amx": {"amx_bf16"},
+    "amx_int8": {"amx_int8"},
+    "fma": {"avx2", "fma"},
+    "avx2_int8": {"avx2", "fma"},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +112,11 @@ class Variant:
         return NUM_LAYERS * 2 * NUM_KV_HEADS * self.kv_row_bytes
 
 
+# On a CPU with AVX2 alone the bf16 GEMMs run fp32 FMAs (bf16 weights widened to fp32 panels) and the int8
+# ones the AVX2 product; the floor still counts bf16 weights' 2 bytes, what the model needs to read.
 VARIANTS = (
-    Variant("bf16", 2, 0, 2 * HEAD_DIM, 32, ("amx", "bf16")),
-    Variant("int8", 1, 4, HEAD_DIM + 4, 64, ("amx_int8", "vnni")),
+    Variant("bf16", 2, 0, 2 * HEAD_DIM, 32, ("amx", "bf16", "fma")),
+    Variant("int8", 1, 4, HEAD_DIM + 4, 64, ("amx_int8", "vnni", "avx2_int8")),
 )
 BF16_PROBES = VARIANTS[0].gemm_probes  # attention FLOPs
 
@@ -117,9 +136,12 @@ def cpu_info() -> tuple[str, frozenset[str], int, int]:
 
 
 def build_probe(flags: frozenset[str], folder: str) -> Path:
-    """The probe compiled into ``folder``, with the AMX probes where the CPU has AMX."""
+    """The probe compiled into ``folder``: the AVX-512 probes (and AMX's where the CPU has AMX), or on a CPU
+    with AVX2 alone its probes only."""
     binary = Path(folder) / "roofline_probe"
-    cflags = ["-O2", "-mavx512f", "-mavx512bf16", "-mavx512vnni", "-fopenmp"]
+    cflags = ["-O2", "-mavx2", "-mfma", "-fopenmp"]
+    if {"avx512f", "avx512_bf16", "avx512_vnni"} <= flags:
+        cflags += ["-mavx512f", "-mavx512bf16", "-mavx512vnni"]
     if {"amx_tile", "amx_bf16", "amx_int8"} <= flags:
         cflags += ["-mamx-tile", "-mamx-bf16", "-mamx-int8", "-DWITH_AMX"]
     subprocess.run(["gcc", *cflags, "-o", str(binary), str(PROBE)], check=True)
@@ -207,7 +229,10 @@ def _gemm_path(kernels, variant: Variant):
     """(pack(bf16 weight), run(x, packed, out_features)) as the executor builds and calls the layer."""
     if variant.name == "bf16":
         gemm = kernels.ops
-        return gemm.pack_bf16, lambda x, p, n: gemm.linear_bf16(x, p, n, None)
+        if gemm.bf16_kernels_ready():
+            return gemm.pack_bf16, lambda x, p, n: gemm.linear_bf16(x, p, n, None)
+        ops = get_layer_ops("cpp", torch.device("cpu"), torch.bfloat16)  # AVX2 alone: widened fp32 panels
+        return ops.pack, lambda x, p, n: ops.linear(x, p)
     target = Target(torch.device("cpu"), torch.bfloat16, kernels, "auto")
     return (lambda w: MODES["int8"].quantize(w, target)), (lambda x, layer, n: layer(x))
 
@@ -239,16 +264,24 @@ def decode_seconds(ops, variant: Variant, context: int, l3_bytes: int, repeats: 
 
 
 def prefill_seconds(ops, variant: Variant, repeats: int) -> float:
-    """Seconds of one layer's prefill attention over one 512-token prompt (nothing cached)."""
+    """Seconds of one layer's prefill attention over one 512-token prompt (nothing cached): the C++ kernel, or
+    where it does not run (no AMX-BF16 or AVX512-BF16) the SDPA prefill the executor runs instead."""
     num_blocks = -(-PREFILL_CHUNK // variant.kv_block_size)
     caches = make_caches(variant.name, NUM_LAYERS, num_blocks, variant.kv_block_size)
-    q = torch.randn(PREFILL_CHUNK, NUM_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(2))
-    q, out = q.to(torch.bfloat16), torch.empty(PREFILL_CHUNK, NUM_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(PREFILL_CHUNK, NUM_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    out = torch.empty(PREFILL_CHUNK, NUM_HEADS, HEAD_DIM, dtype=torch.bfloat16)
     tables, spans = torch.arange(num_blocks).view(1, num_blocks), torch.tensor([[0, PREFILL_CHUNK, 0, 0]])
-    calls = [
-        lambda c=c: ops.paged_prefill(q, c.k, c.v, tables, spans, HEAD_DIM**-0.5, out, 0, 0.0, c.k_scale, c.v_scale)
-        for c in caches
-    ]
+    if ops.bf16_kernels_ready():
+        calls = [
+            lambda c=c: ops.paged_prefill(q, c.k, c.v, tables, spans, HEAD_DIM**-0.5, out, 0, 0.0, c.k_scale, c.v_scale)
+            for c in caches
+        ]
+    else:
+        kv = torch.randn(2, PREFILL_CHUNK, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)  # fresh K/V
+        span = PrefillSpan(0, 0, PREFILL_CHUNK, 0, num_blocks)
+        sdpa = SdpaPrefill((span,), [None], [tables[0]])
+        calls = [lambda c=c: sdpa.run(q, kv[0], kv[1], c, HEAD_DIM**-0.5, out) for c in caches]
     return sum(best := best_per_call(calls, repeats)) / len(best)
 
 
@@ -426,7 +459,7 @@ def print_peaks(peaks: dict[str, list[float]]) -> None:
             "GB/s"
             if probe.startswith(("read", "copy"))
             else "GOP/s"
-            if "int8" in probe or probe == "vnni"
+            if "int8" in probe or probe in ("vnni", "avx2_int8")
             else "GFLOP/s"
         )
         print(f"  {label:<14} {threads} thr  {max(values):8.1f} {unit:<8} [{min(values):.1f}-{max(values):.1f}]")
@@ -507,11 +540,11 @@ def main() -> None:
     measured = {False: _per_variant(args.measured_tok_s), True: _per_variant(args.measured_steady_tok_s)}
     model, flags, threads, l3_bytes = cpu_info()
     kernels = loader.kernels()
-    if kernels is None or "avx512f" not in flags:
-        raise SystemExit("needs AVX-512 and the installed C++ kernels (make install builds them)")
+    if kernels is None or not ({"avx512f", "avx512_bf16", "avx512_vnni"} <= flags or {"avx2", "fma"} <= flags):
+        raise SystemExit("needs AVX-512 (BF16, VNNI) or AVX2 + FMA, and the installed C++ kernels (make install)")
     print(
         f"CPU {model}: {threads} threads, L3 {l3_bytes >> 20} MiB, torch threads {torch.get_num_threads()}; "
-        f"flags {' '.join(sorted(f for f in flags if f.startswith(('avx512', 'amx'))))}"
+        f"flags {' '.join(sorted(f for f in flags if f.startswith(('avx512', 'amx', 'avx2', 'fma'))))}"
     )
     load_at_start = os.getloadavg()[0]
     peaks: dict[str, list[float]] = {}

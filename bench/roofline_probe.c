@@ -1,6 +1,7 @@
 // Machine peaks for bench/roofline.py: one instruction's throughput, or memory bandwidth, on N threads.
 //
-//   roofline_probe bf16|vnni|amx|amx_int8 THREADS REPEATS   GFLOP/s (int8: GOP/s) of each repeat, one a line
+//   roofline_probe bf16|vnni|amx|amx_int8|fma|avx2_int8 THREADS REPEATS
+//                                                           GFLOP/s (int8: GOP/s) of each repeat, one a line
 //   roofline_probe read|copy THREADS REPEATS MIB [huge]      GB/s of each repeat over a MIB buffer (copy: two
 //                                                           halves); huge: on 2 MiB pages (madvise)
 //
@@ -8,7 +9,9 @@
 // to cover its latency, so the loop is bound by the instruction's throughput alone. A repeat runs for about
 // 0.1 s on every thread at once; the first thread times it between barriers. bench/roofline.py compiles this
 // with the system gcc (-O2 -mavx512f -mavx512bf16 -mavx512vnni -fopenmp, plus -mamx-tile -mamx-bf16
-// -mamx-int8 -DWITH_AMX where the CPU has AMX) and runs only the probes whose instructions the CPU has.
+// -mamx-int8 -DWITH_AMX where the CPU has AMX; on a CPU with AVX2 alone -O2 -mavx2 -mfma -fopenmp, and the
+// AVX2 probes only: fma, avx2_int8, 32-byte loads for the bandwidth) and runs only the probes whose
+// instructions the CPU has.
 //
 // Why huge pages: on a VM each TLB miss walks two page tables; measured on a 2-core Zen 4 VM, one thread
 // reads ~20 GB/s on 4 KiB pages and ~30 GB/s on 2 MiB ones. Torch's tensors are on 4 KiB pages.
@@ -37,7 +40,11 @@ static double now_s(void) {
 // 16 independent chains: Zen 4 and Sapphire Rapids need 5-6 in flight per pipe for these instructions.
 #define CHAINS16(OP) \
   OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15)
+// 8 for the AVX2 probes: AVX2 has 16 registers, and the inputs and temporaries need some (two FMA pipes of
+// latency 4 need 8 in flight).
+#define CHAINS8(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7)
 
+#if defined(__AVX512F__)
 // vdpbf16ps zmm: 16 lanes x 2 bf16 products added into fp32 = 64 FLOPs an instruction.
 static float bf16_loop(int64_t iters, float seed) {
   __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80 + (int)seed);  // two bf16 1.0s a lane
@@ -71,6 +78,52 @@ static float vnni_loop(int64_t iters, float seed) {
   __m512i total = _mm512_setzero_si512();
   CHAINS16(SUM)
   return (float)_mm512_reduce_add_epi32(total);
+}
+#undef DECL
+#undef STEP
+#undef SUM
+
+#endif
+
+// vfmadd231ps ymm: 8 lanes x (multiply + add) = 16 FLOPs an instruction: what our fp32 panel GEMM runs on a
+// CPU with AVX2 alone (bf16 weights widened to fp32 panels there).
+static float fma_loop(int64_t iters, float seed) {
+  __m256 a = _mm256_set1_ps(1.0f + seed * 1e-7f), b = _mm256_set1_ps(0.999f);
+#define DECL(i) __m256 acc##i = _mm256_set1_ps(seed + i);
+#define STEP(i) acc##i = _mm256_fmadd_ps(a, b, acc##i);
+#define SUM(i) total = _mm256_add_ps(total, acc##i);
+  CHAINS8(DECL)
+  for (int64_t n = 0; n < iters; ++n) {
+    CHAINS8(STEP)
+  }
+  __m256 total = _mm256_setzero_ps();
+  CHAINS8(SUM)
+  float lanes[8];
+  _mm256_storeu_ps(lanes, total);
+  return lanes[0];
+}
+#undef DECL
+#undef STEP
+#undef SUM
+
+// The AVX2 int8 kernel's product (csrc/cpu_quant_avx2.h): vpsignb, vpmaddubsw, vpmaddwd by ones, vpaddd =
+// 8 lanes x 4 u8*s8 products added into int32 = 64 integer ops per four instructions. There is no one
+// instruction for it without VNNI: the four together are the unit whose throughput bounds the kernel.
+static float avx2_int8_loop(int64_t iters, float seed) {
+  __m256i x = _mm256_set1_epi8((char)(3 + (int)seed)), x_abs = _mm256_abs_epi8(x), w = _mm256_set1_epi8(-5);
+  const __m256i ones = _mm256_set1_epi16(1);
+#define DECL(i) __m256i acc##i = _mm256_set1_epi32((int)seed + i);
+#define STEP(i) \
+  acc##i = _mm256_add_epi32(acc##i, _mm256_madd_epi16(_mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(w, x)), ones));
+#define SUM(i) total = _mm256_add_epi32(total, acc##i);
+  CHAINS8(DECL)
+  for (int64_t n = 0; n < iters; ++n) {
+    __asm__ volatile("" : "+x"(w), "+x"(x));  // a new product each iteration, as the kernel's
+    CHAINS8(STEP)
+  }
+  __m256i total = _mm256_setzero_si256();
+  CHAINS8(SUM)
+  return (float)_mm256_extract_epi32(total, 0);
 }
 #undef DECL
 #undef STEP
@@ -139,6 +192,15 @@ typedef float (*Loop)(int64_t, float);
 
 // The instruction's loop, operations per iteration of it, or NULL for an unknown (or not compiled) probe.
 static Loop compute_probe(const char* name, double* ops_per_iter) {
+  if (strcmp(name, "fma") == 0) {
+    *ops_per_iter = 8.0 * 16;
+    return fma_loop;
+  }
+  if (strcmp(name, "avx2_int8") == 0) {
+    *ops_per_iter = 8.0 * 64;
+    return avx2_int8_loop;
+  }
+#if defined(__AVX512F__)
   if (strcmp(name, "bf16") == 0) {
     *ops_per_iter = 16.0 * 64;
     return bf16_loop;
@@ -147,6 +209,7 @@ static Loop compute_probe(const char* name, double* ops_per_iter) {
     *ops_per_iter = 16.0 * 128;
     return vnni_loop;
   }
+#endif
 #ifdef WITH_AMX
   if (strcmp(name, "amx") == 0) {
     *ops_per_iter = 4.0 * 16384;
@@ -196,39 +259,55 @@ static int run_compute(Loop loop, double ops_per_iter, int threads, int repeats)
   return 0;
 }
 
-// Sums this thread's slice with 8 independent 64-byte loads an iteration (no chain waits on memory).
-static int64_t read_slice(const __m512i* p, int64_t n) {
-  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+#if defined(__AVX512F__)
+typedef __m512i Line;  // one 64-byte load or store
+#define LINE_ZERO() _mm512_setzero_si512()
+#define LINE_ADD(a, b) _mm512_add_epi64(a, b)
+#define LINE_LOAD(p) _mm512_load_si512(p)
+#define LINE_STORE(p, v) _mm512_store_si512(p, v)
+#define LINE_SUM(v) _mm512_reduce_add_epi64(v)
+#else
+typedef __m256i Line;  // AVX2: 32-byte loads and stores
+#define LINE_ZERO() _mm256_setzero_si256()
+#define LINE_ADD(a, b) _mm256_add_epi64(a, b)
+#define LINE_LOAD(p) _mm256_load_si256(p)
+#define LINE_STORE(p, v) _mm256_store_si256(p, v)
+#define LINE_SUM(v) (_mm256_extract_epi64(v, 0) + _mm256_extract_epi64(v, 1) + _mm256_extract_epi64(v, 2) + \
+                     _mm256_extract_epi64(v, 3))
+#endif
+
+// Sums this thread's slice with 8 independent loads an iteration (no chain waits on memory).
+static int64_t read_slice(const Line* p, int64_t n) {
+  Line s0 = LINE_ZERO(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
   for (int64_t i = 0; i + 8 <= n; i += 8) {
-    s0 = _mm512_add_epi64(s0, _mm512_load_si512(p + i));
-    s1 = _mm512_add_epi64(s1, _mm512_load_si512(p + i + 1));
-    s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 2));
-    s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + i + 3));
-    s4 = _mm512_add_epi64(s4, _mm512_load_si512(p + i + 4));
-    s5 = _mm512_add_epi64(s5, _mm512_load_si512(p + i + 5));
-    s6 = _mm512_add_epi64(s6, _mm512_load_si512(p + i + 6));
-    s7 = _mm512_add_epi64(s7, _mm512_load_si512(p + i + 7));
+    s0 = LINE_ADD(s0, LINE_LOAD(p + i));
+    s1 = LINE_ADD(s1, LINE_LOAD(p + i + 1));
+    s2 = LINE_ADD(s2, LINE_LOAD(p + i + 2));
+    s3 = LINE_ADD(s3, LINE_LOAD(p + i + 3));
+    s4 = LINE_ADD(s4, LINE_LOAD(p + i + 4));
+    s5 = LINE_ADD(s5, LINE_LOAD(p + i + 5));
+    s6 = LINE_ADD(s6, LINE_LOAD(p + i + 6));
+    s7 = LINE_ADD(s7, LINE_LOAD(p + i + 7));
   }
-  __m512i s = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)),
-                               _mm512_add_epi64(_mm512_add_epi64(s4, s5), _mm512_add_epi64(s6, s7)));
-  return _mm512_reduce_add_epi64(s);
+  Line s = LINE_ADD(LINE_ADD(LINE_ADD(s0, s1), LINE_ADD(s2, s3)), LINE_ADD(LINE_ADD(s4, s5), LINE_ADD(s6, s7)));
+  return LINE_SUM(s);
 }
 
-static void copy_slice(__m512i* dst, const __m512i* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) _mm512_store_si512(dst + i, _mm512_load_si512(src + i));
+static void copy_slice(Line* dst, const Line* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) LINE_STORE(dst + i, LINE_LOAD(src + i));
 }
 
 // Read: bytes read / s. Copy: (bytes read + bytes written) / s, as STREAM counts it. Each thread owns one
 // contiguous slice; the buffer is written once and passed over once untimed first, so no repeat pays for
 // the first touch of fresh pages.
 static int run_memory(int copy, int threads, int repeats, int64_t mib, int huge) {
-  int64_t lines = mib * (1 << 20) / 64;
-  __m512i* buf = aligned_alloc(1 << 21, lines * 64);
+  int64_t lines = mib * (1 << 20) / sizeof(Line);
+  Line* buf = aligned_alloc(1 << 21, lines * sizeof(Line));
   if (buf == NULL) {
     fprintf(stderr, "cannot allocate %lld MiB\n", (long long)mib);
     return 1;
   }
-  if (huge && madvise(buf, lines * 64, MADV_HUGEPAGE) != 0) {
+  if (huge && madvise(buf, lines * sizeof(Line), MADV_HUGEPAGE) != 0) {
     fprintf(stderr, "madvise(MADV_HUGEPAGE) failed\n");
     return 1;
   }
@@ -239,8 +318,8 @@ static int run_memory(int copy, int threads, int repeats, int64_t mib, int huge)
   {
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
     int64_t lo = n * t / nt / 8 * 8, hi = t + 1 == nt ? n : n * (t + 1) / nt / 8 * 8;
-    memset(buf + lo, t + 1, (hi - lo) * 64);  // each thread first touches its own pages
-    if (copy) memset(buf + half + lo, 0, (hi - lo) * 64);
+    memset(buf + lo, t + 1, (hi - lo) * sizeof(Line));  // each thread first touches its own pages
+    if (copy) memset(buf + half + lo, 0, (hi - lo) * sizeof(Line));
     double start = 0;
     for (int r = -1; r < repeats; ++r) {  // r = -1: the warm pass
 #pragma omp barrier
@@ -256,7 +335,7 @@ static int run_memory(int copy, int threads, int repeats, int64_t mib, int huge)
       sink += value;
     }
   }
-  double bytes = (double)n * 64 * (copy ? 2 : 1);
+  double bytes = (double)n * sizeof(Line) * (copy ? 2 : 1);
   for (int r = 0; r < repeats; ++r) printf("%.2f\n", bytes / seconds[r] / 1e9);
   free(seconds);
   free(buf);
@@ -265,7 +344,7 @@ static int run_memory(int copy, int threads, int repeats, int64_t mib, int huge)
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s bf16|vnni|amx|amx_int8|read|copy THREADS REPEATS [MIB [huge]]\n", argv[0]);
+    fprintf(stderr, "usage: %s bf16|vnni|amx|amx_int8|fma|avx2_int8|read|copy THREADS REPEATS [MIB [huge]]\n", argv[0]);
     return 2;
   }
   int threads = atoi(argv[2]), repeats = atoi(argv[3]);

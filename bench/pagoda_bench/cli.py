@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import math
+import secrets
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -95,15 +96,19 @@ def is_loopback(target: str) -> bool:
 
 
 def build_workload(
-    args: argparse.Namespace, vocab_size: int, eos_ids: tuple[int, ...], tokenize: Callable[[str], list[int]]
+    args: argparse.Namespace,
+    vocab_size: int,
+    eos_ids: tuple[int, ...],
+    tokenize: Callable[[str], list[int]],
+    ids_salt: int | None = None,
 ) -> list[BenchRequest]:
-    """The requests of ``args.workload``."""
+    """The requests of ``args.workload`` (random and prefix: token ids salted with ``ids_salt``, if given)."""
     if args.workload in ("random", "prefix"):
         prefix = args.workload == "prefix"  # its lengths are the suffixes'
         lengths = args.suffix_len_range if prefix else args.input_len_range
         prefix_len = args.prefix_len if prefix else 0
         return random_workload(
-            args.num_prompts, lengths, args.output_len_range, args.seed, vocab_size, eos_ids, prefix_len
+            args.num_prompts, lengths, args.output_len_range, args.seed, vocab_size, eos_ids, prefix_len, ids_salt
         )
     if not args.dataset_path:
         raise ValueError("the sharegpt workload needs --dataset-path")
@@ -172,11 +177,18 @@ def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
     check_compare_args(args)
     specs = parse_servers(args.server, is_loopback)
     vocabulary = checkpoint_vocab(args.model)
-    # Run k's prompts (seed --seed + k): new to the server, the same for every server.
-    workloads = [
-        build_workload(argparse.Namespace(**{**vars(args), "seed": args.seed + k}), *vocabulary)
-        for k in range(args.runs_per_start)
-    ]
+    if args.prompt_salt is None:
+        args.prompt_salt = secrets.randbelow(1 << 31)  # in the JSON's config: --prompt-salt repeats the run
+    print(f"prompt salt {args.prompt_salt} (--prompt-salt to send the same prompts again)", flush=True)
+    workloads: dict[tuple[int, int], list[BenchRequest]] = {}
+
+    def workload(round_index: int, k: int) -> list[BenchRequest]:
+        """Run k of round r (seed --seed + k, ids salted with --prompt-salt + r): new to the server, even one that
+        kept its KV cache from an earlier start; the same for every server of the round."""
+        if (round_index, k) not in workloads:
+            seeded = argparse.Namespace(**{**vars(args), "seed": args.seed + k})
+            workloads[round_index, k] = build_workload(seeded, *vocabulary, args.prompt_salt + round_index)
+        return workloads[round_index, k]
 
     log_dir = Path(args.server_log_dir)
 
@@ -185,14 +197,15 @@ def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
             return loaded(_hf_config(_with_dtype(args, spec)), spec)
         return started(spec, log_dir, label, args.server_start_timeout_s)
 
-    def run(server: Started, index: int) -> tuple[list[RequestRecord], float]:
+    def run(server: Started, round_index: int, index: int) -> tuple[list[RequestRecord], float]:
+        requests = workload(round_index, index)
         if isinstance(server, LoadedHf):
-            return _run_hf(_with_dtype(args, server.spec), server.hf_model, workloads[index])
+            return _run_hf(_with_dtype(args, server.spec), server.hf_model, requests)
         options = argparse.Namespace(**{**vars(args), "base_url": server.spec.base_url, "model_name": server.model})
-        return _run_openai(options, workloads[index], api_key)
+        return _run_openai(options, requests, api_key)
 
     results = run_rounds(args, specs, start, run)
-    print(format_comparison(results))
+    print(format_comparison(results, expect_uncached=args.workload == "random"))
     if args.json_path:
         config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "func"}
         write_json(args.json_path, config, {}, {"servers": comparison_json(results)})

@@ -3,9 +3,12 @@
 Each round starts every server in turn (the order rotates by one each round, so none always runs first or
 right after another's load), sends the workload ``--runs-per-start`` times through the OpenAI backend, and stops
 it: the servers never share the machine. The first run after a start is the *first run* a user meets; the
-others are the *steady state*. Run k of every start draws its prompts with seed ``--seed + k``: each run's
-prompts are new to the server (the same prompts again would be served from its prefix cache, and a second run
-would skip most of its prefill), and every server gets the same prompts at the same place. The table gives,
+others are the *steady state*. Run k of round r draws its prompt lengths with seed ``--seed + k`` and its token
+ids salted with ``--prompt-salt + r`` (a fresh salt each invocation unless given): each run's prompts are new to
+the server, even to one that keeps its KV cache across starts (``pagoda serve``'s disk tier: the same prompts
+again would be loaded from it and most of the prefill skipped), and every server gets the same prompts at the
+same place. The table's "cached %" is the share of prompt tokens any run was served from a cache; above 0 on
+the random workload the run did not measure a prefill, and a warning says so. The table gives,
 per server, the medians over rounds of both, how long the server took to answer, and each steady rate as a
 ratio of the first server's. ``NAME=hf[:DTYPE]`` puts transformers' ``generate`` in the rotation, run in
 this process in its turn (its "start" is loading the model), so the baseline is measured in the same run too.
@@ -37,8 +40,9 @@ class Started(Protocol):
 
 # A server started (and ready) for round ``label``; stopped when the context ends.
 StartServer = Callable[[ServerSpec, str], AbstractContextManager[Started]]
-# (records, duration_s) of run k's workload (its seed: --seed + k) sent to a started server.
-RunWorkload = Callable[[Started, int], tuple[list[RequestRecord], float]]
+# (records, duration_s) of round r's run k (its seed: --seed + k, ids salted with --prompt-salt + r) sent to a
+# started server.
+RunWorkload = Callable[[Started, int, int], tuple[list[RequestRecord], float]]
 
 
 @dataclass
@@ -94,14 +98,15 @@ def run_rounds(
                 results[spec.name].ready_s.append(server.ready_s)
                 print(f"[{label}] {spec.name} answered after {server.ready_s:.1f}s ({server.model})", flush=True)
                 for index in range(args.runs_per_start):
-                    records, duration_s = run(server, index)
+                    records, duration_s = run(server, round_index, index)
                     server.check_alive()
                     metrics = compute_metrics(records, duration_s)
                     runs.append(metrics)
                     kind = "first" if index == 0 else "steady"
                     print(
                         f"[{label}] {spec.name} run {index + 1} ({kind}): {metrics['output_throughput']:.1f} tok/s, "
-                        f"median TTFT {metrics['ttft_ms']['median']:.0f} ms, {metrics['failed']} failed",
+                        f"median TTFT {metrics['ttft_ms']['median']:.0f} ms, {metrics['failed']} failed, "
+                        f"{cached_percent(metrics):.0f}% of prompt tokens cached",
                         flush=True,
                     )
     return [results[spec.name] for spec in specs]
@@ -115,26 +120,43 @@ def _spread(values: Sequence[float]) -> str:
     return f"{min(values):.0f}-{max(values):.0f}" if values else "-"
 
 
-def format_comparison(results: Sequence[ServerRuns]) -> str:
-    """The table: first-run and steady output tok/s (medians, with their spread), TTFT, start-up, ratios."""
+def cached_percent(metrics: dict[str, Any]) -> float:
+    """Share of a run's prompt tokens served from a cache (prefix cache or offload tier), in percent."""
+    return 100 * metrics.get("total_cached_tokens", 0) / max(1, metrics.get("total_input_tokens", 0))
+
+
+def format_comparison(results: Sequence[ServerRuns], expect_uncached: bool = False) -> str:
+    """The table: first-run and steady output tok/s (medians, with their spread), TTFT, start-up, ratios, and
+    the most of any run's prompt tokens served from a cache; with ``expect_uncached`` (prompts new to every
+    server) a warning under it names each server that was served any."""
     base = _median(results[0].steady())
     versus = "steady vs " + results[0].spec.name
     width = max(20, len(versus) + 2)  # long server names keep their columns apart
     names = max(16, 1 + max(len(r.spec.name) for r in results))
     header = (
         f"{'server':<{names}}{'first run tok/s':>18}{'steady tok/s':>18}{'first/steady':>14}"
-        f"{versus:>{width}}{'TTFT ms':>10}{'ready s':>9}"
+        f"{versus:>{width}}{'TTFT ms':>10}{'ready s':>9}{'cached %':>10}"
     )
-    lines = [header, "-" * len(header)]
+    lines, warnings = [header, "-" * len(header)], []
     for result in results:
         first, steady = _median(result.first()), _median(result.steady())
+        cached = max((cached_percent(run) for runs in result.starts for run in runs), default=0.0)
         lines.append(
             f"{result.spec.name:<{names}}{f'{first:.1f} ({_spread(result.first())})':>18}"
             f"{f'{steady:.1f} ({_spread(result.steady())})':>18}{first / steady:>14.2f}"
             f"{steady / base:>{width}.2f}{_median(result.steady_ttft_ms()):>10.0f}{_median(result.ready_s):>9.1f}"
+            f"{cached:>10.1f}"
         )
-    lines.append("medians over rounds (min-max in parentheses); steady: every run after a start's first")
-    return "\n".join(lines)
+        if expect_uncached and cached > 0:
+            warnings.append(
+                f"warning: {result.spec.name} was served up to {cached:.1f}% of a run's prompt tokens from a cache "
+                "although every run's prompts were new: its figures include cache hits, not only prefills"
+            )
+    lines.append(
+        "medians over rounds (min-max in parentheses); steady: every run after a start's first; cached %: the most "
+        "of any run's prompt tokens served from a cache"
+    )
+    return "\n".join(lines + warnings)
 
 
 def comparison_json(results: Sequence[ServerRuns]) -> dict[str, Any]:
@@ -165,6 +187,13 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="with --server: starts of each server")
     parser.add_argument(
         "--runs-per-start", type=int, default=3, help="with --server: workload runs per start (first + steady)"
+    )
+    parser.add_argument(
+        "--prompt-salt",
+        type=int,
+        default=None,
+        help="with --server: salt of the prompts' token ids (round r: salt + r; default: a new one each invocation, "
+        "so no server has seen the prompts)",
     )
     parser.add_argument("--server-start-timeout-s", type=float, default=900.0, help="bound on a server's start")
     parser.add_argument("--server-log-dir", default="bench-servers", help="with --server: the servers' output")

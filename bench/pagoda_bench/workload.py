@@ -4,7 +4,11 @@ Random workload rule (W-mixed is ``random`` with 64 prompts, 16:512, 16:256,
 seed 0): ``rng = random.Random(seed)``; for each request draw
 ``rng.randint(*input_len_range)`` then ``rng.randint(*output_len_range)``;
 after all lengths, the same ``rng`` draws each prompt's token ids in order,
-uniformly from ``[0, vocab_size)`` without the excluded (EOS) ids.
+uniformly from ``[0, vocab_size)`` without the excluded (EOS) ids. With an
+``ids_salt`` the ids come from ``random.Random(f"{seed}:{ids_salt}")`` instead:
+the same lengths, prompts no server has seen (``pagoda bench --server`` salts
+each round, so a server that keeps its KV cache across starts, as ``pagoda
+serve``'s disk tier does, prefills every run's prompts).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ def random_workload(
     vocab_size: int,
     excluded_ids: Sequence[int] = (),
     prefix_len: int = 0,
+    ids_salt: int | None = None,
 ) -> list[BenchRequest]:
     """The ``random`` workload (see the module docstring for the rule); with ``prefix_len``, the ``prefix`` one.
 
@@ -81,6 +86,8 @@ def random_workload(
     _check_count(num_prompts)
     rng = random.Random(seed)
     lengths = draw_lengths(num_prompts, input_len_range, output_len_range, rng)
+    if ids_salt is not None:
+        rng = random.Random(f"{seed}:{ids_salt}")
     vocab_ids = _vocab_ids(vocab_size, excluded_ids)
     prefix = _draw_ids(rng, vocab_ids, prefix_len)  # no draw without a prefix: the random rule
     return [

@@ -68,6 +68,17 @@ def test_the_table_takes_first_runs_and_steady_runs_apart():
     assert a.complete() and not ServerRuns(a.spec, [[_metrics(1, failed=1)]]).complete()
 
 
+def test_prompt_tokens_served_from_a_cache_are_shown_and_warned_of_when_prompts_were_new():
+    cold = {**_metrics(100), "total_input_tokens": 1000, "total_cached_tokens": 0}
+    warm = {**_metrics(300), "total_input_tokens": 1000, "total_cached_tokens": 940}
+    a = ServerRuns(ServerSpec("a", "u", ("x",)), [[cold, cold]], [2.0])
+    b = ServerRuns(ServerSpec("b", "u", ("x",)), [[cold, cold], [warm, cold]], [2.0, 2.0])
+    lines = format_comparison([a, b], expect_uncached=True).splitlines()
+    assert "cached %" in lines[0] and lines[2].split()[-1] == "0.0" and lines[3].split()[-1] == "94.0"
+    assert lines[-1].startswith("warning: b was served up to 94.0% of a run's prompt tokens from a cache")
+    assert not any(line.startswith("warning") for line in format_comparison([a, b]).splitlines())
+
+
 def test_a_long_first_server_name_keeps_the_header_columns_apart():
     name = "pagoda-bf16-widened"
     runs = ServerRuns(ServerSpec(name, "u", ("x",)), [[_metrics(50), _metrics(100)]], [2.0])
@@ -102,9 +113,10 @@ def test_two_servers_compared_over_rotated_rounds(client_tiny_model_dir, tmp_pat
         ports.append(http_port)
         command = f"{sys.executable} -m pagoda_client.cli serve --model {client_tiny_model_dir} --dtype float32"
         command += f" --kv-cache-memory 512KiB --http-port {http_port} --port {port}"
+        command += f" --kv-offload-dir {tmp_path / ('tier-' + name)}"  # kept across its starts
         servers += ["--server", f"{name}=http://127.0.0.1:{http_port} {command}"]
     out = tmp_path / "compare.json"
-    argv = ["bench", "--model", str(client_tiny_model_dir), "--num-prompts", "4", "--input-len-range", "4:24"]
+    argv = ["bench", "--model", str(client_tiny_model_dir), "--num-prompts", "4", "--input-len-range", "40:72"]
     argv += ["--output-len-range", "2:8", "--rounds", "2", "--runs-per-start", "2", "--no-progress"]
     argv += ["--server-log-dir", str(tmp_path / "logs"), "--json", str(out), *servers]
     assert main(argv) == 0
@@ -118,7 +130,13 @@ def test_two_servers_compared_over_rotated_rounds(client_tiny_model_dir, tmp_pat
         runs = [run for start in document[name]["starts"] for run in start]
         assert all(run["completed"] == 4 and run["failed"] == 0 for run in runs)
         assert document[name]["steady_output_throughput"] > 0
-    # Run k of every start sends seed + k's prompts: new to the server each run, the same for both servers.
+    # Run k of every start sends seed + k's lengths with ids salted per round: new to the server each run, even
+    # to one that keeps the KV blocks of its earlier starts on disk (its whole blocks written there), the same
+    # prompts for both servers.
+    every_run = [run for name in document for start in document[name]["starts"] for run in start]
+    assert all(run["total_cached_tokens"] == 0 for run in every_run)
+    assert any((tmp_path / "tier-one").rglob("*.kvb"))  # the blocks were there to be loaded
+    assert isinstance(json.loads(out.read_text())["config"]["prompt_salt"], int)
     inputs = {
         name: [[run["total_input_tokens"] for run in start] for start in document[name]["starts"]] for name in document
     }

@@ -43,6 +43,18 @@ def test_random_workload_is_deterministic_and_seed_dependent():
     assert a != random_workload(8, (16, 64), (16, 32), 1, 1000)
 
 
+def test_salted_ids_keep_the_lengths_and_change_every_prompt():
+    plain = random_workload(16, (16, 64), (16, 32), 0, 1000)
+    salted = random_workload(16, (16, 64), (16, 32), 0, 1000, ids_salt=7)
+    assert salted == random_workload(16, (16, 64), (16, 32), 0, 1000, ids_salt=7)
+    assert [(r.prompt_len, r.output_len) for r in salted] == [(r.prompt_len, r.output_len) for r in plain]
+    others = random_workload(16, (16, 64), (16, 32), 0, 1000, ids_salt=8)
+    for a, b, c in zip(plain, salted, others):
+        assert a.prompt_token_ids[:16] != b.prompt_token_ids[:16] != c.prompt_token_ids[:16]
+    rng = random.Random("0:7")  # the rule: ids from Random(f"{seed}:{salt}") after the lengths from Random(seed)
+    assert salted[0].prompt_token_ids == tuple(rng.randrange(1000) for _ in range(salted[0].prompt_len))
+
+
 def test_prefix_workload_shares_exactly_the_prefix():
     requests = random_workload(5, (4, 6), (8, 8), seed=0, vocab_size=300, prefix_len=32)
     prefix = requests[0].prompt_token_ids[:32]
