@@ -269,11 +269,11 @@ def run_bench(args: argparse.Namespace, connection: dict[str, Any]) -> int:
     if use_openai:
         records, duration_s = _run_openai(args, requests, connection["api_key"])
         runs["openai"] = (compute_metrics(records, duration_s, slos), records)
-        print(format_report(f"openai {args.base_url}", runs["openai"][0]))
+        print(format_report(f"openai {args.base_url}", runs["openai"][0], args.workload == "random"))
     if use_pagoda:
         records, duration_s = _run_pagoda(args, requests, connection)
         runs["pagoda"] = (compute_metrics(records, duration_s, slos), records)
-        print(format_report("pagoda", runs["pagoda"][0]))
+        print(format_report("pagoda", runs["pagoda"][0], args.workload == "random"))
     if use_hf:
         records, duration_s = _run_hf(args, model, requests)
         runs["hf"] = (compute_metrics(records, duration_s, slos), records)

@@ -23,8 +23,9 @@ def _line(label: str, value: object) -> str:
     return f"{label:<40}{text:>12}"
 
 
-def format_report(name: str, metrics: Mapping[str, Any]) -> str:
-    """The ``vllm bench serve``-style summary of one run."""
+def format_report(name: str, metrics: Mapping[str, Any], new_prompts: bool = False) -> str:
+    """The ``vllm bench serve``-style summary of one run; with ``new_prompts`` (the random workload, whose
+    prompts share nothing) a warning when the server still served prompt tokens from a cache."""
     lines = [f"{' Serving Benchmark Result (' + name + ') ':=^52}"]
     lines += [
         _line("Successful requests:", metrics["completed"]),
@@ -49,6 +50,13 @@ def format_report(name: str, metrics: Mapping[str, Any]) -> str:
             _line(f"P99 {short} (ms):", float(stats["p99"])),
         ]
     lines.append("=" * 52)
+    cached = metrics.get("total_cached_tokens", 0)
+    if new_prompts and cached:
+        lines.append(
+            f"warning: {cached} of {metrics['total_input_tokens']} prompt tokens came from the server's cache: it had "
+            "seen these prompts (an earlier run with this --seed, or a KV tier kept across restarts, as pagoda "
+            "serve's disk tier is), so the figures include cache hits; a new --seed sends new prompts"
+        )
     return "\n".join(lines)
 
 

@@ -146,6 +146,28 @@ def test_cli_openai_backend_uses_the_servers_vocabulary(http_tiny_system, client
 
 
 @pytest.mark.integration
+def test_the_same_prompts_sent_again_are_reported_as_served_from_the_cache(
+    http_tiny_system, client_tiny_model_dir, capsys
+):
+    """A second run with the same --seed is mostly prefix-cache hits: the report says its figures include them."""
+    _, base_url = http_tiny_system
+    argv = ["bench", "--backend", "openai", "--base-url", base_url, "--model", str(client_tiny_model_dir)]
+    argv += ["--num-prompts", "4", "--input-len-range", "40:72", "--output-len-range", "2:4", "--seed", "11"]
+    argv += ["--no-progress"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert "warning" not in first and _value(first, "Prefix-cached prompt tokens:") == 0
+    assert main(argv) == 0
+    again = capsys.readouterr().out
+    assert _value(again, "Prefix-cached prompt tokens:") > 0
+    assert "prompt tokens came from the server's cache" in again.splitlines()[-1]
+
+
+def _value(report: str, label: str) -> int:
+    return int(next(line for line in report.splitlines() if line.startswith(label)).split()[-1])
+
+
+@pytest.mark.integration
 def test_requests_the_server_refuses_are_failed_records(http_tiny_system):
     _, base_url = http_tiny_system
     out_of_vocab = _workload(vocab_size=100_000)  # ids past the tiny vocabulary: 400

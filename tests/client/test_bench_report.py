@@ -30,6 +30,15 @@ def test_report_lines():
     assert all(len(line) == 52 for line in lines)
 
 
+def test_a_run_of_new_prompts_served_from_a_cache_is_warned_of():
+    metrics = {**compute_metrics(RECORDS, 2.0), "total_cached_tokens": 24}
+    last = format_report("pagoda", metrics, new_prompts=True).splitlines()[-1]
+    assert last.startswith("warning: 24 of 30 prompt tokens came from the server's cache")
+    assert not format_report("pagoda", metrics).splitlines()[-1].startswith("warning")
+    cold = compute_metrics(RECORDS, 2.0)
+    assert not format_report("pagoda", cold, new_prompts=True).splitlines()[-1].startswith("warning")
+
+
 def test_json_has_metrics_records_and_no_nan(tmp_path):
     single = [RECORDS[0]]
     path = tmp_path / "out.json"
