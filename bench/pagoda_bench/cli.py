@@ -100,7 +100,7 @@ def build_workload(
     vocab_size: int,
     eos_ids: tuple[int, ...],
     tokenize: Callable[[str], list[int]],
-    ids_salt: int | None = None,
+    ids_salt: int | str | None = None,
 ) -> list[BenchRequest]:
     """The requests of ``args.workload`` (random and prefix: token ids salted with ``ids_salt``, if given)."""
     if args.workload in ("random", "prefix"):
@@ -180,15 +180,13 @@ def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
     if args.prompt_salt is None:
         args.prompt_salt = secrets.randbelow(1 << 31)  # in the JSON's config: --prompt-salt repeats the run
     print(f"prompt salt {args.prompt_salt} (--prompt-salt to send the same prompts again)", flush=True)
-    workloads: dict[tuple[int, int], list[BenchRequest]] = {}
 
-    def workload(round_index: int, k: int) -> list[BenchRequest]:
-        """Run k of round r (seed --seed + k, ids salted with --prompt-salt + r): new to the server, even one that
-        kept its KV cache from an earlier start; the same for every server of the round."""
-        if (round_index, k) not in workloads:
-            seeded = argparse.Namespace(**{**vars(args), "seed": args.seed + k})
-            workloads[round_index, k] = build_workload(seeded, *vocabulary, args.prompt_salt + round_index)
-        return workloads[round_index, k]
+    def workload(round_index: int, k: int, server: str) -> list[BenchRequest]:
+        """Run k of round r for one server: lengths from seed --seed + k (the same for every server), ids salted
+        with the salt, the round and the server's name: new to the server, even to one that kept its KV cache
+        from an earlier start or shares a cache directory with another server compared."""
+        seeded = argparse.Namespace(**{**vars(args), "seed": args.seed + k})
+        return build_workload(seeded, *vocabulary, f"{args.prompt_salt}:{round_index}:{server}")
 
     log_dir = Path(args.server_log_dir)
 
@@ -198,7 +196,7 @@ def _run_comparison(args: argparse.Namespace, api_key: str | None) -> int:
         return started(spec, log_dir, label, args.server_start_timeout_s)
 
     def run(server: Started, round_index: int, index: int) -> tuple[list[RequestRecord], float]:
-        requests = workload(round_index, index)
+        requests = workload(round_index, index, server.spec.name)
         if isinstance(server, LoadedHf):
             return _run_hf(_with_dtype(args, server.spec), server.hf_model, requests)
         options = argparse.Namespace(**{**vars(args), "base_url": server.spec.base_url, "model_name": server.model})

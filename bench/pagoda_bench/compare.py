@@ -3,12 +3,13 @@
 Each round starts every server in turn (the order rotates by one each round, so none always runs first or
 right after another's load), sends the workload ``--runs-per-start`` times through the OpenAI backend, and stops
 it: the servers never share the machine. The first run after a start is the *first run* a user meets; the
-others are the *steady state*. Run k of round r draws its prompt lengths with seed ``--seed + k`` and its token
-ids salted with ``--prompt-salt + r`` (a fresh salt each invocation unless given): each run's prompts are new to
-the server, even to one that keeps its KV cache across starts (``pagoda serve``'s disk tier: the same prompts
-again would be loaded from it and most of the prefill skipped), and every server gets the same prompts at the
-same place. The table's "cached %" is the share of prompt tokens any run was served from a cache; above 0 on
-the random workload the run did not measure a prefill, and a warning says so. The table gives,
+others are the *steady state*. Run k of round r draws its prompt lengths with seed ``--seed + k`` (the same
+for every server at the same place) and its token ids salted with ``--prompt-salt`` (a fresh salt each
+invocation unless given), the round and the server's name: each run's prompts are new to the server, even to
+one that keeps its KV cache across starts (``pagoda serve``'s disk tier: the same prompts again would be loaded
+from it and most of the prefill skipped) or shares its cache directory with another server of the comparison.
+The table's "cached %" is the share of prompt tokens any run was served from a cache; above 0 on the random
+workload the run did not measure a prefill, and a warning says so. The table gives,
 per server, the medians over rounds of both, how long the server took to answer, and each steady rate as a
 ratio of the first server's. ``NAME=hf[:DTYPE]`` puts transformers' ``generate`` in the rotation, run in
 this process in its turn (its "start" is loading the model), so the baseline is measured in the same run too.
@@ -40,8 +41,8 @@ class Started(Protocol):
 
 # A server started (and ready) for round ``label``; stopped when the context ends.
 StartServer = Callable[[ServerSpec, str], AbstractContextManager[Started]]
-# (records, duration_s) of round r's run k (its seed: --seed + k, ids salted with --prompt-salt + r) sent to a
-# started server.
+# (records, duration_s) of round r's run k (lengths from seed --seed + k, ids salted per salt, round and server)
+# sent to a started server.
 RunWorkload = Callable[[Started, int, int], tuple[list[RequestRecord], float]]
 
 
@@ -192,8 +193,8 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompt-salt",
         type=int,
         default=None,
-        help="with --server: salt of the prompts' token ids (round r: salt + r; default: a new one each invocation, "
-        "so no server has seen the prompts)",
+        help="with --server: salt of the prompts' token ids (with the round and the server's name; default: a new "
+        "one each invocation, so no server has seen the prompts)",
     )
     parser.add_argument("--server-start-timeout-s", type=float, default=900.0, help="bound on a server's start")
     parser.add_argument("--server-log-dir", default="bench-servers", help="with --server: the servers' output")

@@ -7,8 +7,9 @@ after all lengths, the same ``rng`` draws each prompt's token ids in order,
 uniformly from ``[0, vocab_size)`` without the excluded (EOS) ids. With an
 ``ids_salt`` the ids come from ``random.Random(f"{seed}:{ids_salt}")`` instead:
 the same lengths, prompts no server has seen (``pagoda bench --server`` salts
-each round, so a server that keeps its KV cache across starts, as ``pagoda
-serve``'s disk tier does, prefills every run's prompts).
+them per invocation, round and server, so a server that keeps its KV cache
+across starts, as ``pagoda serve``'s disk tier does, or shares its directory
+with another server compared, prefills every run's prompts).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def random_workload(
     vocab_size: int,
     excluded_ids: Sequence[int] = (),
     prefix_len: int = 0,
-    ids_salt: int | None = None,
+    ids_salt: int | str | None = None,
 ) -> list[BenchRequest]:
     """The ``random`` workload (see the module docstring for the rule); with ``prefix_len``, the ``prefix`` one.
 

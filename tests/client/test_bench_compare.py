@@ -113,7 +113,7 @@ def test_two_servers_compared_over_rotated_rounds(client_tiny_model_dir, tmp_pat
         ports.append(http_port)
         command = f"{sys.executable} -m pagoda_client.cli serve --model {client_tiny_model_dir} --dtype float32"
         command += f" --kv-cache-memory 512KiB --http-port {http_port} --port {port}"
-        command += f" --kv-offload-dir {tmp_path / ('tier-' + name)}"  # kept across its starts
+        command += f" --kv-offload-dir {tmp_path / 'tier'}"  # one directory, kept across both servers' starts
         servers += ["--server", f"{name}=http://127.0.0.1:{http_port} {command}"]
     out = tmp_path / "compare.json"
     argv = ["bench", "--model", str(client_tiny_model_dir), "--num-prompts", "4", "--input-len-range", "40:72"]
@@ -130,12 +130,12 @@ def test_two_servers_compared_over_rotated_rounds(client_tiny_model_dir, tmp_pat
         runs = [run for start in document[name]["starts"] for run in start]
         assert all(run["completed"] == 4 and run["failed"] == 0 for run in runs)
         assert document[name]["steady_output_throughput"] > 0
-    # Run k of every start sends seed + k's lengths with ids salted per round: new to the server each run, even
-    # to one that keeps the KV blocks of its earlier starts on disk (its whole blocks written there), the same
-    # prompts for both servers.
+    # Run k of every start sends seed + k's lengths with ids salted per round and server: new to the server each
+    # run, though both keep the KV blocks of every earlier start in one directory (whole blocks written there);
+    # the same lengths for both servers.
     every_run = [run for name in document for start in document[name]["starts"] for run in start]
     assert all(run["total_cached_tokens"] == 0 for run in every_run)
-    assert any((tmp_path / "tier-one").rglob("*.kvb"))  # the blocks were there to be loaded
+    assert any((tmp_path / "tier").rglob("*.kvb"))  # the blocks were there to be loaded
     assert isinstance(json.loads(out.read_text())["config"]["prompt_salt"], int)
     inputs = {
         name: [[run["total_input_tokens"] for run in start] for start in document[name]["starts"]] for name in document
