@@ -1,8 +1,10 @@
 """Where W-mixed's time goes on this CPU, against the machine's limits (a benchmark, never a test).
 
 1. Peaks, measured by bench/roofline_probe.c (compiled here with the system gcc): the matrix instructions'
-   throughput (``vdpbf16ps``, ``vpdpbusd``; AMX ``tdpbf16ps`` / ``tdpbusd`` where the CPU has them) on one
-   core and on all, and read / copy bandwidth over a buffer far larger than the L3, on 4 KiB and 2 MiB pages.
+   throughput (``vdpbf16ps``, ``vpdpbusd``; AMX ``tdpbf16ps`` / ``tdpbusd`` where the CPU has them; on a CPU
+   with AVX2 alone ``vfmadd231ps``, what bf16 runs as there, and the AVX2 int8 kernel's four-instruction
+   product) on one core and on all, and read / copy bandwidth over a buffer far larger than the L3, on 4 KiB
+   and 2 MiB pages.
    The best of every repeat of ``--rounds`` rounds (each the probes, then the kernels); the spread is printed.
 2. Pagoda's kernels at W-mixed's shapes: the bf16 and int8 (``executor_svc.quant`` int8 mode) panel GEMMs of
    SmolLM2-135M's layers over 30 layers of distinct weights (so they stream from memory as in a step); paged
@@ -15,11 +17,12 @@
    with (2)'s rates, summed, are what the kernels alone would take ("kernel-achievable").
 
 Assumptions of the floor: every FLOP of the linear layers (2 x params x tokens; the LM head only for rows
-that sample) at the all-core peak of the instruction the GEMM runs on (bf16: AMX or ``vdpbf16ps``; int8:
-AMX-INT8 or ``vpdpbusd``), attention FLOPs (QK^T and PV: 4 x heads x head_dim per query-key pair and layer)
-at the bf16 peak, both together on the same units; bytes: every weight once a step (LM head only when a row
-samples), every KV row each sequence attends to read once and each new one written once, at the best
-all-core read bandwidth; activations, norms, embeddings, sampling, Python and thread fork/join cost nothing.
+that sample) at the all-core peak of the instruction the GEMM runs on (bf16: AMX or ``vdpbf16ps``, AVX2
+alone ``vfmadd231ps``; int8: AMX-INT8 or ``vpdpbusd``, AVX2 alone its product), attention FLOPs (QK^T and
+PV: 4 x heads x head_dim per query-key pair and layer) at the bf16 peak, both together on the same units;
+bytes: every weight once a step (LM head only when a row samples), every KV row each sequence attends to read
+once and each new one written once, at the best all-core read bandwidth; activations, norms, embeddings,
+sampling, Python and thread fork/join cost nothing.
 Kernel-achievable: GEMM time interpolated between the measured rows, decode attention at the measured bytes/s
 (blocks in order; scattered printed beside) of the step's mean context, prefill attention at the measured
 FLOP/s; nothing else.
@@ -44,6 +47,7 @@ import numpy as np
 import torch
 from bench_kv_kernels import make_caches
 
+from executor_svc.attention.cpp_backend import TOKEN_ROWS_MAX_CONTEXT
 from executor_svc.attention.metadata import PrefillSpan
 from executor_svc.attention.sdpa_prefill import SdpaPrefill
 from executor_svc.models.layer_ops import get_layer_ops
@@ -265,7 +269,8 @@ def decode_seconds(ops, variant: Variant, context: int, l3_bytes: int, repeats: 
 
 def prefill_seconds(ops, variant: Variant, repeats: int) -> float:
     """Seconds of one layer's prefill attention over one 512-token prompt (nothing cached): the C++ kernel, or
-    where it does not run (no AMX-BF16 or AVX512-BF16) the SDPA prefill the executor runs instead."""
+    where it does not run (no AMX-BF16 or AVX512-BF16) what the executor runs instead: the decode kernel with
+    each token a row of its own (up to TOKEN_ROWS_MAX_CONTEXT tokens of context), else SDPA."""
     num_blocks = -(-PREFILL_CHUNK // variant.kv_block_size)
     caches = make_caches(variant.name, NUM_LAYERS, num_blocks, variant.kv_block_size)
     gen = torch.Generator().manual_seed(2)
@@ -275,6 +280,12 @@ def prefill_seconds(ops, variant: Variant, repeats: int) -> float:
     if ops.bf16_kernels_ready():
         calls = [
             lambda c=c: ops.paged_prefill(q, c.k, c.v, tables, spans, HEAD_DIM**-0.5, out, 0, 0.0, c.k_scale, c.v_scale)
+            for c in caches
+        ]
+    elif PREFILL_CHUNK <= TOKEN_ROWS_MAX_CONTEXT:
+        rows, lens = tables.expand(PREFILL_CHUNK, num_blocks).contiguous(), torch.arange(1, PREFILL_CHUNK + 1)
+        calls = [
+            lambda c=c: ops.paged_decode(q, c.k, c.v, rows, lens, HEAD_DIM**-0.5, 0, 0.0, c.k_scale, c.v_scale)
             for c in caches
         ]
     else:

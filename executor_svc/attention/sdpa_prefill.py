@@ -32,12 +32,13 @@ class SdpaPrefill:
     logit_softcap: float | None = None
 
     @classmethod
-    def prepare(cls, meta: AttentionMetadata) -> SdpaPrefill:
-        """Block-table views and masks of every prefill span."""
+    def prepare(cls, meta: AttentionMetadata, spans: tuple[PrefillSpan, ...] | None = None) -> SdpaPrefill:
+        """Block-table views and masks of every prefill span (or of ``spans``, some of them)."""
+        spans = meta.prefills if spans is None else spans
         masks: list[torch.Tensor | None] = []
         block_ids = []
         device = meta.slot_mapping.device
-        for span in meta.prefills:
+        for span in spans:
             block_ids.append(meta.block_tables[span.seq_index, : span.num_blocks])
             plain = span.num_cached_tokens == 0 and (
                 meta.sliding_window is None or span.num_query_tokens <= meta.sliding_window
@@ -46,7 +47,7 @@ class SdpaPrefill:
             masks.append(
                 None if plain else _mask(span.num_cached_tokens, span.num_query_tokens, meta.sliding_window, device)
             )
-        return cls(meta.prefills, masks, block_ids, meta.logit_softcap)
+        return cls(tuple(spans), masks, block_ids, meta.logit_softcap)
 
     def run(
         self,

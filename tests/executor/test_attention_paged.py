@@ -148,6 +148,27 @@ def test_softcap_on_torch_and_cpp_backends(cpp_kernel, case, window):
         assert _run_case(backend, "cpu", 5, CASES[case], window, softcap=2.0) < 1e-5, backend
 
 
+# Past TOKEN_ROWS_MAX_CONTEXT: chunks of a context of 530 and 720 tokens beside short ones and decodes.
+LONG_AND_SHORT = [(600, 1), (0, 530), (3, 6), (700, 20), (9, 1), (40, 12)]
+
+
+@pytest.mark.parametrize("kv_dtype", [None, torch.int8])
+def test_cpp_backend_short_chunks_as_rows_long_ones_through_sdpa(cpp_kernel, kv_dtype, monkeypatch):
+    """Without a prefill kernel (fp32 here): chunks of a short context run the decode kernel row by row, long ones
+    SDPA, in one step; every row is dense attention's, wherever it sits in the step."""
+    from executor_svc.attention import cpp_backend
+
+    calls = []
+    real_run = cpp_backend.SdpaPrefill.run
+    monkeypatch.setattr(cpp_backend.SdpaPrefill, "run", lambda self, *a: calls.append(self.spans) or real_run(self, *a))
+    assert _run_case("cpp", "cpu", 16, LONG_AND_SHORT, None, kv_dtype=kv_dtype) < 1e-5
+    assert [[(s.num_cached_tokens, s.num_query_tokens) for s in spans] for spans in calls] == [[(0, 530), (700, 20)]]
+    calls.clear()
+    monkeypatch.setattr(cpp_backend, "TOKEN_ROWS_MAX_CONTEXT", 0)  # every chunk through SDPA: the same rows
+    assert _run_case("cpp", "cpu", 16, LONG_AND_SHORT, None, kv_dtype=kv_dtype) < 1e-5
+    assert len(calls[0]) == 4
+
+
 def test_cpp_backend_bf16_close_to_dense(cpp_kernel):
     assert _run_case("cpp", "cpu", 16, CASES["many_decodes"], None, dtype=torch.bfloat16) < 5e-2
 

@@ -118,7 +118,7 @@ def test_a_verify_span_equals_the_rows_decoded_one_by_one(backend, kv):
 def test_token_rows_give_each_token_its_sequence_table_and_length():
     table = torch.arange(8, dtype=torch.int64).view(1, 8)
     meta = _meta(table, [40], [(0, 3), (16, 2)])
-    tables, lens = _token_rows(meta)
+    tables, lens = _token_rows(meta, meta.prefills)
     assert lens.tolist() == [41, 1, 2, 3, 17, 18]
     assert tables.shape == (6, 8) and torch.equal(tables, table.expand(6, -1))
 
