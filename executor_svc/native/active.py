@@ -4,7 +4,9 @@ Reported by ``Describe`` (``ExecutorInfo.kernels``), the ready log line and
 the ``pagoda_executor_kernel_info`` metric:
 
 - ``attention``: the attention backend (cpp, torch, triton);
-- ``prefill``: what prompt chunks run (amx-flash, avx512bf16-flash, sdpa, triton);
+- ``prefill``: what prompt chunks run (amx-flash, avx512bf16-flash, triton; decode-rows+sdpa where the C++
+  backend has no prefill kernel for the model: chunks of up to 512 tokens of context as decode rows, longer
+  ones SDPA; sdpa);
 - ``gemm``: how linear layers multiply (amx-panel, avx512bf16-panel, avx512-panel, avx2-panel,
   f32-panel-widened, onednn, torch-widened-f32, torch; with
   ``--quantization`` the quantized paths, e.g. amx-int8, joined with ``+`` when the weights run several);
@@ -70,6 +72,8 @@ def prefill_path(runner) -> str:
     kernel = getattr(backend, "prefill_kernel", None)
     k_cache = runner.kv_cache.layer(0).k
     q = torch.empty(0, 1, runner.config.head_dim, dtype=runner.dtype, device="meta")  # [T, H, Dh]
-    if kernel is None or not cpp_backend._prefill_fits(q, k_cache):
+    if kernel is None:
+        return "decode-rows+sdpa" if backend.name == "cpp" else "sdpa"  # cpp_backend.TOKEN_ROWS_MAX_CONTEXT
+    if not cpp_backend._prefill_fits(q, k_cache):
         return "sdpa"
     return "amx-flash" if kernel.amx_ready() else "avx512bf16-flash"  # sliding windows and soft-caps included

@@ -48,7 +48,7 @@ def test_fp32_runner_reports_its_backend_layer_ops_and_variant(checkpoints, cpp_
     kernels = active.active_kernels(_runner(checkpoints["llama"], "float32"))
     assert kernels == {
         "attention": "cpp",
-        "prefill": "sdpa",
+        "prefill": "decode-rows+sdpa",  # no fp32 prefill kernel: short chunks as decode rows, long ones SDPA
         "gemm": f32_panel_path() if "f32_panels" in loader.kernels().features else "torch",
         "layer_ops": "cpp",
         "mlp": "dense",
@@ -57,7 +57,7 @@ def test_fp32_runner_reports_its_backend_layer_ops_and_variant(checkpoints, cpp_
     }
     assert tuple(kernels) == active.KERNEL_KEYS
     on_torch = active.active_kernels(_runner(checkpoints["llama"], "float32", "torch"))
-    assert on_torch["attention"] == "torch" and on_torch["decode"] == "layer-loop"
+    assert on_torch["attention"] == "torch" and on_torch["decode"] == "layer-loop" and on_torch["prefill"] == "sdpa"
 
 
 @pytest.mark.parametrize(("arch", "mlp"), [("mixtral", "moe-grouped"), ("qwen3_moe", "moe-grouped+dense")])
@@ -73,9 +73,11 @@ def test_bf16_prefill_is_our_kernel_only_where_it_takes_the_model(tmp_path, cpp_
     """The prefill kernel: bf16, head_dim 64, 128 or 256 (sliding windows and soft-caps included), on a CPU
     that grants AMX (amx-flash) or has AVX512-BF16 (avx512bf16-flash)."""
     folder = make_tiny_checkpoint(tmp_path, arch, head_dim=head_dim, hidden_size=4 * head_dim)
-    expected = "sdpa"
-    if cpp_kernel.bf16_kernels_ready() and head_dim in (64, 128, 256):
-        expected = "amx-flash" if cpp_kernel.amx_ready() else "avx512bf16-flash"
+    expected = "decode-rows+sdpa"  # no prefill kernel in this build or on this CPU
+    if cpp_kernel.bf16_kernels_ready():
+        expected = "sdpa"  # the kernel, but not for this head_dim
+        if head_dim in (64, 128, 256):
+            expected = "amx-flash" if cpp_kernel.amx_ready() else "avx512bf16-flash"
     assert active.prefill_path(_runner(folder, "bfloat16")) == expected
 
 

@@ -162,7 +162,7 @@ def _assert_cpp_paths(start: Start, installed: loader.Kernels) -> None:
     # fp32 linear layers: our panel GEMM where the variant has AVX-512 or AVX2 + FMA, else MKL's sgemm.
     panels = "avx512-panel" if "avx512" in installed.features else "avx2-panel"
     assert kernels["gemm"] == (panels if "f32_panels" in installed.features else "torch")
-    assert kernels["prefill"] == "sdpa"  # the AMX prefill kernel is bf16 only
+    assert kernels["prefill"] == "decode-rows+sdpa"  # the prefill kernel is bf16 only: fp32 chunks as decode rows
     assert start.ready_line["kernels"] == kernels
     assert "native_kernels_unavailable" not in start.log
 
