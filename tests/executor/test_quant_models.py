@@ -74,9 +74,14 @@ def test_int8_stays_close_to_the_dense_model(arch, dtype, checkpoints, cpp_kerne
     quantized = _logits(_runner(checkpoints[arch], dtype=dtype, quantization="int8"))
     shared = dense.keys() & quantized.keys()  # greedy tokens may part after a near tie
     assert len(shared) >= len(greedy_prompts()) * 2
-    for tokens in shared:
-        cosine = torch.nn.functional.cosine_similarity(quantized[tokens].float(), dense[tokens].float(), dim=0)
-        assert cosine.item() > 0.995
+    cosines = sorted(
+        torch.nn.functional.cosine_similarity(quantized[t].float(), dense[t].float(), dim=0).item() for t in shared
+    )
+    # A MoE router's near tie may pick another expert for one token, and its logits part (the tiny Mixtral in
+    # bf16: router logits 0.4434 against 0.4414 for its second and third expert, flipped by the last bits of
+    # the attention path): one such position may fall to 0.9, every other stays as close as a dense model's.
+    flips = 1 if arch == "mixtral" else 0
+    assert all(c > 0.995 for c in cosines[flips:]) and cosines[0] > 0.9, cosines[:3]
 
 
 def test_every_linear_weight_is_quantized_but_the_routers(checkpoints, cpp_kernel):
