@@ -182,6 +182,10 @@ def test_partial_and_full_prefix_cache_hits(served):
 )
 def test_a_server_that_steps_otherwise(served, smollm2_dir, tmp_path, case, options):
     mode, _, reference = served
+    if case == "preemption" and mode == "int8":
+        # An int8 row is about half a bf16 one's bytes (64 + 4 against 128): the same pool held twice the tokens,
+        # and whether the load outgrew it depended on the machine's speed (a CI run saw no preemption).
+        options = {**options, "kv_cache_memory": "20MiB"}
     with _launch(smollm2_dir, tmp_path, mode, **options) as system:
         answers = _together(system.target, [*PROBES, *OTHERS[:8]])
         with Client(system.target, timeout=30) as client:
