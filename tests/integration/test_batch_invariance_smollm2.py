@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import random
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,12 +183,11 @@ def test_partial_and_full_prefix_cache_hits(served):
 )
 def test_a_server_that_steps_otherwise(served, smollm2_dir, tmp_path, case, options):
     mode, _, reference = served
-    if case == "preemption" and mode == "int8":
-        # An int8 row is about half a bf16 one's bytes (64 + 4 against 128): the same pool held twice the tokens,
-        # and whether the load outgrew it depended on the machine's speed (a CI run saw no preemption).
-        options = {**options, "kv_cache_memory": "20MiB"}
     with _launch(smollm2_dir, tmp_path, mode, **options) as system:
-        answers = _together(system.target, [*PROBES, *OTHERS[:8]])
+        if case == "preemption":
+            answers = _under_pressure(system.target)
+        else:
+            answers = _together(system.target, [*PROBES, *OTHERS[:8]])
         with Client(system.target, timeout=30) as client:
             status = client.status()
     if case == "preemption":
@@ -195,6 +195,31 @@ def test_a_server_that_steps_otherwise(served, smollm2_dir, tmp_path, case, opti
     if case == "ngram":
         assert status.spec_draft_tokens_total > status.spec_accepted_tokens_total > 0, "drafts accepted and rejected"
     assert _differences(reference, answers[:NUM_PROBES]) == []
+
+
+# Short prompts, long outputs: eight of them grow to 8 x 9 blocks of 32 tokens, more than the preemption case's
+# 40 MiB pool holds (56 blocks in bf16, fewer in int8), so once all eight run, the pool must preempt whatever the
+# machine's speed. (The probes and other requests alone left it to timing whether admission had filled the pool
+# when running sequences grew: two CI runs saw no preemption in int8, one of them with a 20 MiB pool.)
+PRESSURE = [dict(request, token_ids=request["token_ids"][:16], max_tokens=256) for request in OTHERS[:8]]
+PRESSURE_RUNNING_WAIT_S = 120.0
+
+
+def _under_pressure(target: str) -> list[Answer]:
+    """The pressure requests first; once all of them run, the probes (admitted after them, so the first preempted).
+
+    Returns the probes' answers."""
+    with concurrent.futures.ThreadPoolExecutor(len(PRESSURE)) as pool:
+        pressure = [pool.submit(_one, target, request) for request in PRESSURE]
+        with Client(target, timeout=30) as client:
+            deadline = time.monotonic() + PRESSURE_RUNNING_WAIT_S
+            while (running := client.status().num_running) < len(PRESSURE):
+                assert time.monotonic() < deadline, f"waited {PRESSURE_RUNNING_WAIT_S} s for the pressure: {running}"
+                assert not any(f.done() for f in pressure), "a pressure request ended before all of them ran"
+                time.sleep(0.01)
+        answers = _together(target, PROBES)
+        assert [len(f.result(timeout=600)[0]) for f in pressure] == [256] * len(PRESSURE)
+    return answers
 
 
 def test_an_executor_sigkill_mid_stream(served, smollm2_dir, tmp_path):
