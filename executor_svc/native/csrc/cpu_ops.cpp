@@ -75,6 +75,62 @@ inline void silu_mul16(const BF16* gate, const BF16* up, BF16* out) {
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512F__) && defined(__AVX512BF16__))
+// The norms and the rotary update 8 values at a time where the build has AVX2 + FMA but no AVX512-BF16 (AMD
+// Zen 2 / Zen 3, Intel before Cooper Lake), bf16 only; the compiler does not vectorise their scalar loops
+// (rotary 4.4-6x faster, norms 1.1-1.2x, at 64-2,048 rows of SmolLM2's widths). bf16 rounds as round_to does
+// (nearest even on the bits): the same outputs as the scalar loops, except where a norm's sum of squares (in 8
+// lanes, as the AVX512-BF16 path's 16) moves a value across a rounding point. SiLU stays scalar: the compiler
+// vectorises that loop (libmvec's expf), and exp8 was no faster.
+#define PAGODA_AVX2_OPS 1
+inline __m256 load_bf16x8(const BF16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// round_to<BF16>'s integer rounding of 8 lanes: the bf16 bits in each lane's high half (low half not cleared).
+inline __m256i rounded_high8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  return _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+}
+
+inline __m256 round_bf16x8(__m256 v) {
+  return _mm256_castsi256_ps(_mm256_and_si256(rounded_high8(v), _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+inline void store_bf16x8(BF16* p, __m256 v) {
+  const __m256i high = _mm256_srli_epi32(rounded_high8(v), 16);  // 8 x uint16 in int32 lanes
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+// 8 pairs of the rotary update.
+inline void rotate8(BF16* x1, BF16* x2, const BF16* c, const BF16* s) {
+  const __m256 a = load_bf16x8(x1), b = load_bf16x8(x2), cf = load_bf16x8(c), sf = load_bf16x8(s);
+  store_bf16x8(x1, _mm256_sub_ps(round_bf16x8(_mm256_mul_ps(a, cf)), round_bf16x8(_mm256_mul_ps(b, sf))));
+  store_bf16x8(x2, _mm256_add_ps(round_bf16x8(_mm256_mul_ps(b, cf)), round_bf16x8(_mm256_mul_ps(a, sf))));
+}
+
+// norm_row of a bf16 row (hidden % 8 == 0); with res: res = round(res + in) first (as norm_row_bf16).
+inline void norm_row_bf16x8(const BF16* in, BF16* res, const BF16* weight, BF16* out, int64_t hidden, float eps) {
+  __m256 squares = _mm256_setzero_ps();
+  for (int64_t i = 0; i < hidden; i += 8) {
+    __m256 v = load_bf16x8(in + i);
+    if (res) {
+      v = round_bf16x8(_mm256_add_ps(load_bf16x8(res + i), v));
+      store_bf16x8(res + i, v);
+    }
+    squares = _mm256_fmadd_ps(v, v, squares);
+  }
+  const float inv = 1.f / std::sqrt(pagoda::sum8(squares) / static_cast<float>(hidden) + eps);
+  const __m256 scale = _mm256_set1_ps(inv);
+  const BF16* x = res ? res : in;
+  for (int64_t i = 0; i < hidden; i += 8)
+    store_bf16x8(out + i, _mm256_mul_ps(load_bf16x8(weight + i), round_bf16x8(_mm256_mul_ps(load_bf16x8(x + i), scale))));
+}
+#endif
+
 // Rows per parallel chunk: about 4K elements, so that decode batches of a few dozen rows split across threads too.
 inline int64_t grain_rows(int64_t row_elements) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, row_elements)); }
 
@@ -127,6 +183,17 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, at::Tensor& ou
       return;
     }
   }
+#elif defined(PAGODA_AVX2_OPS)
+  if constexpr (std::is_same_v<T, BF16>) {
+    if (hidden % 8 == 0) {
+      pagoda::parallel_for(rows, grain_rows(hidden), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+          norm_row_bf16x8(src + r * hidden, res ? res + r * hidden : nullptr, w, dst + r * hidden, hidden,
+                          static_cast<float>(eps));
+      });
+      return;
+    }
+  }
 #endif
   pagoda::parallel_for(rows, grain_rows(hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> row(hidden);
@@ -168,6 +235,10 @@ void rotate_row(T* x1, T* x2, const T* c, const T* s, int64_t half) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, BF16>) {
     for (; i + 16 <= half; i += 16) rotate16(x1 + i, x2 + i, c + i, s + i);
+  }
+#elif defined(PAGODA_AVX2_OPS)
+  if constexpr (std::is_same_v<T, BF16>) {
+    for (; i + 8 <= half; i += 8) rotate8(x1 + i, x2 + i, c + i, s + i);
   }
 #endif
   for (; i < half; ++i) {

@@ -5,7 +5,7 @@ Every kernel source includes ``cpu_common.h``, which pulls in ATen and the op
 registration API: parsing them is most of a source's compile time, and the
 image builds 8 sources x 5 variants. setup.py points ``CXX`` here. For each
 compile (``-c x.cpp``) this wrapper builds ``pch.h`` (including ``cpu_common.h``) with the
-very same flags into ``<object folder>/pch-<hash of flags>/pch.h.gch`` unless
+very same flags into ``<object folder>/pch-<hash of the flags and the header>/pch.h.gch`` unless
 it exists (a lock file makes parallel compiles of one variant build it once),
 then runs the compiler with ``-include`` of it. The flags differ per variant
 (``-march``, the extension name), so each variant gets its own header; a
@@ -56,7 +56,10 @@ def split_compile(args: list[str]) -> tuple[list[str], str | None, str | None]:
 
 def ensure_header(compiler: str, flags: list[str], folder: Path) -> Path:
     """The precompiled header for these flags in ``folder``, built once (under a lock)."""
-    key = hashlib.sha256("\0".join([compiler, *flags]).encode()).hexdigest()[:16]
+    # The header's text is in the key too: a header precompiled from an older cpu_common.h would be taken (the
+    # flags match) and the source's own #include of the edited file then redefines everything in it.
+    text = SHARED_HEADER.read_text()
+    key = hashlib.sha256("\0".join([compiler, *flags, text]).encode()).hexdigest()[:16]
     where = folder / f"pch-{key}"
     where.mkdir(parents=True, exist_ok=True)
     header = where / "pch.h"
