@@ -29,12 +29,13 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 7, 300])
-def test_rms_norm_matches_llama_rmsnorm(ops, dtype, rows):
+@pytest.mark.parametrize("hidden", [96, 100])  # vector lanes only; a width the scalar loop runs
+def test_rms_norm_matches_llama_rmsnorm(ops, dtype, rows, hidden):
     gen = torch.Generator().manual_seed(rows)
-    norm = LlamaRMSNorm(96, eps=1e-5)
-    norm.weight.data = torch.rand(96, generator=gen) + 0.5
+    norm = LlamaRMSNorm(hidden, eps=1e-5)
+    norm.weight.data = torch.rand(hidden, generator=gen) + 0.5
     norm = norm.to(dtype)
-    x = (torch.randn(rows, 96, generator=gen) * 3).to(dtype)
+    x = (torch.randn(rows, hidden, generator=gen) * 3).to(dtype)
     _close(ops.rms_norm(x, norm.weight.data, 1e-5), norm(x), dtype)
 
 
@@ -58,9 +59,10 @@ def test_silu_and_mul_matches_the_mlp_activation(ops, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_in_place_matches_apply_rotary_pos_emb(ops, dtype):
+@pytest.mark.parametrize("head_dim", [32, 40])  # halves of 16 (vector lanes only) and of 20 (a scalar tail)
+def test_rotary_in_place_matches_apply_rotary_pos_emb(ops, dtype, head_dim):
     gen = torch.Generator().manual_seed(5)
-    tokens, heads, kv_heads, head_dim, max_len = 6, 4, 2, 32, 50
+    tokens, heads, kv_heads, max_len = 6, 4, 2, 50
     freqs = torch.outer(torch.arange(max_len).float(), torch.rand(head_dim // 2, generator=gen))
     cos_table, sin_table = freqs.cos().to(dtype), freqs.sin().to(dtype)
     positions = torch.tensor([0, 3, 49, 7, 7, 12])
