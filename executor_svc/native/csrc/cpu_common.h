@@ -169,6 +169,20 @@ PAGODA_INLINE __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
+// 8 fp32 / bf16 values widened to fp32.
+PAGODA_INLINE __m256 avx2_load8(const float* p) { return _mm256_loadu_ps(p); }
+PAGODA_INLINE __m256 avx2_load8(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// 8 floats rounded to bf16 (nearest even on the bits, as c10::BFloat16 rounds finite values), as 8 int32 lanes.
+PAGODA_INLINE __m256i avx2_bf16_bits(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+}
+
 PAGODA_INLINE float sum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -83,26 +83,15 @@ inline void silu_mul16(const BF16* gate, const BF16* up, BF16* out) {
 // lanes, as the AVX512-BF16 path's 16) moves a value across a rounding point. SiLU stays scalar: the compiler
 // vectorises that loop (libmvec's expf), and exp8 was no faster.
 #define PAGODA_AVX2_OPS 1
-inline __m256 load_bf16x8(const BF16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
+using pagoda::avx2_bf16_bits;
+inline __m256 load_bf16x8(const BF16* p) { return pagoda::avx2_load8(p); }
 
-// round_to<BF16>'s integer rounding of 8 lanes: the bf16 bits in each lane's high half (low half not cleared).
-inline __m256i rounded_high8(__m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  return _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
-}
-
-inline __m256 round_bf16x8(__m256 v) {
-  return _mm256_castsi256_ps(_mm256_and_si256(rounded_high8(v), _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
+inline __m256 round_bf16x8(__m256 v) { return _mm256_castsi256_ps(_mm256_slli_epi32(avx2_bf16_bits(v), 16)); }
 
 inline void store_bf16x8(BF16* p, __m256 v) {
-  const __m256i high = _mm256_srli_epi32(rounded_high8(v), 16);  // 8 x uint16 in int32 lanes
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  const __m256i bits = avx2_bf16_bits(v);  // 8 x uint16 in int32 lanes
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
 }
 
 // 8 pairs of the rotary update.

@@ -42,21 +42,10 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t group, bool with_sums);
 bool amx_int8_ready();
 
 #if defined(PAGODA_AVX2_INT8)
-// 8-wide loads and 16-wide stores of fp32 / bf16 rows for the AVX2 int8 kernels (cpu_quant_avx2.h, and the GGUF
-// blocks' in cpu_qblocks.cpp).
-PAGODA_INLINE __m256 avx2_load8(const float* p) { return _mm256_loadu_ps(p); }
-PAGODA_INLINE __m256 avx2_load8(const BF16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
-// 8 floats rounded to bf16 (nearest even, as c10::BFloat16 rounds finite values), as 8 int32 lanes.
-PAGODA_INLINE __m256i avx2_bf16_bits(__m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
-}
-
+// 16-wide stores of fp32 / bf16 rows for the AVX2 int8 kernels (cpu_quant_avx2.h, and the GGUF blocks' in
+// cpu_qblocks.cpp); the 8-wide loads and the bf16 rounding are cpu_common.h's.
+using pagoda::avx2_bf16_bits;
+using pagoda::avx2_load8;
 PAGODA_INLINE void avx2_store16(float* y, __m256 lo, __m256 hi) {
   _mm256_storeu_ps(y, lo);
   _mm256_storeu_ps(y + 8, hi);
