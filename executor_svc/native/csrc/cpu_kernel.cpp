@@ -91,7 +91,7 @@ void attend_span(const Job& job, HeadRows<C> head, const int64_t* table, int64_t
     }
   }
 #endif
-  TileWalker<C> walker(job, head.k, head.v, table, lo, hi);
+  TileWalker<C> walker(job, head, table, lo, hi);
   int64_t rows[kTile];  // element offsets of the tile's K (= V) rows
   while (const int64_t count = walker.next(rows)) {
     widen_tile(head.k, head.k_scale, rows, count, head_dim, keys);

@@ -183,6 +183,23 @@ PAGODA_INLINE void pv_all(const C* v_head, const int64_t* rows, int64_t count, c
   for (int64_t d0 = 0; d0 < head_dim; d0 += 8 * CH) pv_block<G, CH>(v_head, rows, count, d0, probs, alpha, head_dim, acc);
 }
 
+// The scales of the walker's last tile [16] as two ymm (int8 caches): two loads when the tile lies in one block
+// (lanes past count 0), else one per row from the rows' element offsets (rows past count repeat the last one).
+PAGODA_INLINE void tile_scales(const float* scales, const TileWalker<int8_t>& walker, const int64_t* rows,
+                               int64_t count, int64_t head_dim, __m256 out[2]) {
+  if (walker.in_one_block(count)) {
+    const float* first = scales + walker.first_slot();
+    const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int b = 0; b < 2; ++b)
+      out[b] = _mm256_maskload_ps(first + 8 * b,
+                                  _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count - 8 * b)), index));
+    return;
+  }
+  alignas(32) float each[kTile];
+  for (int64_t i = 0; i < kTile; ++i) each[i] = scales[rows[i] / head_dim];
+  for (int b = 0; b < 2; ++b) out[b] = _mm256_load_ps(each + 8 * b);
+}
+
 // Attends a GQA group of G queries over positions [lo, hi) of one sequence and kv head, straight from the
 // cache's rows: each key row is widened once, in registers, for all G queries (the partial dots parked in a
 // small scratch and reduced 8 keys at a time); each value row once per block of accumulators. int8 caches: a
@@ -192,7 +209,7 @@ template <int G, typename C>
 void span_rows(const Job& job, HeadRows<C> head, const int64_t* table, int64_t lo, int64_t hi, State state,
                const float* query) {
   const int64_t head_dim = job.head_dim, chunks = head_dim / 8;
-  TileWalker<C> walker(job, head.k, head.v, table, lo, hi);
+  TileWalker<C> walker(job, head, table, lo, hi, 0);  // prefetches one row per key scored
   int64_t rows[kTile];
   alignas(32) float part[G][kTile][8];
   alignas(32) float probs[G][kTile];
@@ -200,6 +217,7 @@ void span_rows(const Job& job, HeadRows<C> head, const int64_t* table, int64_t l
   while (const int64_t count = walker.next(rows)) {
     for (int64_t i = 0; i < kTile; ++i) {  // rows past count repeat the last one: finite, masked below
       const C* key = head.k + rows[i];
+      walker.prefetch_one();
       __m256 s[G];
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) s[g] = _mm256_setzero_ps();
@@ -213,15 +231,8 @@ void span_rows(const Job& job, HeadRows<C> head, const int64_t* table, int64_t l
     }
     __m256 k_scale[2], v_scale[2];
     if constexpr (kQuantized<C>) {
-      alignas(32) float ks[kTile], vs[kTile];
-      for (int64_t i = 0; i < kTile; ++i) {
-        ks[i] = head.k_scale[rows[i] / head_dim];
-        vs[i] = head.v_scale[rows[i] / head_dim];
-      }
-      for (int b = 0; b < 2; ++b) {
-        k_scale[b] = _mm256_load_ps(ks + 8 * b);
-        v_scale[b] = _mm256_load_ps(vs + 8 * b);
-      }
+      tile_scales(head.k_scale, walker, rows, count, head_dim, k_scale);
+      tile_scales(head.v_scale, walker, rows, count, head_dim, v_scale);
     }
     for (int g = 0; g < G; ++g) {
       __m256 score[2];

@@ -117,24 +117,26 @@ struct RowCursor {
 };
 
 // Walks positions [lo, hi) of one sequence in tiles of kTile, prefetching K and
-// V rows kPrefetchRows ahead. next() fills the tile's row offsets (elements
-// into a head; rows past the count repeat the last one) and returns the count,
-// 0 at the end.
+// V rows (and an int8 cache's scales, a 64-byte line at a time) up to
+// kPrefetchRows ahead. next() fills the tile's row offsets (elements into a
+// head; rows past the count repeat the last one) and returns the count, 0 at
+// the end. By default next() prefetches the rows up to kPrefetchRows past the
+// tile at once; a kernel that calls prefetch_one() once per row it consumes
+// (interleaved, so that the misses in flight do not fill the line buffers and
+// stall the core) constructs it with `lead` 0, and next() then only catches up
+// with the tile itself.
 template <typename C>
 struct TileWalker {
-  TileWalker(const Job& job, const C* k_head, const C* v_head, const int64_t* table, int64_t lo, int64_t hi)
-      : k_head(k_head), v_head(v_head), head_dim(job.head_dim), pos(lo), hi(hi),
-        ahead_pos(std::min(hi, lo + kPrefetchRows)),
-        cursor{table, job.block_size, lo / job.block_size, lo % job.block_size},
-        ahead{table, job.block_size, ahead_pos / job.block_size, ahead_pos % job.block_size} {}
+  TileWalker(const Job& job, HeadRows<C> head, const int64_t* table, int64_t lo, int64_t hi,
+             int64_t lead = kPrefetchRows)
+      : head(head), head_dim(job.head_dim), pos(lo), hi(hi), ahead_pos(lo), lead(lead),
+        cursor{table, job.block_size, lo / job.block_size, lo % job.block_size}, start(cursor), ahead(cursor) {}
 
   int64_t next(int64_t* rows) {
     if (pos >= hi) return 0;
     const int64_t count = std::min(kTile, hi - pos);
-    for (; ahead_pos < std::min(hi, pos + count + kPrefetchRows); ++ahead_pos, ahead.advance()) {
-      prefetch_row(k_head + ahead.row() * head_dim, head_dim);
-      prefetch_row(v_head + ahead.row() * head_dim, head_dim);
-    }
+    while (ahead_pos < std::min(hi, pos + count + lead)) prefetch_next();
+    start = cursor;
     for (int64_t i = 0; i < kTile; ++i) {
       rows[i] = cursor.row() * head_dim;
       if (i + 1 < count) cursor.advance();
@@ -144,9 +146,34 @@ struct TileWalker {
     return count;
   }
 
-  const C *k_head, *v_head;
-  int64_t head_dim, pos, hi, ahead_pos;
-  RowCursor cursor, ahead;
+  // Prefetches the next row not yet prefetched, if it lies within kPrefetchRows of the tiles handed out.
+  PAGODA_INLINE void prefetch_one() {
+    if (ahead_pos < std::min(hi, pos + kPrefetchRows)) prefetch_next();
+  }
+
+  // Whether the last tile's `count` rows are consecutive slots of one block (then its scales are contiguous).
+  bool in_one_block(int64_t count) const { return start.offset + count <= start.block_size; }
+  // The last tile's first slot (a row index into the head).
+  int64_t first_slot() const { return start.row(); }
+
+  HeadRows<C> head;
+  int64_t head_dim, pos, hi, ahead_pos, lead;
+  RowCursor cursor, start, ahead;
+
+ private:
+  PAGODA_INLINE void prefetch_next() {
+    const int64_t row = ahead.row();
+    prefetch_row(head.k + row * head_dim, head_dim);
+    prefetch_row(head.v + row * head_dim, head_dim);
+    if constexpr (kQuantized<C>) {
+      if (row % 16 == 0 || ahead_pos == pos) {  // a new 64-byte line of scales (or the walk's first)
+        prefetch_row(head.k_scale + row, 1);
+        prefetch_row(head.v_scale + row, 1);
+      }
+    }
+    ++ahead_pos;
+    ahead.advance();
+  }
 };
 
 }  // namespace
