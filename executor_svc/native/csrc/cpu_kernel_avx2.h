@@ -7,7 +7,10 @@
 // (hadd pairs, then the two 128-bit halves), not a horizontal sum per key.
 // The softmax runs on the tile's 16 scores as two ymm (exp8), and P.V adds
 // each value row into the query's accumulators, 64 features (8 registers) at a
-// time. The same online-softmax state as the portable step.
+// time. The same online-softmax state as the portable step. The GQA spans ask
+// for one row's K and V lines per key they score, 16 rows ahead (a burst of
+// 16 rows' lines overfills the line-fill buffers and stalls the core), and
+// take an int8 tile's scales in two loads when it lies in one block.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
